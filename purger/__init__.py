@@ -1,0 +1,1 @@
+"""The purger application: configuration, command line, local stack and demo workload."""

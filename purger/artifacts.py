@@ -1,0 +1,132 @@
+"""Java artifacts fetched with Maven and cached: the servers of the local stack and Spark's connectors.
+
+Each bundle is a set of Maven coordinates resolved with their runtime
+dependencies into ``<home>/jars/<bundle>/``. A marker file records the
+coordinates, so a second fetch downloads nothing and a change of version
+fetches again.
+
+Example::
+
+    from purger.artifacts import SPARK_CONNECTORS, fetch
+    jars = fetch(SPARK_CONNECTORS)  # list of jar paths
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def purger_home() -> Path:
+    """Where jars and the local stack live; outside the work tree so clean clones reuse them."""
+    return Path(os.environ.get("PURGER_HOME", Path.home() / ".cache" / "purger"))
+
+
+@dataclass(frozen=True)
+class Bundle:
+    name: str
+    # group:artifact:version
+    artifacts: tuple[str, ...]
+    # Versions forced on transitive dependencies (group:artifact:version).
+    pins: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def directory(self) -> Path:
+        return purger_home() / "jars" / self.name
+
+    def marker(self) -> str:
+        return "\n".join(self.artifacts + self.pins) + "\n"
+
+
+KAFKA = Bundle(
+    "kafka",
+    # Kafka 3.9 declares its log4j binding compile-only, so the binding comes separately.
+    ("org.apache.kafka:kafka_2.13:3.9.1", "org.slf4j:slf4j-reload4j:1.7.36"),
+)
+CASSANDRA = Bundle("cassandra", ("org.apache.cassandra:cassandra-all:5.0.9",))
+S3PROXY = Bundle("s3proxy", ("org.gaul:s3proxy:3.0.0",))
+SPARK_CONNECTORS = Bundle(
+    "spark",
+    (
+        # The registry has no spark-sql-kafka 4.1.4; 4.1.3 is the same connector API.
+        "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.3",
+        # Delta's Spark-4.1 build; 4.4.1 jars are not published, 4.4.0 is the newest.
+        "io.delta:delta-spark_4.1_2.13:4.4.0",
+    ),
+    # spark-token-provider-kafka 4.1.x is not on the registry; 4.1.0-preview1 is the
+    # nearest published build of the same classes.
+    pins=("org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.1.0-preview1",),
+)
+
+
+class FetchError(RuntimeError):
+    pass
+
+
+def _dependency(coordinates: str) -> str:
+    group, artifact, version = coordinates.split(":")
+    return (
+        f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
+        f"<version>{version}</version></dependency>"
+    )
+
+
+def _pom(bundle: Bundle) -> str:
+    pins = "".join(_dependency(c) for c in bundle.pins)
+    deps = "".join(_dependency(c) for c in bundle.artifacts)
+    return (
+        '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+        f"<groupId>local.purger</groupId><artifactId>{bundle.name}</artifactId><version>1</version>"
+        "<packaging>pom</packaging>"
+        f"<dependencyManagement><dependencies>{pins}</dependencies></dependencyManagement>"
+        f"<dependencies>{deps}</dependencies></project>"
+    )
+
+
+def fetch(bundle: Bundle) -> list[Path]:
+    """Resolve the bundle with Maven unless it is cached; return its jars."""
+    marker = bundle.directory / ".fetched"
+    if not (marker.exists() and marker.read_text() == bundle.marker()):
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise FetchError("Maven (mvn) is not on PATH; install it, e.g. `apt-get install maven`")
+        staging = bundle.directory.with_name(bundle.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        with tempfile.TemporaryDirectory() as work:
+            (Path(work) / "pom.xml").write_text(_pom(bundle))
+            result = subprocess.run(
+                [mvn, "-B", "-q", "dependency:copy-dependencies", "-DincludeScope=runtime",
+                 f"-DoutputDirectory={staging}"],
+                cwd=work, capture_output=True, text=True,
+            )
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
+            raise FetchError(f"Maven could not fetch {', '.join(bundle.artifacts)}:\n{tail}")
+        shutil.rmtree(bundle.directory, ignore_errors=True)
+        staging.rename(bundle.directory)
+        marker.write_text(bundle.marker())
+    return sorted(bundle.directory.glob("*.jar"))
+
+
+def _artifact_name(jar: Path) -> str:
+    """``kafka-clients-3.9.1.jar`` -> ``kafka-clients``."""
+    parts = jar.stem.split("-")
+    while parts and parts[-1][:1].isdigit():
+        parts.pop()
+    return "-".join(parts)
+
+
+def spark_connector_jars() -> list[Path]:
+    """The connector jars Spark lacks: those whose artifact is not already in pyspark's jars.
+
+    Adding a second copy of a library pyspark ships (Hadoop, Jackson, Scala) would put two
+    versions on one class path.
+    """
+    import pyspark
+
+    shipped = {_artifact_name(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [jar for jar in fetch(SPARK_CONNECTORS) if _artifact_name(jar) not in shipped]

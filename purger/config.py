@@ -1,0 +1,185 @@
+"""The purger's configuration: one TOML file, validated when the purger starts.
+
+Every key has a default that matches SPEC section 4 or the local stack, so an
+empty file is a valid configuration for the demo. Endpoints can be overridden
+from the environment (``PURGER_KAFKA_BOOTSTRAP``, ``PURGER_CASSANDRA_HOSTS``,
+``PURGER_S3_ENDPOINT``) so the same file serves the local stack, Docker and a
+real deployment.
+
+Example::
+
+    from purger.config import load_config
+    config = load_config("purger.toml")
+    config.retention.expired_ttl  # datetime.timedelta(days=30)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """Read ``"30d"``, ``"12h"``, ``"10m"``, ``"5s"``, ``"250ms"`` or a number of seconds.
+
+    >>> parse_duration("12h")
+    datetime.timedelta(seconds=43200)
+    """
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return timedelta(seconds=value)
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    raise ValueError(
+        f"{value!r} is not a duration; write a number and a unit of ms, s, m, h or d, e.g. '30d' or '5s'"
+    )
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+class _Section(BaseModel):
+    # A misspelt key must fail loudly rather than silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topics: list[str] = Field(default_factory=lambda: ["mailbox.events"], min_length=1)
+    # Where a fresh checkpoint starts reading; an existing checkpoint always resumes.
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    max_offsets_per_trigger: int = Field(default=100_000, gt=0)
+    # Topic the purger writes clock ticks to so that an idle stream's watermark still advances.
+    clock_topic: str = "purger.clock"
+
+
+class CassandraConfig(_Section):
+    hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1"], min_length=1)
+    port: int = Field(default=9042, gt=0, lt=65536)
+    keyspace: str = "mailbox"
+    messages_table: str = "messages"
+    payload_refs_table: str = "payload_refs"
+    payloads_table: str = "payloads"
+    username: str | None = None
+    password: str | None = None
+
+
+class ObjectStoreConfig(_Section):
+    endpoint: str = "http://127.0.0.1:9000"
+    bucket: str
+    access_key: str = "purger"
+    secret_key: str = "purger-secret"
+    region: str = "us-east-1"
+
+
+class RetentionConfig(_Section):
+    """The periods of SPEC section 4, with the spec's defaults."""
+
+    expired_ttl: Duration = timedelta(days=30)
+    incomplete_ttl: Duration = timedelta(days=2)
+    deleted_ttl: Duration = timedelta(0)
+    payload_grace: Duration = timedelta(hours=12)
+
+
+class StreamConfig(_Section):
+    query_name: str = "purger"
+    checkpoint: str = "checkpoints/purger"
+    trigger_interval: Duration = timedelta(seconds=5)
+    # How late an event may arrive and still be applied to the state.
+    watermark_delay: Duration = timedelta(minutes=10)
+    # How often an idle stream gets a clock tick (see streams/clock.py).
+    clock_interval: Duration = timedelta(seconds=5)
+    shuffle_partitions: int = Field(default=4, gt=0)
+    master: str = "local[2]"
+    driver_memory: str = "2g"
+
+
+def _default_stores() -> dict[str, ObjectStoreConfig]:
+    return {dc: ObjectStoreConfig(bucket=dc) for dc in ("dc1", "dc2")}
+
+
+class PurgerConfig(_Section):
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    cassandra: CassandraConfig = Field(default_factory=CassandraConfig)
+    # One object store per data centre, keyed by the data-centre name used in events' `dcs`.
+    stores: dict[str, ObjectStoreConfig] = Field(default_factory=_default_stores)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    stream: StreamConfig = Field(default_factory=StreamConfig)
+
+    @model_validator(mode="after")
+    def _at_least_one_store(self) -> "PurgerConfig":
+        if not self.stores:
+            raise ValueError("stores: configure at least one data centre, e.g. [stores.dc1]")
+        return self
+
+
+class ConfigError(ValueError):
+    """A configuration a user can fix: the message names the key and what it accepts."""
+
+
+def _environment_overrides(raw: dict[str, Any]) -> dict[str, Any]:
+    if bootstrap := os.environ.get("PURGER_KAFKA_BOOTSTRAP"):
+        raw.setdefault("kafka", {})["bootstrap_servers"] = bootstrap
+    if hosts := os.environ.get("PURGER_CASSANDRA_HOSTS"):
+        # host[:port][,host...]
+        names = [h.strip() for h in hosts.split(",") if h.strip()]
+        section = raw.setdefault("cassandra", {})
+        section["hosts"] = [n.rsplit(":", 1)[0] for n in names]
+        if ":" in names[0]:
+            section["port"] = int(names[0].rsplit(":", 1)[1])
+    if endpoint := os.environ.get("PURGER_S3_ENDPOINT"):
+        stores = raw.setdefault("stores", {dc: {"bucket": dc} for dc in ("dc1", "dc2")})
+        for store in stores.values():
+            store["endpoint"] = endpoint
+    return raw
+
+
+def _explain(error: ValidationError) -> str:
+    lines = []
+    for problem in error.errors():
+        key = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        message = problem["msg"]
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif problem["type"] == "literal_error":
+            message = f"{message} (got {problem['input']!r})"
+        lines.append(f"  {key}: {message}")
+    return "invalid purger configuration:\n" + "\n".join(lines)
+
+
+def build_config(raw: dict[str, Any] | None = None) -> PurgerConfig:
+    """Validate a configuration given as nested dictionaries (the shape of the TOML file).
+
+    >>> build_config({"retention": {"expired_ttl": "5s"}}).retention.expired_ttl
+    datetime.timedelta(seconds=5)
+    """
+    try:
+        return PurgerConfig.model_validate(_environment_overrides(dict(raw or {})))
+    except ValidationError as error:
+        raise ConfigError(_explain(error)) from None
+
+
+def load_config(path: str | Path | None = None) -> PurgerConfig:
+    """Read and validate a TOML configuration file; ``None`` gives the defaults."""
+    if path is None:
+        return build_config({})
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {error}") from None
+    return build_config(raw)

@@ -1,0 +1,76 @@
+"""Clients for the three servers, built from the configuration, with errors that name the address.
+
+Example::
+
+    from purger.config import load_config
+    from purger.connections import cassandra_session, s3_client
+    config = load_config()
+    session = cassandra_session(config.cassandra)
+    s3 = s3_client(config.stores["dc1"])
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from purger.config import CassandraConfig, KafkaConfig, ObjectStoreConfig
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+    from kafka import KafkaProducer
+
+
+class ServerUnavailable(RuntimeError):
+    """A server did not answer; the message names its address."""
+
+
+def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "Session":
+    from cassandra.auth import PlainTextAuthProvider
+    from cassandra.cluster import Cluster, NoHostAvailable
+    from cassandra.policies import DCAwareRoundRobinPolicy
+
+    auth = None
+    if config.username:
+        auth = PlainTextAuthProvider(config.username, config.password or "")
+    cluster = Cluster(
+        config.hosts,
+        port=config.port,
+        auth_provider=auth,
+        load_balancing_policy=DCAwareRoundRobinPolicy(),
+        protocol_version=5,
+    )
+    try:
+        return cluster.connect(keyspace)
+    except (NoHostAvailable, OSError) as error:
+        cluster.shutdown()
+        address = ", ".join(f"{h}:{config.port}" for h in config.hosts)
+        raise ServerUnavailable(f"Cassandra at {address} does not answer: {error}") from None
+
+
+def s3_client(config: ObjectStoreConfig):  # -> botocore S3 client
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=config.endpoint,
+        aws_access_key_id=config.access_key,
+        aws_secret_access_key=config.secret_key,
+        region_name=config.region,
+        config=Config(
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=30,
+        ),
+    )
+
+
+def kafka_producer(config: KafkaConfig, **options) -> "KafkaProducer":
+    from kafka import KafkaProducer
+    from kafka.errors import NoBrokersAvailable
+
+    try:
+        return KafkaProducer(bootstrap_servers=config.bootstrap_servers, **options)
+    except NoBrokersAvailable:
+        raise ServerUnavailable(f"Kafka at {config.bootstrap_servers} does not answer") from None

@@ -1,0 +1,458 @@
+"""The local stack: real Kafka, Cassandra and S3Proxy as processes on 127.0.0.1, without Docker.
+
+``up`` fetches the jars (cached), starts each server with a small heap, waits
+until it really answers (a record produced and consumed, a CQL query, a bucket
+listing), then creates the events topic, the keyspace of SPEC section 3 and one
+bucket per data centre. Process ids are recorded, so ``down`` stops exactly what
+``up`` started.
+
+Example::
+
+    from purger.stack import LocalStack
+    stack = LocalStack()
+    stack.up()       # idempotent: servers already running are left alone
+    stack.status()   # {'kafka': 'running (pid 1234) on 127.0.0.1:9092', ...}
+    stack.down()
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from purger import artifacts
+from purger.config import PurgerConfig, build_config
+
+KAFKA_PORT = 9092
+KAFKA_CONTROLLER_PORT = 9093
+CASSANDRA_PORT = 9042
+S3_PORT = 9000
+EVENT_TOPIC_PARTITIONS = 4
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class Server:
+    name: str
+    address: str
+    bundle: artifacts.Bundle
+    main_class: str
+    heap: str
+    configure: Callable[[Path], list[str]]  # writes config files, returns program args + extra JVM args
+    ready: Callable[[], None]  # raises until the server answers
+    start_timeout: float
+
+    @property
+    def home(self) -> Path:
+        return artifacts.purger_home() / "stack" / self.name
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "server.log"
+
+    def pid(self) -> int | None:
+        """The recorded pid, if that process is still the server we started."""
+        try:
+            pid = int(self.pid_file.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            return None
+        # A recycled pid belongs to another program: never signal it.
+        return pid if self.main_class.encode() in cmdline else None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    java = Path(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java:
+        raise StackError("java is not on PATH; the stack needs a JDK 17")
+    return str(java)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+# --- Kafka ---------------------------------------------------------------------------------
+
+
+def _configure_kafka(home: Path) -> list[str]:
+    data = home / "data"
+    properties = home / "server.properties"
+    properties.write_text(
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@127.0.0.1:{KAFKA_CONTROLLER_PORT}",
+                f"listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"log.dirs={data}",
+                "num.partitions=1",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=1",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=false",
+            ]
+        )
+        + "\n"
+    )
+    (home / "log4j.properties").write_text(
+        "log4j.rootLogger=INFO, stdout\n"
+        "log4j.appender.stdout=org.apache.log4j.ConsoleAppender\n"
+        "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout\n"
+        "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+        "log4j.logger.kafka=INFO\nlog4j.logger.org.apache.kafka=WARN\n"
+    )
+    # KRaft needs formatted storage; the cluster id is 16 random bytes in URL-safe base64.
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    classpath = str(artifacts.KAFKA.directory / "*")
+    result = subprocess.run(
+        [_java(), "-Xmx256m", f"-Dlog4j.configuration=file:{home / 'log4j.properties'}", "-cp", classpath,
+         "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties), "--ignore-formatted"],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        raise StackError(f"formatting Kafka storage in {data} failed:\n{result.stdout}{result.stderr}")
+    return [f"-Dlog4j.configuration=file:{home / 'log4j.properties'}", "--", str(properties)]
+
+
+def _kafka_ready() -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    bootstrap = f"127.0.0.1:{KAFKA_PORT}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    try:
+        admin.create_topics([NewTopic("purger.stack.probe", 1, 1)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        admin.close()
+    marker = uuid.uuid4().hex.encode()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    producer.send("purger.stack.probe", marker).get(timeout=10)
+    producer.close()
+    consumer = KafkaConsumer(
+        "purger.stack.probe", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+        consumer_timeout_ms=10000, enable_auto_commit=False,
+    )
+    try:
+        if not any(record.value == marker for record in consumer):
+            raise StackError("a record produced to Kafka was not consumed back")
+    finally:
+        consumer.close()
+
+
+def create_topics(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS) -> None:
+    """Create the events topics and the clock topic if they do not exist."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=config.kafka.bootstrap_servers)
+    try:
+        existing = set(admin.list_topics())
+        wanted = [NewTopic(t, partitions, 1) for t in config.kafka.topics if t not in existing]
+        if config.kafka.clock_topic not in existing:
+            wanted.append(NewTopic(config.kafka.clock_topic, 1, 1))
+        if wanted:
+            try:
+                admin.create_topics(wanted)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
+
+
+# --- Cassandra -----------------------------------------------------------------------------
+
+# From Cassandra's conf/jvm17-server.options: the module openings it needs on Java 17.
+_CASSANDRA_JPMS = [
+    *(f"--add-exports={m}=ALL-UNNAMED" for m in (
+        "java.base/jdk.internal.misc", "java.management.rmi/com.sun.jmx.remote.internal.rmi",
+        "java.rmi/sun.rmi.registry", "java.rmi/sun.rmi.server", "java.sql/java.sql",
+        "java.base/java.lang.ref", "jdk.unsupported/sun.misc", "jdk.compiler/com.sun.tools.javac.file",
+        "jdk.attach/sun.tools.attach",
+    )),
+    *(f"--add-opens={m}=ALL-UNNAMED" for m in (
+        "java.base/java.lang.module", "java.base/jdk.internal.loader", "java.base/jdk.internal.ref",
+        "java.base/jdk.internal.reflect", "java.base/jdk.internal.math", "java.base/jdk.internal.module",
+        "java.base/jdk.internal.util.jar", "jdk.management/com.sun.management.internal",
+        "java.base/sun.nio.ch", "java.base/java.io", "java.base/java.lang.reflect",
+        "jdk.compiler/com.sun.tools.javac", "java.base/java.lang", "java.base/java.util",
+    )),
+]
+
+
+def _configure_cassandra(home: Path) -> list[str]:
+    data = home / "data"
+    yaml = home / "cassandra.yaml"
+    yaml.write_text(
+        f"""cluster_name: purger-local
+num_tokens: 1
+initial_token: 0
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+endpoint_snitch: SimpleSnitch
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters:
+      - seeds: "127.0.0.1:7000"
+listen_address: 127.0.0.1
+rpc_address: 127.0.0.1
+storage_port: 7000
+native_transport_port: {CASSANDRA_PORT}
+start_native_transport: true
+data_file_directories: [{data}/data]
+commitlog_directory: {data}/commitlog
+hints_directory: {data}/hints
+saved_caches_directory: {data}/saved_caches
+cdc_raw_directory: {data}/cdc_raw
+commitlog_sync: periodic
+commitlog_sync_period: 10000ms
+memtable_heap_space: 64MiB
+memtable_offheap_space: 64MiB
+concurrent_reads: 8
+concurrent_writes: 8
+concurrent_compactors: 1
+auto_snapshot: false
+authenticator: AllowAllAuthenticator
+authorizer: AllowAllAuthorizer
+"""
+    )
+    jamm = next(artifacts.CASSANDRA.directory.glob("jamm-*.jar"))
+    (home / "logback.xml").write_text(
+        '<configuration><appender name="STDOUT" class="ch.qos.logback.core.ConsoleAppender">'
+        "<encoder><pattern>%-5level [%thread] %date{ISO8601} %F:%L - %msg%n</pattern></encoder></appender>"
+        '<root level="INFO"><appender-ref ref="STDOUT"/></root></configuration>'
+    )
+    return [
+        f"-Dcassandra.config=file://{yaml}",
+        f"-Dcassandra.storagedir={data}",
+        f"-Dcassandra.logdir={home}",
+        f"-Dlogback.configurationFile={home / 'logback.xml'}",
+        "-Dcassandra-foreground=yes",
+        "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+        "-Dcassandra.initial_token=0",
+        "-Dcassandra.jmx.local.port=7199",
+        "-Djava.net.preferIPv4Stack=true",
+        "-Djdk.attach.allowAttachSelf=true",
+        "-Dio.netty.tryReflectionSetAccessible=true",
+        "-XX:+UseG1GC",
+        "-Xss512k",
+        f"-javaagent:{jamm}",
+        *_CASSANDRA_JPMS,
+    ]
+
+
+def _cassandra_ready() -> None:
+    from purger.connections import cassandra_session
+
+    session = cassandra_session(build_config({}).cassandra)
+    try:
+        session.execute("SELECT release_version FROM system.local").one()
+    finally:
+        session.cluster.shutdown()
+
+
+def create_schema(config: PurgerConfig) -> None:
+    """Create the keyspace and tables of SPEC section 3 if they do not exist."""
+    from purger.connections import cassandra_session
+
+    cql = resources.files("purger").joinpath("schema.cql").read_text()
+    cql = "\n".join(line for line in cql.splitlines() if not line.lstrip().startswith("--"))
+    session = cassandra_session(config.cassandra)
+    try:
+        for statement in cql.format(keyspace=config.cassandra.keyspace).split(";"):
+            if statement.strip():
+                session.execute(statement, timeout=60)
+    finally:
+        session.cluster.shutdown()
+
+
+# --- S3Proxy -------------------------------------------------------------------------------
+
+
+def _configure_s3proxy(home: Path) -> list[str]:
+    store = build_config({}).stores["dc1"]
+    (home / "data").mkdir(parents=True, exist_ok=True)
+    properties = home / "s3proxy.properties"
+    properties.write_text(
+        "\n".join(
+            [
+                f"s3proxy.endpoint=http://127.0.0.1:{S3_PORT}",
+                "s3proxy.authorization=aws-v2-or-v4",
+                f"s3proxy.identity={store.access_key}",
+                f"s3proxy.credential={store.secret_key}",
+                "jclouds.provider=filesystem",
+                f"jclouds.filesystem.basedir={home / 'data'}",
+            ]
+        )
+        + "\n"
+    )
+    return ["--", "--properties", str(properties)]
+
+
+def _s3_ready() -> None:
+    from purger.connections import s3_client
+
+    s3_client(build_config({}).stores["dc1"]).list_buckets()
+
+
+def create_buckets(config: PurgerConfig) -> None:
+    """Create one bucket per configured data centre if it does not exist."""
+    from purger.connections import s3_client
+
+    for store in config.stores.values():
+        client = s3_client(store)
+        existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+        if store.bucket not in existing:
+            client.create_bucket(Bucket=store.bucket)
+
+
+SERVERS = [
+    Server("kafka", f"127.0.0.1:{KAFKA_PORT}", artifacts.KAFKA, "kafka.Kafka", "512m",
+           _configure_kafka, _kafka_ready, 90),
+    Server("cassandra", f"127.0.0.1:{CASSANDRA_PORT}", artifacts.CASSANDRA,
+           "org.apache.cassandra.service.CassandraDaemon", "1g", _configure_cassandra, _cassandra_ready, 180),
+    Server("s3proxy", f"127.0.0.1:{S3_PORT}", artifacts.S3PROXY, "org.gaul.s3proxy.Main", "256m",
+           _configure_s3proxy, _s3_ready, 90),
+]
+
+
+class LocalStack:
+    """Starts, checks and stops the local servers. See the module docstring."""
+
+    def __init__(self, servers: list[Server] | None = None, log: Callable[[str], None] = print) -> None:
+        self.servers = servers if servers is not None else SERVERS
+        self.log = log
+
+    def up(self, config: PurgerConfig | None = None) -> None:
+        """Start every server that is not running, wait for each, then create topics, schema, buckets."""
+        config = config or build_config({})
+        artifacts.spark_connector_jars()  # so the first Spark session starts without a download
+        for server in self.servers:
+            self._start(server)
+        self.log("creating topics, keyspace and buckets")
+        create_topics(config)
+        create_schema(config)
+        create_buckets(config)
+
+    def _start(self, server: Server) -> None:
+        if pid := server.pid():
+            self.log(f"{server.name}: already running (pid {pid}) on {server.address}")
+            return
+        port = int(server.address.rsplit(":", 1)[1])
+        if _port_open(port):
+            raise StackError(
+                f"{server.name}: {server.address} is taken by a process this stack did not start; "
+                "stop it or point the purger at it with the PURGER_* environment variables"
+            )
+        self.log(f"{server.name}: fetching jars")
+        artifacts.fetch(server.bundle)
+        # Every `up` starts from empty data: the stack is for demos and tests.
+        shutil.rmtree(server.home, ignore_errors=True)
+        server.home.mkdir(parents=True)
+        extra = server.configure(server.home)
+        jvm_args, program_args = (extra[: extra.index("--")], extra[extra.index("--") + 1:]) if "--" in extra else (extra, [])
+        command = [
+            _java(), f"-Xms{server.heap}", f"-Xmx{server.heap}", "-XX:+ExitOnOutOfMemoryError",
+            *jvm_args, "-cp", str(server.bundle.directory / "*"), server.main_class, *program_args,
+        ]
+        with open(server.log_file, "ab") as log:
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=server.home, start_new_session=True,
+            )
+        server.pid_file.write_text(str(process.pid))
+        self.log(f"{server.name}: started (pid {process.pid}), waiting for {server.address}")
+        self._wait(server, process)
+
+    def _wait(self, server: Server, process: subprocess.Popen) -> None:
+        deadline = time.monotonic() + server.start_timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise StackError(
+                    f"{server.name} on {server.address} exited with code {process.returncode}; "
+                    f"last lines of {server.log_file}:\n{server.log_tail()}"
+                )
+            try:
+                server.ready()
+                self.log(f"{server.name}: answering on {server.address}")
+                return
+            except Exception as error:  # not up yet: any client error means "try again"
+                last_error = error
+                time.sleep(2)
+        self._stop(server)
+        raise StackError(
+            f"{server.name} did not answer on {server.address} within {server.start_timeout:.0f}s "
+            f"(last error: {last_error}); last lines of {server.log_file}:\n{server.log_tail()}"
+        )
+
+    def down(self) -> None:
+        """Stop the servers this stack started, by their recorded process ids."""
+        for server in reversed(self.servers):
+            self._stop(server)
+
+    def _stop(self, server: Server) -> None:
+        pid = server.pid()
+        if pid is None:
+            server.pid_file.unlink(missing_ok=True)
+            return
+        self.log(f"{server.name}: stopping pid {pid}")
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(60):
+            if server.pid() is None or _zombie(pid):
+                break
+            time.sleep(0.5)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+        server.pid_file.unlink(missing_ok=True)
+
+    def status(self) -> dict[str, str]:
+        result = {}
+        for server in self.servers:
+            pid = server.pid()
+            result[server.name] = f"running (pid {pid}) on {server.address}" if pid else "stopped"
+        return result
+
+    def running(self) -> bool:
+        return all(server.pid() for server in self.servers)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
