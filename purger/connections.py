@@ -62,15 +62,18 @@ def s3_client(config: ObjectStoreConfig):  # -> botocore S3 client
             retries={"max_attempts": 3, "mode": "standard"},
             connect_timeout=5,
             read_timeout=30,
+            # Not every S3-compatible store accepts the newer default checksum headers.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
         ),
     )
 
 
 def kafka_producer(config: KafkaConfig, **options) -> "KafkaProducer":
     from kafka import KafkaProducer
-    from kafka.errors import NoBrokersAvailable
+    from kafka.errors import KafkaTimeoutError
 
     try:
         return KafkaProducer(bootstrap_servers=config.bootstrap_servers, **options)
-    except NoBrokersAvailable:
+    except KafkaTimeoutError:
         raise ServerUnavailable(f"Kafka at {config.bootstrap_servers} does not answer") from None

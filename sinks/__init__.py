@@ -1,0 +1,1 @@
+"""foreachBatch sinks: Cassandra double-checked deletes and per-data-centre object stores."""

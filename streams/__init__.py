@@ -1,0 +1,1 @@
+"""The streaming job: Kafka source, event parsing, state and timers, the query."""

@@ -1,0 +1,76 @@
+"""The clock: ticks on a Kafka topic so the watermark advances while the event stream is quiet.
+
+Spark moves the watermark only when input arrives, so an idle stream would never
+fire its purge timers. While the query has read everything there is (its
+source's end offsets equal the latest ones), the clock produces a tick stamped
+with the wall clock to the clock topic every ``interval``. A tick is an event
+about no message: it moves the watermark exactly as a real event at that time
+would, and nothing else. During a backlog or a replay no tick is sent, so old
+events are never made late by the clock.
+
+Example::
+
+    clock = Clock(config.kafka, interval_s=5).start(query)
+    ...
+    clock.stop()
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from datetime import datetime, timezone
+
+from pyspark.sql.streaming import StreamingQuery
+
+from purger.config import KafkaConfig
+from purger.connections import kafka_producer
+from streams.events import CLOCK
+
+
+def tick(now: datetime | None = None) -> bytes:
+    now = now or datetime.now(timezone.utc)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+    return json.dumps({"event_id": f"clock-{uuid.uuid4()}", "type": CLOCK, "event_time": stamp}).encode()
+
+
+def caught_up(query: StreamingQuery) -> bool:
+    """True when the last batch read up to the latest offsets of every source."""
+    progress = query.lastProgress
+    if not progress or not progress.get("sources"):
+        return False
+    for source in progress["sources"]:
+        end, latest = source.get("endOffset"), source.get("latestOffset")
+        if latest is None or end != latest:
+            return False
+    return True
+
+
+class Clock:
+    def __init__(self, kafka: KafkaConfig, interval_s: float) -> None:
+        self.kafka = kafka
+        self.interval_s = interval_s
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, query: StreamingQuery) -> "Clock":
+        producer = kafka_producer(self.kafka)
+
+        def run() -> None:
+            try:
+                while not self._stopped.wait(self.interval_s) and query.isActive:
+                    if caught_up(query):
+                        producer.send(self.kafka.clock_topic, tick())
+                        producer.flush()
+            finally:
+                producer.close()
+
+        self._thread = threading.Thread(target=run, name="purger-clock", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread:
+            self._thread.join(timeout=10)

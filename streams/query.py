@@ -1,0 +1,55 @@
+"""The purge query, top to bottom: Kafka source -> parsed events -> stateful stage -> purge sink.
+
+Example::
+
+    from streams.query import start_purger
+    running = start_purger(spark, config)
+    running.query.awaitTermination()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from purger.config import PurgerConfig
+from sinks.purge import PurgeSink
+from streams.clock import Clock
+from streams.events import parse_events
+from streams.processor import purge_candidates
+from streams.rules import Retention
+from streams.source import read_records
+
+
+@dataclass
+class RunningPurger:
+    query: StreamingQuery
+    sink: PurgeSink
+    clock: Clock
+
+    def stop(self) -> None:
+        self.clock.stop()
+        self.query.stop()
+
+
+def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None) -> RunningPurger:
+    stream = config.stream
+    records = read_records(spark, config.kafka, starting_offsets)
+    events = parse_events(records).where("error IS NULL")
+    candidates = purge_candidates(
+        events,
+        Retention.from_config(config.retention),
+        watermark_delay=f"{int(stream.watermark_delay.total_seconds() * 1000)} milliseconds",
+    )
+    sink = PurgeSink(config)
+    query = (
+        candidates.writeStream.queryName(stream.query_name)
+        .foreachBatch(sink)
+        .option("checkpointLocation", stream.checkpoint)
+        .trigger(processingTime=f"{int(stream.trigger_interval.total_seconds() * 1000)} milliseconds")
+        .start()
+    )
+    clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
+    return RunningPurger(query, sink, clock)

@@ -1,0 +1,99 @@
+"""Shared fixtures: the real servers and one SparkSession for the whole test session.
+
+Endpoints come from the environment when given (PURGER_KAFKA_BOOTSTRAP, PURGER_CASSANDRA_HOSTS,
+PURGER_S3_ENDPOINT); otherwise docker-compose.yml is started through testcontainers when a Docker
+engine answers; otherwise the local stack (`purger stack up`) is started, and stopped at the end
+if this session started it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from purger.config import PurgerConfig, build_config
+from purger.stack import LocalStack, create_buckets, create_schema, create_topics
+
+ROOT = Path(__file__).resolve().parents[1]
+ENDPOINT_VARIABLES = ("PURGER_KAFKA_BOOTSTRAP", "PURGER_CASSANDRA_HOSTS", "PURGER_S3_ENDPOINT")
+
+
+def _docker_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def servers():
+    """Make sure Kafka, Cassandra and S3 answer; yield how they were provided."""
+    if all(os.environ.get(v) for v in ENDPOINT_VARIABLES):
+        yield "environment"
+    elif _docker_answers():
+        from testcontainers.compose import DockerCompose
+
+        with DockerCompose(str(ROOT), wait=True):
+            os.environ.update(
+                PURGER_KAFKA_BOOTSTRAP="127.0.0.1:9092",
+                PURGER_CASSANDRA_HOSTS="127.0.0.1:9042",
+                PURGER_S3_ENDPOINT="http://127.0.0.1:9000",
+            )
+            yield "docker"
+    else:
+        stack = LocalStack()
+        started_here = not stack.running()
+        stack.up()
+        yield "local"
+        if started_here:
+            stack.down()
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def config(servers, run_id, tmp_path_factory) -> PurgerConfig:
+    """Short periods, and topics of this test session's own, so earlier runs' events do not interfere."""
+    config = build_config(
+        {
+            "kafka": {"topics": [f"test.{run_id}.events"], "clock_topic": f"test.{run_id}.clock"},
+            "retention": {"expired_ttl": "6s"},
+            "stream": {
+                "checkpoint": str(tmp_path_factory.mktemp("checkpoint")),
+                "trigger_interval": "1s",
+                "watermark_delay": "2s",
+                "clock_interval": "1s",
+                "shuffle_partitions": 2,
+            },
+        }
+    )
+    create_topics(config, partitions=2)
+    create_schema(config)
+    create_buckets(config)
+    return config
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession for every test; it needs no server, so parsing tests run without the stack."""
+    from purger.spark import spark_session
+
+    session = spark_session(build_config({"stream": {"shuffle_partitions": 2}}).stream, app_name="purger-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def platform(config):
+    from purger.platform import Platform
+
+    platform = Platform(config)
+    yield platform
+    platform.close()

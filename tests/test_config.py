@@ -1,0 +1,62 @@
+from datetime import timedelta
+
+import pytest
+
+from purger.config import ConfigError, build_config, load_config, parse_duration
+
+
+def test_defaults_are_the_specs():
+    retention = build_config({}).retention
+    assert retention.expired_ttl == timedelta(days=30)
+    assert retention.incomplete_ttl == timedelta(days=2)
+    assert retention.deleted_ttl == timedelta(0)
+    assert retention.payload_grace == timedelta(hours=12)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("30d", timedelta(days=30)), ("12h", timedelta(hours=12)), ("10m", timedelta(minutes=10)),
+     ("5s", timedelta(seconds=5)), ("250ms", timedelta(milliseconds=250)), (0, timedelta(0))],
+)
+def test_durations(text, expected):
+    assert parse_duration(text) == expected
+
+
+def test_a_bad_value_names_the_key_and_what_it_accepts():
+    with pytest.raises(ConfigError) as error:
+        build_config({"kafka": {"starting_offsets": "yesterday"}})
+    assert "kafka.starting_offsets" in str(error.value)
+    assert "'earliest'" in str(error.value) and "'latest'" in str(error.value)
+
+
+def test_a_bad_duration_names_the_key_and_the_units():
+    with pytest.raises(ConfigError) as error:
+        build_config({"retention": {"expired_ttl": "a month"}})
+    assert "retention.expired_ttl" in str(error.value)
+    assert "ms, s, m, h or d" in str(error.value)
+
+
+def test_an_unknown_key_is_refused():
+    with pytest.raises(ConfigError, match="retention.expird_ttl: unknown key"):
+        build_config({"retention": {"expird_ttl": "1d"}})
+
+
+def test_environment_overrides_endpoints(monkeypatch):
+    monkeypatch.setenv("PURGER_CASSANDRA_HOSTS", "db1:9142,db2:9142")
+    monkeypatch.setenv("PURGER_S3_ENDPOINT", "http://s3.local:9000")
+    config = build_config({})
+    assert config.cassandra.hosts == ["db1", "db2"] and config.cassandra.port == 9142
+    assert {s.endpoint for s in config.stores.values()} == {"http://s3.local:9000"}
+
+
+def test_toml_file(tmp_path):
+    path = tmp_path / "purger.toml"
+    path.write_text('[retention]\nexpired_ttl = "7d"\n[stores.paris]\nbucket = "blobs-paris"\n')
+    config = load_config(path)
+    assert config.retention.expired_ttl == timedelta(days=7)
+    assert list(config.stores) == ["paris"]
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
