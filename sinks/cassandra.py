@@ -83,6 +83,6 @@ class MessageDeleter:
     def _gone(self, message_id: str, existing: dict) -> bool:
         # A not-applied LWT on a missing row returns nulls for the checked columns, as a row whose
         # columns are null would; only then is a serial read needed to tell the two apart.
-        if any(value is not None for name, value in existing.items() if name != "[applied]"):
+        if any(value is not None for name, value in existing.items() if name not in ("applied", "[applied]")):
             return False
         return self.session.execute(self.exists, (message_id,)).one() is None
