@@ -56,3 +56,60 @@ def stack_status() -> None:
 
     for name, state in LocalStack().status().items():
         typer.echo(f"{name:10} {state}")
+
+
+@app.command("run")
+def run(
+    config: Optional[Path] = ConfigOption,
+    starting_offsets: Optional[str] = typer.Option(
+        None, help="For a fresh checkpoint: earliest, latest, or Spark's JSON offsets (default: from the config)."
+    ),
+) -> None:
+    """Run the purge job until interrupted (Ctrl-C stops it cleanly)."""
+    from purger.spark import spark_session
+    from streams.query import start_purger
+
+    settings = _config(config)
+    spark = spark_session(settings.stream)
+    running = start_purger(spark, settings, starting_offsets)
+    typer.echo(f"purger running: query {settings.stream.query_name!r}, checkpoint {settings.stream.checkpoint}, "
+               f"Spark UI {spark.sparkContext.uiWebUrl}")
+    try:
+        running.query.awaitTermination()
+    except KeyboardInterrupt:
+        typer.echo("stopping")
+    finally:
+        running.stop()
+
+
+@app.command("demo")
+def demo(messages: int = typer.Option(200, min=1, help="How many messages the demo platform writes.")) -> None:
+    """Start the local stack if needed, run a demo workload through the purger, print a report."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from purger.demo import run_demo
+    from purger.stack import LocalStack, StackError
+
+    try:
+        LocalStack().up()
+    except StackError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(1) from None
+    report = run_demo(messages=messages)
+    table = Table(title=f"Purge demo: {messages} messages, {report.seconds:.0f} s")
+    table.add_column("what")
+    table.add_column("expected", justify="right")
+    table.add_column("observed", justify="right")
+    table.add_row("messages purged (row gone)", str(len(report.expected_purged)), str(len(report.purged)))
+    table.add_row("live or revived messages kept", str(len(report.expected_kept)),
+                  str(len(report.expected_kept) - len(report.wrongly_deleted)))
+    for dc in sorted(report.blobs_left):
+        table.add_row(f"blobs of purged messages left in {dc}", "0", str(report.blobs_left[dc]))
+        table.add_row(f"blobs of kept messages in {dc}", "", str(report.blobs_kept[dc]))
+    for (kind, status), count in sorted(report.sink_totals.items()):
+        table.add_row(f"sink: {kind} {status}", "", str(count))
+    Console().print(table)
+    if not report.ok:
+        typer.echo("the demo's end state is not the expected one", err=True)
+        raise typer.Exit(1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 from purger.config import PurgerConfig
@@ -32,8 +32,17 @@ def iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+_last_moment = datetime.min.replace(tzinfo=timezone.utc)
+
+
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    """The wall clock, strictly increasing by at least a millisecond, as the spec's timestamps resolve.
+
+    A platform's successive changes to one message must carry increasing event times.
+    """
+    global _last_moment
+    _last_moment = max(datetime.now(timezone.utc), _last_moment + timedelta(milliseconds=1))
+    return _last_moment
 
 
 class Platform:

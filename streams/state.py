@@ -6,8 +6,9 @@ message becomes eligible for purge. All times are epoch milliseconds in event
 time.
 
 Events arrive out of order and twice. Each field that events change is
-last-writer-wins by event time (ties go to the event id, so the result does not
-depend on arrival order), and applying the same event twice changes nothing.
+last-writer-wins by event time (at equal times the lower counter, then the
+event id, so the result does not depend on arrival order), and applying the
+same event twice changes nothing.
 
 Example::
 
@@ -53,19 +54,28 @@ class MessageState:
     counter_zero_since: int | None = None
 
 
-def _newer(version: tuple[int, str], current: tuple[int, str] | None) -> bool:
-    return current is None or version > current
+_NOT_COUNTER_BASED = 2**31
+
+
+def _version(time_ms: int, count: int | None, event_id: str) -> tuple[int, int, str]:
+    # At equal event times the lower counter wins: extractions only lower it, and a wrong guess
+    # toward purging is caught by the double-check, while one toward keeping would leave it behind.
+    return (time_ms, -(_NOT_COUNTER_BASED if count is None else count), event_id)
 
 
 def _set_counter(state: MessageState, count: int | None, event: Event) -> MessageState:
-    version = (event.event_time_ms, event.event_id)
-    if not _newer(version, state.extract_count_version):
-        return state  # an older value arriving late: the newer one stands
+    if state.extract_count_version is not None:
+        current = _version(*state.extract_count_version[:1], state.extract_count, state.extract_count_version[1])
+        if _version(event.event_time_ms, count, event.event_id) <= current:
+            return state  # an older value arriving late: the newer one stands
     if count == 0:
         zero_since = state.counter_zero_since if state.extract_count == 0 else event.event_time_ms
     else:
         zero_since = None
-    return replace(state, extract_count=count, extract_count_version=version, counter_zero_since=zero_since)
+    return replace(
+        state, extract_count=count, extract_count_version=(event.event_time_ms, event.event_id),
+        counter_zero_since=zero_since,
+    )
 
 
 def apply(state: MessageState | None, event: Event) -> MessageState:

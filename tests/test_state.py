@@ -80,7 +80,7 @@ counter_events = st.lists(
 
 @given(counter_events, st.randoms())
 def test_arrival_order_and_duplicates_do_not_change_the_outcome(changes, random):
-    """A simple reference model: the counter is the value of the latest event by time (then id)."""
+    """A simple reference model: the counter is the latest event's (by time, then lower count, then id)."""
     events = [enqueue(0)] + [
         Event(f"e{i}", kind, t, "m", extract_count=count) for i, (kind, t, count) in enumerate(changes)
     ]
@@ -90,7 +90,7 @@ def test_arrival_order_and_duplicates_do_not_change_the_outcome(changes, random)
     for event in shuffled:
         one_by_one = apply(one_by_one, event)
 
-    latest = max(events, key=lambda e: (e.event_time_ms, e.event_id))
+    latest = max(events, key=lambda e: (e.event_time_ms, -e.extract_count, e.event_id))
     assert one_by_one.extract_count == latest.extract_count
     expected_due = eligibility(apply_all(None, events), RETENTION)
     if latest.extract_count == 0:
@@ -102,3 +102,10 @@ def test_batch_order_does_not_matter():
     events = [enqueue(10), dequeue(50, 0), admin(60, 1), admin(70, 0)]
     results = {apply_all(None, list(p)) for p in itertools.permutations(events)}
     assert len(results) == 1
+
+
+def test_at_equal_times_the_lower_counter_wins_whatever_the_arrival_order():
+    one, zero = dequeue(50, 1, event_id="b"), dequeue(50, 0, event_id="a")
+    for order in ([one, zero], [zero, one]):
+        state = apply(apply(None, order[0]), order[1])
+        assert state.extract_count == 0
