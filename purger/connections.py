@@ -26,7 +26,7 @@ class ServerUnavailable(RuntimeError):
 
 def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "Session":
     from cassandra.auth import PlainTextAuthProvider
-    from cassandra.cluster import Cluster, NoHostAvailable
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
     from cassandra.policies import DCAwareRoundRobinPolicy
 
     auth = None
@@ -36,7 +36,9 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
         config.hosts,
         port=config.port,
         auth_provider=auth,
-        load_balancing_policy=DCAwareRoundRobinPolicy(),
+        execution_profiles={
+            EXEC_PROFILE_DEFAULT: ExecutionProfile(load_balancing_policy=DCAwareRoundRobinPolicy(), request_timeout=30)
+        },
         protocol_version=5,
     )
     try:
