@@ -134,8 +134,11 @@ def _configure_kafka(home: Path) -> list[str]:
         "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
         "log4j.logger.kafka=INFO\nlog4j.logger.org.apache.kafka=WARN\n"
     )
-    # KRaft needs formatted storage; the cluster id is 16 random bytes in URL-safe base64.
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # KRaft needs formatted storage; the cluster id is 16 random bytes in URL-safe base64, and
+    # like Kafka's own ids must not start with "-", which the tool would read as an option.
+    cluster_id = "-"
+    while cluster_id.startswith("-"):
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     classpath = str(artifacts.KAFKA.directory / "*")
     result = subprocess.run(
         [_java(), "-Xmx256m", f"-Dlog4j.configuration=file:{home / 'log4j.properties'}", "-cp", classpath,
@@ -143,7 +146,9 @@ def _configure_kafka(home: Path) -> list[str]:
         capture_output=True, text=True,
     )
     if result.returncode != 0:
-        raise StackError(f"formatting Kafka storage in {data} failed:\n{result.stdout}{result.stderr}")
+        raise StackError(
+            f"formatting Kafka storage in {data} failed (exit {result.returncode}):\n{result.stdout}{result.stderr}"
+        )
     return [f"-Dlog4j.configuration=file:{home / 'log4j.properties'}", "--", str(properties)]
 
 

@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -29,8 +30,16 @@ class RunningPurger:
     sink: PurgeSink
     clock: Clock
 
-    def stop(self) -> None:
+    def stop(self, wait_for_batch_s: float = 30) -> None:
+        """Stop between micro-batches when one ends within ``wait_for_batch_s``.
+
+        Interrupting a batch inside the Python state server makes Spark log an error storm;
+        the work itself is safe either way, since the batch is redone from the checkpoint.
+        """
         self.clock.stop()
+        deadline = time.monotonic() + wait_for_batch_s
+        while self.query.isActive and self.query.status["isTriggerActive"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.query.stop()
 
 

@@ -32,3 +32,30 @@ def test_status_reports_the_recorded_processes(servers):
         pytest.skip("the servers were not started by the local stack")
     status = LocalStack().status()
     assert all(state.startswith("running (pid") for state in status.values()), status
+
+
+def test_a_server_that_does_not_come_up_names_its_address_and_log(tmp_path):
+    from dataclasses import dataclass
+
+    from purger import artifacts
+    from purger.stack import Server, StackError
+
+    @dataclass
+    class BrokenServer(Server):
+        @property
+        def home(self):
+            return tmp_path / "broken"
+
+    def never_ready():
+        raise ConnectionRefusedError("nothing listens")
+
+    broken = BrokenServer(
+        "broken", "127.0.0.1:9", artifacts.KAFKA, "no.such.MainClass", "64m",
+        lambda home: [], never_ready, start_timeout=60,
+    )
+    with pytest.raises(StackError) as error:
+        LocalStack([broken], log=lambda line: None).up()
+    message = str(error.value)
+    assert "127.0.0.1:9" in message and "exited with code" in message
+    assert "no.such.MainClass" in message  # the JVM's own words, from the log's tail
+    assert broken.pid() is None
