@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from purger.config import ConfigError, load_config
+from purger.config import ConfigError, PurgerConfig, load_config
 
 app = typer.Typer(help="A continuous purger on Spark Structured Streaming.", no_args_is_help=True)
 stack_app = typer.Typer(help="The local stack: Kafka, Cassandra and S3Proxy on 127.0.0.1.", no_args_is_help=True)
@@ -29,16 +29,20 @@ def _config(path: Optional[Path]):
         raise typer.Exit(2) from None
 
 
-@stack_app.command("up")
-def stack_up(config: Optional[Path] = ConfigOption) -> None:
-    """Fetch the jars (cached), start every server, wait until each answers, create topics, schema, buckets."""
+def _stack_up(settings: PurgerConfig) -> None:
     from purger.stack import LocalStack, StackError
 
     try:
-        LocalStack().up(_config(config))
+        LocalStack().up(settings)
     except StackError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(1) from None
+
+
+@stack_app.command("up")
+def stack_up(config: Optional[Path] = ConfigOption) -> None:
+    """Fetch the jars (cached), start every server, wait until each answers, create topics, schema, buckets."""
+    _stack_up(_config(config))
 
 
 @stack_app.command("down")
@@ -89,13 +93,8 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     from rich.table import Table
 
     from purger.demo import run_demo
-    from purger.stack import LocalStack, StackError
 
-    try:
-        LocalStack().up()
-    except StackError as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(1) from None
+    _stack_up(load_config())
     report = run_demo(messages=messages)
     table = Table(title=f"Purge demo: {messages} messages, {report.seconds:.0f} s")
     table.add_column("what")

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from purger.config import PurgerConfig, build_config
-from purger.platform import Platform
-from purger.stack import create_buckets, create_schema, create_topics
+from purger.platform import INLINE_LIMIT, Platform
+from purger.stack import prepare
 
 
 @dataclass
@@ -71,9 +71,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
     started = time.monotonic()
     run = uuid.uuid4().hex[:8]
     config = demo_config(run)
-    create_topics(config)
-    create_schema(config)
-    create_buckets(config)
+    prepare(config)
     spark = spark_session(config.stream, app_name="purger-demo")
     spark.sparkContext.setLogLevel("ERROR")
     running = start_purger(spark, config)
@@ -87,7 +85,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
             message = f"{run}-m{i:05d}"
             payload_of[message] = f"{run}-p{i:05d}"
             size = 200 if chooser.random() < 0.1 else 32 * 1024
-            if size < 10 * 1024:
+            if size < INLINE_LIMIT:
                 inline.add(message)
             platform.enqueue(message, payload_of[message], extract_count=2, size=size)
         revive = []
@@ -119,7 +117,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
                 pending -= gone
                 bar.update(len(gone))
                 time.sleep(1)
-        # One more trigger so blob deletes that follow the last row deletes have landed.
+        # A few triggers more, so blob deletes that follow the last row deletes have landed.
         time.sleep(3 * config.stream.trigger_interval.total_seconds())
         report.purged = {m for m in report.expected_purged if platform.row(m) is None}
         report.wrongly_deleted = {m for m in report.expected_kept if platform.row(m) is None}

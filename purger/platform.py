@@ -22,14 +22,9 @@ from typing import Any, Iterable
 from purger.config import PurgerConfig
 from purger.connections import cassandra_session, kafka_producer, s3_client
 from sinks.objects import payload_key
+from streams.events import format_timestamp
 
 INLINE_LIMIT = 10 * 1024  # payloads under 10 KiB live in the message row (SPEC section 2)
-
-
-def iso(moment: datetime) -> str:
-    """The spec's timestamp format: ISO-8601 UTC with milliseconds."""
-    moment = moment.astimezone(timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 _last_moment = datetime.min.replace(tzinfo=timezone.utc)
@@ -72,7 +67,7 @@ class Platform:
         )
 
     def emit(self, event_type: str, message_id: str, at: datetime, **fields: Any) -> None:
-        event = {"event_id": str(uuid.uuid4()), "type": event_type, "event_time": iso(at), "message_id": message_id}
+        event = {"event_id": str(uuid.uuid4()), "type": event_type, "event_time": format_timestamp(at), "message_id": message_id}
         event.update(fields)
         self.producer.send(self.config.kafka.topics[0], key=message_id.encode(), value=json.dumps(event).encode())
 

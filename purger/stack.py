@@ -345,6 +345,13 @@ def create_buckets(config: PurgerConfig) -> None:
             client.create_bucket(Bucket=store.bucket)
 
 
+def prepare(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS) -> None:
+    """Create what a configuration expects on any servers: its topics, keyspace and buckets."""
+    create_topics(config, partitions)
+    create_schema(config)
+    create_buckets(config)
+
+
 SERVERS = [
     Server("kafka", f"127.0.0.1:{KAFKA_PORT}", artifacts.KAFKA, "kafka.Kafka", "512m",
            _configure_kafka, _kafka_ready, 90),
@@ -369,9 +376,7 @@ class LocalStack:
         for server in self.servers:
             self._start(server)
         self.log("creating topics, keyspace and buckets")
-        create_topics(config)
-        create_schema(config)
-        create_buckets(config)
+        prepare(config)
 
     def _start(self, server: Server) -> None:
         if pid := server.pid():

@@ -7,7 +7,7 @@ stream's decision and the delete makes the delete not apply.
 
 Example::
 
-    deleter = MessageDeleter(session, config)
+    deleter = MessageDeleter(session, config.cassandra, config.retention)
     deleter.delete("m1", "expired_by_counter")  # RowOutcome(status='purged', reason=None)
 """
 
@@ -68,10 +68,10 @@ class MessageDeleter:
         self.exists = session.prepare(f"SELECT message_id FROM {table} WHERE message_id = ?")
         self.exists.consistency_level = ConsistencyLevel.SERIAL
 
-    def delete(self, message_id: str, rule: str, now: datetime | None = None) -> RowOutcome:
+    def delete(self, message_id: str, rule: str) -> RowOutcome:
         check = self.rules[rule]
-        now = now or datetime.now(timezone.utc)
-        result = self.session.execute(self.statements[rule], (message_id, now - check.ttl))
+        cutoff = datetime.now(timezone.utc) - check.ttl
+        result = self.session.execute(self.statements[rule], (message_id, cutoff))
         if result.was_applied:
             return RowOutcome(PURGED)
         existing = result.one()._asdict()
@@ -83,6 +83,6 @@ class MessageDeleter:
     def _gone(self, message_id: str, existing: dict) -> bool:
         # A not-applied LWT on a missing row returns nulls for the checked columns, as a row whose
         # columns are null would; only then is a serial read needed to tell the two apart.
-        if any(value is not None for name, value in existing.items() if name not in ("applied", "[applied]")):
+        if any(value is not None for name, value in existing.items() if name != "applied"):
             return False
         return self.session.execute(self.exists, (message_id,)).one() is None

@@ -26,12 +26,12 @@ from pyspark.sql.streaming import StreamingQuery
 
 from purger.config import KafkaConfig
 from purger.connections import kafka_producer
-from streams.events import CLOCK
+from streams.events import CLOCK, format_timestamp
 
 
-def tick(now: datetime | None = None) -> bytes:
-    now = now or datetime.now(timezone.utc)
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+def tick() -> bytes:
+    """A clock event stamped with the wall clock."""
+    stamp = format_timestamp(datetime.now(timezone.utc))
     return json.dumps({"event_id": f"clock-{uuid.uuid4()}", "type": CLOCK, "event_time": stamp}).encode()
 
 

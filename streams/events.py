@@ -14,6 +14,8 @@ Example::
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -67,11 +69,17 @@ _TEXT_SCHEMA = StructType([StructField(f.name, StringType()) for f in EVENT_SCHE
 _TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
 
 
+def format_timestamp(moment: datetime) -> str:
+    """The spec's timestamp text: ISO-8601 UTC with milliseconds, e.g. ``2026-01-01T07:58:00.000Z``."""
+    moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
 def _epoch_ms(text: Column) -> Column:
     return F.unix_millis(F.try_to_timestamp(text, F.lit(_TIMESTAMP_FORMAT)))
 
 
-def _error(typed: Column, text: Column, value: Column) -> Column:
+def _error(typed: Column, text: Column, value: Column, event_time_ms: Column, extract_until_ms: Column) -> Column:
     """The first reason the record is bad input, or null."""
     checks: list[tuple[Column, str]] = [
         (value.isNull(), F.lit("empty record (tombstone)")),
@@ -90,9 +98,9 @@ def _error(typed: Column, text: Column, value: Column) -> Column:
             missing = typed[name].isNull()
         checks.append((missing, F.lit(f"missing field {name}")))
     checks.append((~typed["type"].isin(*REQUIRED_FIELDS), F.concat(F.lit("unknown type "), typed["type"])))
-    checks.append((_epoch_ms(typed["event_time"]).isNull(), F.lit("event_time is not an ISO-8601 UTC timestamp")))
+    checks.append((event_time_ms.isNull(), F.lit("event_time is not an ISO-8601 UTC timestamp")))
     checks.append(
-        (typed["extract_until"].isNotNull() & _epoch_ms(typed["extract_until"]).isNull(),
+        (typed["extract_until"].isNotNull() & extract_until_ms.isNull(),
          F.lit("extract_until is not an ISO-8601 UTC timestamp"))
     )
     for event_type, fields in REQUIRED_FIELDS.items():
@@ -116,16 +124,20 @@ def parse_events(records: DataFrame) -> DataFrame:
     """
     json_text = F.when(F.is_valid_utf8("value"), F.col("value").cast("string"))
     parsed = records.select(
-        "topic", "partition", "offset", "timestamp", "value",
+        "topic", "partition", "offset", "value",
         F.from_json(json_text, EVENT_SCHEMA).alias("typed"),
         F.from_json(json_text, _TEXT_SCHEMA, {"columnNameOfCorruptRecord": _CORRUPT}).alias("text"),
+    ).select(
+        "*",
+        _epoch_ms(F.col("typed.event_time")).alias("event_time_ms"),
+        _epoch_ms(F.col("typed.extract_until")).alias("extract_until_ms"),
     )
     typed = F.col("typed")
     return parsed.select(
         "topic", "partition", "offset", "value",
         *(typed[name].alias(name) for name in EVENT_SCHEMA.fieldNames() if name != "message_id"),
         F.coalesce(typed["message_id"], F.lit(CLOCK_KEY)).alias("message_id"),
-        _epoch_ms(typed["event_time"]).alias("event_time_ms"),
-        _epoch_ms(typed["extract_until"]).alias("extract_until_ms"),
-        _error(typed, F.col("text"), F.col("value")).alias("error"),
+        "event_time_ms",
+        "extract_until_ms",
+        _error(typed, F.col("text"), F.col("value"), F.col("event_time_ms"), F.col("extract_until_ms")).alias("error"),
     )

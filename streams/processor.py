@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import astuple, fields
+from dataclasses import fields
 from typing import Any, Iterator
 
 from pyspark.sql import DataFrame, Row
@@ -101,7 +101,7 @@ class MessageProcessor(StatefulProcessor):
         self.message = handle.getValueState("message", STATE_SCHEMA)
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
-        events = [Event(*(tuple(r[c] for c in EVENT_COLUMNS))) for r in rows]
+        events = [Event(*(r[c] for c in EVENT_COLUMNS)) for r in rows]
         events = [e for e in events if e.type != CLOCK]
         if not events:
             return iter([])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -22,6 +23,10 @@ from streams.events import parse_events
 from streams.processor import purge_candidates
 from streams.rules import Retention
 from streams.source import read_records
+
+
+def _interval(duration: timedelta) -> str:
+    return f"{int(duration.total_seconds() * 1000)} milliseconds"
 
 
 @dataclass
@@ -50,14 +55,14 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     candidates = purge_candidates(
         events,
         Retention.from_config(config.retention),
-        watermark_delay=f"{int(stream.watermark_delay.total_seconds() * 1000)} milliseconds",
+        watermark_delay=_interval(stream.watermark_delay),
     )
     sink = PurgeSink(config)
     query = (
         candidates.writeStream.queryName(stream.query_name)
         .foreachBatch(sink)
         .option("checkpointLocation", stream.checkpoint)
-        .trigger(processingTime=f"{int(stream.trigger_interval.total_seconds() * 1000)} milliseconds")
+        .trigger(processingTime=_interval(stream.trigger_interval))
         .start()
     )
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)

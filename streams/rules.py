@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
 
+from purger.config import RetentionConfig
 from streams.state import MessageState
 
 EXPIRED_BY_COUNTER = "expired_by_counter"
@@ -30,7 +31,7 @@ class Retention:
     expired_ttl_ms: int = int(timedelta(days=30).total_seconds() * 1000)
 
     @classmethod
-    def from_config(cls, config) -> "Retention":  # config: purger.config.RetentionConfig
+    def from_config(cls, config: RetentionConfig) -> "Retention":
         return cls(expired_ttl_ms=int(config.expired_ttl.total_seconds() * 1000))
 
 

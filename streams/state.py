@@ -65,7 +65,8 @@ def _version(time_ms: int, count: int | None, event_id: str) -> tuple[int, int, 
 
 def _set_counter(state: MessageState, count: int | None, event: Event) -> MessageState:
     if state.extract_count_version is not None:
-        current = _version(*state.extract_count_version[:1], state.extract_count, state.extract_count_version[1])
+        current_time_ms, current_event_id = state.extract_count_version
+        current = _version(current_time_ms, state.extract_count, current_event_id)
         if _version(event.event_time_ms, count, event.event_id) <= current:
             return state  # an older value arriving late: the newer one stands
     if count == 0:

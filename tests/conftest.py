@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from purger.config import PurgerConfig, build_config
-from purger.stack import LocalStack, create_buckets, create_schema, create_topics
+from purger.stack import LocalStack, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDPOINT_VARIABLES = ("PURGER_KAFKA_BOOTSTRAP", "PURGER_CASSANDRA_HOSTS", "PURGER_S3_ENDPOINT")
@@ -74,9 +74,7 @@ def config(servers, run_id, tmp_path_factory) -> PurgerConfig:
             },
         }
     )
-    create_topics(config, partitions=2)
-    create_schema(config)
-    create_buckets(config)
+    prepare(config, partitions=2)
     return config
 
 
