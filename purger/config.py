@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -61,8 +61,11 @@ class KafkaConfig(_Section):
     # Where a fresh checkpoint starts reading; an existing checkpoint always resumes.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     max_offsets_per_trigger: int = Field(default=100_000, gt=0)
-    # Topic the purger writes clock ticks to so that an idle stream's watermark still advances.
-    clock_topic: str = "purger.clock"
+    # The purger's own topic: clock ticks that advance an idle stream's watermark, and the purge
+    # sink's reports back to the stateful stage (rechecks, released payloads). Read from its end.
+    control_topic: str = "purger.control"
+    # Bad input, with the original bytes as the record value and the reason in its headers.
+    dead_letter_topic: str = "purger.dead-letter"
 
 
 class CassandraConfig(_Section):
@@ -92,6 +95,15 @@ class RetentionConfig(_Section):
     deleted_ttl: Duration = timedelta(0)
     payload_grace: Duration = timedelta(hours=12)
 
+    @field_validator("payload_grace")
+    @classmethod
+    def _grace_covers_clock_skew(cls, grace: timedelta) -> timedelta:
+        # The writer contract (README) relies on the grace exceeding the clock skew between writers
+        # and the purger: a link made within it is never mistaken for an old one.
+        if grace < timedelta(seconds=1):
+            raise ValueError("must be at least 1s, and more than the clock skew between hosts")
+        return grace
+
 
 class StreamConfig(_Section):
     query_name: str = "purger"
@@ -101,6 +113,8 @@ class StreamConfig(_Section):
     watermark_delay: Duration = timedelta(minutes=10)
     # How often an idle stream gets a clock tick (see streams/clock.py).
     clock_interval: Duration = timedelta(seconds=5)
+    # When to try again a purge that failed (a data centre's store or Cassandra did not answer).
+    retry_interval: Duration = timedelta(minutes=1)
     shuffle_partitions: int = Field(default=4, gt=0)
     master: str = "local[2]"
     driver_memory: str = "2g"

@@ -51,7 +51,7 @@ class DemoReport:
 def demo_config(run: str) -> PurgerConfig:
     return build_config(
         {
-            "kafka": {"topics": [f"demo.{run}.events"], "clock_topic": f"demo.{run}.clock"},
+            "kafka": {"topics": [f"demo.{run}.events"], "control_topic": f"demo.{run}.control", "dead_letter_topic": f"demo.{run}.dead-letter"},
             "retention": {"expired_ttl": "10s"},
             "stream": {
                 "query_name": f"purger-demo-{run}",

@@ -47,29 +47,53 @@ class Platform:
         self.stores = {dc: s3_client(store) for dc, store in config.stores.items()}
         self.producer = kafka_producer(config.kafka, acks="all", linger_ms=5)
         tables = config.cassandra
+        self._messages, self._refs, self._payloads = (
+            tables.messages_table, tables.payload_refs_table, tables.payloads_table)
         self._insert_message = self.session.prepare(
-            f"INSERT INTO {tables.messages_table} (message_id, mailbox, payload_id, payload_size, inline_payload, "
+            f"INSERT INTO {self._messages} (message_id, mailbox, payload_id, payload_size, inline_payload, "
             "extract_count, extract_until, complete, deleted, created_at, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, false, ?, ?)"
         )
         self._insert_ref = self.session.prepare(
-            f"INSERT INTO {tables.payload_refs_table} (payload_id, message_id) VALUES (?, ?)"
+            f"INSERT INTO {self._refs} (payload_id, message_id) VALUES (?, ?)"
+        )
+        self._delete_ref = self.session.prepare(
+            f"DELETE FROM {self._refs} WHERE payload_id = ? AND message_id = ?"
         )
         self._insert_payload = self.session.prepare(
-            f"INSERT INTO {tables.payloads_table} (payload_id, size, dcs, state, last_ref_at, created_at) "
-            "VALUES (?, ?, ?, 'live', ?, ?)"
+            f"INSERT INTO {self._payloads} (payload_id, size, dcs, state, last_ref_at, created_at) "
+            "VALUES (?, ?, ?, 'live', ?, ?) IF NOT EXISTS"
         )
-        self._set_count = self.session.prepare(
-            f"UPDATE {tables.messages_table} SET extract_count = ?, updated_at = ? WHERE message_id = ?"
+        self._touch_payload = self.session.prepare(
+            f"UPDATE {self._payloads} SET last_ref_at = ? WHERE payload_id = ? IF state = 'live'"
         )
-        self._select_message = self.session.prepare(
-            f"SELECT * FROM {tables.messages_table} WHERE message_id = ?"
-        )
+        self._updates: dict[str, Any] = {}
 
     def emit(self, event_type: str, message_id: str, at: datetime, **fields: Any) -> None:
         event = {"event_id": str(uuid.uuid4()), "type": event_type, "event_time": format_timestamp(at), "message_id": message_id}
         event.update(fields)
         self.producer.send(self.config.kafka.topics[0], key=message_id.encode(), value=json.dumps(event).encode())
+
+    def _update(self, message_id: str, at: datetime, **columns: Any) -> None:
+        names = sorted(columns)
+        statement_key = ",".join(names)
+        if statement_key not in self._updates:
+            assignments = ", ".join(f"{name} = ?" for name in names)
+            self._updates[statement_key] = self.session.prepare(
+                f"UPDATE {self._messages} SET {assignments}, updated_at = ? WHERE message_id = ?"
+            )
+        self.session.execute(self._updates[statement_key], (*(columns[n] for n in names), at, message_id))
+
+    def link(self, message_id: str, payload_id: str, at: datetime | None = None) -> bool:
+        """Refer a message to an existing payload, by the writer contract (README).
+
+        Returns False when the payload is being purged: the caller must store a new payload instead.
+        """
+        self.session.execute(self._insert_ref, (payload_id, message_id))
+        if self.session.execute(self._touch_payload, (at or _now(), payload_id)).was_applied:
+            return True
+        self.session.execute(self._delete_ref, (payload_id, message_id))
+        return False
 
     def enqueue(
         self,
@@ -77,48 +101,85 @@ class Platform:
         payload_id: str,
         *,
         extract_count: int | None = 1,
+        extract_until: datetime | None = None,
+        complete: bool = True,
         size: int = 64 * 1024,
         mailbox: str = "inbox",
         dcs: Iterable[str] = ("dc1", "dc2"),
         at: datetime | None = None,
-    ) -> None:
-        """Create a message: its payload (inline or a blob in each data centre), row, reference, event."""
+        shared: bool = False,
+    ) -> str:
+        """Create a message: its payload (inline, a new blob in each data centre, or with ``shared`` a link
+        to an existing one), row, reference and event. Returns the payload id it got: a shared payload
+        being purged is replaced by a new one, ``<payload_id>.<message_id>``."""
         at = at or _now()
         dcs = sorted(dcs)
         inline = size < INLINE_LIMIT
         body = (message_id.encode() * (size // max(len(message_id), 1) + 1))[:size]
-        if not inline:
+        if shared and not inline and not self.link(message_id, payload_id, at):
+            payload_id = f"{payload_id}.{message_id}"
+            shared = False
+        if not shared and not inline:
             for dc in dcs:
                 self.stores[dc].put_object(Bucket=self.config.stores[dc].bucket, Key=payload_key(payload_id), Body=body)
             self.session.execute(self._insert_payload, (payload_id, size, set(dcs), at, at))
+        if not shared:
+            self.session.execute(self._insert_ref, (payload_id, message_id))
         self.session.execute(
             self._insert_message,
-            (message_id, mailbox, payload_id, size, body if inline else None, extract_count, None, True, at, at),
+            (message_id, mailbox, payload_id, size, body if inline else None, extract_count, extract_until,
+             complete, at, at),
         )
-        self.session.execute(self._insert_ref, (payload_id, message_id))
         self.emit(
             "enqueue", message_id, at, mailbox=mailbox, payload_id=payload_id, payload_size=size, inline=inline,
-            extract_count=extract_count, extract_until=None, complete=True, dcs=dcs,
+            extract_count=extract_count, extract_until=extract_until and format_timestamp(extract_until),
+            complete=complete, dcs=dcs,
         )
+        return payload_id
 
     def dequeue(self, message_id: str, extract_count: int, at: datetime | None = None) -> None:
         """A client extracted the message; the counter's new value is absolute."""
         at = at or _now()
-        self.session.execute(self._set_count, (extract_count, at, message_id))
+        self._update(message_id, at, extract_count=extract_count)
         self.emit("dequeue", message_id, at, extract_count=extract_count)
 
     def set_counter(self, message_id: str, extract_count: int, at: datetime | None = None) -> None:
         """An administrator set the counter (0 expires, above 0 revives)."""
         at = at or _now()
-        self.session.execute(self._set_count, (extract_count, at, message_id))
+        self._update(message_id, at, extract_count=extract_count)
         self.emit("extract_counter", message_id, at, extract_count=extract_count)
+
+    def set_extract_until(self, message_id: str, until: datetime | None, at: datetime | None = None) -> None:
+        """An administrator set, moved or cleared (None) the extract-until date."""
+        at = at or _now()
+        self._update(message_id, at, extract_until=until)
+        self.emit("extract_until", message_id, at, extract_until=until and format_timestamp(until))
+
+    def upload_complete(self, message_id: str, at: datetime | None = None) -> None:
+        at = at or _now()
+        self._update(message_id, at, complete=True)
+        self.emit("upload_complete", message_id, at)
+
+    def delete(self, message_id: str, at: datetime | None = None) -> None:
+        """A user or administrator deleted the message: the row is marked, the purger removes it."""
+        at = at or _now()
+        self._update(message_id, at, deleted=True)
+        self.emit("delete", message_id, at)
 
     def flush(self) -> None:
         self.producer.flush()
 
     def row(self, message_id: str) -> dict | None:
-        found = self.session.execute(self._select_message, (message_id,)).one()
+        found = self.session.execute(f"SELECT * FROM {self._messages} WHERE message_id = %s", (message_id,)).one()
         return found._asdict() if found else None
+
+    def payload_row(self, payload_id: str) -> dict | None:
+        found = self.session.execute(f"SELECT * FROM {self._payloads} WHERE payload_id = %s", (payload_id,)).one()
+        return found._asdict() if found else None
+
+    def references(self, payload_id: str) -> set[str]:
+        rows = self.session.execute(f"SELECT message_id FROM {self._refs} WHERE payload_id = %s", (payload_id,))
+        return {r.message_id for r in rows}
 
     def blob_exists(self, payload_id: str, dc: str) -> bool:
         listing = self.stores[dc].list_objects_v2(Bucket=self.config.stores[dc].bucket, Prefix=payload_key(payload_id))

@@ -181,16 +181,19 @@ def _kafka_ready() -> None:
 
 
 def create_topics(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS) -> None:
-    """Create the events topics and the clock topic if they do not exist."""
+    """Create the events topics, the control topic and the dead-letter topic if they do not exist."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     admin = KafkaAdminClient(bootstrap_servers=config.kafka.bootstrap_servers)
     try:
         existing = set(admin.list_topics())
-        wanted = [NewTopic(t, partitions, 1) for t in config.kafka.topics if t not in existing]
-        if config.kafka.clock_topic not in existing:
-            wanted.append(NewTopic(config.kafka.clock_topic, 1, 1))
+        kafka = config.kafka
+        wanted = [
+            NewTopic(topic, partitions, 1)
+            for topic in [*kafka.topics, kafka.control_topic, kafka.dead_letter_topic]
+            if topic not in existing
+        ]
         if wanted:
             try:
                 admin.create_topics(wanted)

@@ -1,26 +1,33 @@
-"""Double-checked deletes of message rows: the check and the delete are one conditional statement.
+"""The Cassandra side of a purge: double-checked deletes of message rows, references and payload rows.
 
-The stream's state is a hint; the row is the truth. Each rule of SPEC section 4
-becomes an ``IF`` clause on the ``DELETE`` (a lightweight transaction), compared
-with the wall clock at delete time, so a revival that lands between the
-stream's decision and the delete makes the delete not apply.
+The stream's state is a hint; the row is the truth. Each rule of
+``streams.rules`` puts its ``check`` on a conditional ``DELETE`` (a lightweight
+transaction), compared with the wall clock at delete time, so the check and the
+delete are one atomic step and a revival that lands in between makes the delete
+not apply. When it does not apply, the row says why, and when (by the same
+rules) it is worth looking again.
+
+Payload rows follow the writer contract of the README: a payload goes from
+``live`` to ``deleting`` only by a conditional update on the ``last_ref_at`` seen
+when no reference was left; writers link only while it is ``live``.
 
 Example::
 
-    deleter = MessageDeleter(session, config.cassandra, config.retention)
-    deleter.delete("m1", "expired_by_counter")  # RowOutcome(status='purged', reason=None)
+    deleter = MessageDeleter(session, config.cassandra, Retention())
+    deleter.delete("m1", "expired_by_counter")  # RowOutcome(status='purged', ...)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Callable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from cassandra import ConsistencyLevel
 
-from purger.config import CassandraConfig, RetentionConfig
-from streams.rules import EXPIRED_BY_COUNTER
+from purger.config import CassandraConfig
+from streams.rules import MESSAGE_RULES, Eligibility, Retention, eligibility
+from streams.state import MessageState
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -28,61 +35,136 @@ if TYPE_CHECKING:
 PURGED = "purged"
 ALREADY_GONE = "already_gone"
 SKIPPED = "skipped"
+LIVE = "live"
+DELETING = "deleting"
+
+
+def epoch_ms(moment: datetime | None) -> int | None:
+    """Cassandra's timestamps come back naive, in UTC."""
+    if moment is None:
+        return None
+    return int(moment.replace(tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def now_ms() -> int:
+    return int(datetime.now(timezone.utc).timestamp() * 1000)
+
+
+def _cutoff(period_ms: int) -> datetime:
+    return datetime.fromtimestamp((now_ms() - period_ms) / 1000, timezone.utc)
+
+
+def row_state(row: dict[str, Any]) -> MessageState:
+    """A message row seen as the stream would see it: every field set by its last change, at ``updated_at``."""
+    updated = epoch_ms(row.get("updated_at"))
+    return MessageState(
+        mailbox=row.get("mailbox"), payload_id=row.get("payload_id"), payload_size=row.get("payload_size"),
+        inline=row.get("inline_payload") is not None, created_at_ms=epoch_ms(row.get("created_at")),
+        enqueue_complete=row.get("complete"),
+        extract_count=row.get("extract_count"), extract_count_at_ms=updated,
+        extract_until_ms=epoch_ms(row.get("extract_until")), extract_until_at_ms=updated,
+        deleted_at_ms=updated if row.get("deleted") else None,
+    )
 
 
 @dataclass(frozen=True)
 class RowOutcome:
     status: str  # purged | already_gone | skipped
     reason: str | None = None  # why a skipped row was kept
+    # The message's payload, as the candidate or the row said.
+    payload_id: str | None = None
+    inline: bool | None = None
+    # For a skipped row that a rule will make eligible later: when to look again.
+    recheck: Eligibility | None = None
 
 
-@dataclass(frozen=True)
-class _ConditionalDelete:
-    condition: str  # the IF clause, with one bound parameter: the cutoff (now - ttl)
-    ttl: timedelta  # how long the condition must have held, measured from the row's updated_at
-    why_kept: Callable[[dict], str]  # explains a not-applied delete from the row's current values
-
-
-def _counter_kept(existing: dict) -> str:
-    if existing.get("extract_count") != 0:
-        return f"revived: extract_count is {existing.get('extract_count')}"
-    return "not yet due: the counter has not been 0 for expired_ttl"
+def _why_kept(state: MessageState, due: Eligibility | None) -> str:
+    if due is None:
+        return (f"live: extract_count {state.extract_count}, extract_until {state.extract_until_ms}, "
+                f"complete {state.complete}")
+    at = datetime.fromtimestamp(due.eligible_at_ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+    return f"not yet due: {due.rule} at {at}"
 
 
 class MessageDeleter:
-    """Prepared conditional deletes, one per rule; ``delete`` runs the one for a candidate's rule."""
+    """Prepared statements on the messages and payload_refs tables; one instance per executor process."""
 
-    def __init__(self, session: "Session", cassandra: CassandraConfig, retention: RetentionConfig) -> None:
+    def __init__(self, session: "Session", cassandra: CassandraConfig, retention: Retention) -> None:
         self.session = session
-        table = f"{cassandra.keyspace}.{cassandra.messages_table}"
-        self.rules: dict[str, _ConditionalDelete] = {
-            # extract_count = 0 and it has been 0 for expired_ttl; updated_at is the row's last change.
-            EXPIRED_BY_COUNTER: _ConditionalDelete(
-                "extract_count = 0 AND updated_at <= ?", retention.expired_ttl, _counter_kept
-            ),
+        self.retention = retention
+        messages = f"{cassandra.keyspace}.{cassandra.messages_table}"
+        refs = f"{cassandra.keyspace}.{cassandra.payload_refs_table}"
+        self.conditional_delete = {
+            name: session.prepare(f"DELETE FROM {messages} WHERE message_id = ? IF {rule.check}")
+            for name, rule in MESSAGE_RULES.items()
         }
-        self.statements = {
-            rule: session.prepare(f"DELETE FROM {table} WHERE message_id = ? IF {check.condition}")
-            for rule, check in self.rules.items()
-        }
-        self.exists = session.prepare(f"SELECT message_id FROM {table} WHERE message_id = ?")
-        self.exists.consistency_level = ConsistencyLevel.SERIAL
+        self.read = session.prepare(f"SELECT * FROM {messages} WHERE message_id = ?")
+        # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
+        self.read.consistency_level = ConsistencyLevel.SERIAL
+        self.delete_ref = session.prepare(f"DELETE FROM {refs} WHERE payload_id = ? AND message_id = ?")
+        self.any_ref = session.prepare(f"SELECT message_id FROM {refs} WHERE payload_id = ? LIMIT 1")
 
-    def delete(self, message_id: str, rule: str) -> RowOutcome:
-        check = self.rules[rule]
-        cutoff = datetime.now(timezone.utc) - check.ttl
-        result = self.session.execute(self.statements[rule], (message_id, cutoff))
+    def row(self, message_id: str) -> dict[str, Any] | None:
+        found = self.session.execute(self.read, (message_id,)).one()
+        return found._asdict() if found else None
+
+    def delete(self, message_id: str, rule: str, payload_id: str | None = None,
+               inline: bool | None = None) -> RowOutcome:
+        """Delete the row if ``rule`` holds on it now; otherwise say why not and when to look again."""
+        if payload_id is None:
+            # The stream never saw the enqueue (for example a replay from a timestamp): ask the row.
+            row = self.row(message_id)
+            if row is not None:
+                payload_id, inline = row["payload_id"], row["inline_payload"] is not None
+        period = MESSAGE_RULES[rule].period(self.retention)
+        result = self.session.execute(self.conditional_delete[rule], (message_id, _cutoff(period)))
         if result.was_applied:
-            return RowOutcome(PURGED)
-        existing = result.one()._asdict()
-        if self._gone(message_id, existing):
+            return RowOutcome(PURGED, payload_id=payload_id, inline=inline)
+        row = self.row(message_id)
+        if row is None:
             # For example an earlier attempt of this batch deleted the row just before a crash.
-            return RowOutcome(ALREADY_GONE)
-        return RowOutcome(SKIPPED, check.why_kept(existing))
+            return RowOutcome(ALREADY_GONE, payload_id=payload_id, inline=inline)
+        state = row_state(row)
+        due = eligibility(state, self.retention)
+        return RowOutcome(SKIPPED, _why_kept(state, due), payload_id=payload_id, inline=inline, recheck=due)
 
-    def _gone(self, message_id: str, existing: dict) -> bool:
-        # A not-applied LWT on a missing row returns nulls for the checked columns, as a row whose
-        # columns are null would; only then is a serial read needed to tell the two apart.
-        if any(value is not None for name, value in existing.items() if name != "applied"):
-            return False
-        return self.session.execute(self.exists, (message_id,)).one() is None
+    def unreference(self, payload_id: str, message_id: str) -> str | None:
+        """Remove the message's reference to its payload; return another message still referring to it."""
+        self.session.execute(self.delete_ref, (payload_id, message_id))
+        return self.referrer(payload_id)
+
+    def referrer(self, payload_id: str) -> str | None:
+        found = self.session.execute(self.any_ref, (payload_id,)).one()
+        return found.message_id if found else None
+
+
+class PayloadRows:
+    """The payloads table: the purger's side of the writer contract. One instance per executor process."""
+
+    def __init__(self, session: "Session", cassandra: CassandraConfig) -> None:
+        self.session = session
+        table = f"{cassandra.keyspace}.{cassandra.payloads_table}"
+        self.read_statement = session.prepare(f"SELECT state, last_ref_at, dcs FROM {table} WHERE payload_id = ?")
+        self.read_statement.consistency_level = ConsistencyLevel.SERIAL
+        self.mark_deleting = session.prepare(
+            f"UPDATE {table} SET state = '{DELETING}' WHERE payload_id = ? IF state = '{LIVE}' AND last_ref_at = ?"
+        )
+        # Each data centre's progress is kept in the row: `dcs` are the stores that still hold the payload.
+        self.remove_dc = session.prepare(
+            f"UPDATE {table} SET dcs = dcs - ? WHERE payload_id = ? IF state = '{DELETING}'"
+        )
+        self.delete_row = session.prepare(f"DELETE FROM {table} WHERE payload_id = ? IF state = '{DELETING}'")
+
+    def read(self, payload_id: str) -> dict[str, Any] | None:
+        found = self.session.execute(self.read_statement, (payload_id,)).one()
+        return found._asdict() if found else None
+
+    def start_deleting(self, payload_id: str, last_ref_at: datetime | None) -> bool:
+        """``live`` -> ``deleting``, only if nobody linked since ``last_ref_at`` was read."""
+        return self.session.execute(self.mark_deleting, (payload_id, last_ref_at)).was_applied
+
+    def deleted_from(self, payload_id: str, dc: str) -> None:
+        self.session.execute(self.remove_dc, ({dc}, payload_id))
+
+    def delete(self, payload_id: str) -> bool:
+        return self.session.execute(self.delete_row, (payload_id,)).was_applied

@@ -1,12 +1,11 @@
-"""The clock: ticks on a Kafka topic so the watermark advances while the event stream is quiet.
+"""The clock: ticks on the control topic, the only thing that moves the watermark.
 
-Spark moves the watermark only when input arrives, so an idle stream would never
-fire its purge timers. While the query has read everything there is (its
-source's end offsets equal the latest ones), the clock produces a tick stamped
-with the wall clock to the clock topic every ``interval``. A tick is an event
-about no message: it moves the watermark exactly as a real event at that time
-would, and nothing else. During a backlog or a replay no tick is sent, so old
-events are never made late by the clock.
+While the query has read everything there is (its sources' end offsets equal
+the latest ones), the clock produces a tick stamped with the wall clock to the
+control topic every ``interval``. The watermark is the last tick less the
+watermark delay, so deadlines fire on time even when no event arrives. During
+a backlog or a replay no tick is sent: no deadline fires before the purger has
+read what happened up to now, so it decides with everything it can know.
 
 Example::
 
@@ -61,7 +60,7 @@ class Clock:
             try:
                 while not self._stopped.wait(self.interval_s) and query.isActive:
                     if caught_up(query):
-                        producer.send(self.kafka.clock_topic, tick())
+                        producer.send(self.kafka.control_topic, tick())
                         producer.flush()
             finally:
                 producer.close()

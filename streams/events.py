@@ -3,12 +3,13 @@
 SPEC section 2 is the contract. Every record becomes one row with the typed
 fields of the union of all event types, an ``event_time_ms`` (epoch
 milliseconds, what the state machine works in) and ``error``: null for a good
-event, otherwise the reason it is bad input. Bad rows never reach the state.
+event, otherwise the reason it is bad input. Bad rows never reach the state;
+they go to the dead-letter topic with their original bytes.
 
 Example::
 
     from streams.events import parse_events
-    events = parse_events(kafka_df)  # kafka_df: the Kafka source's columns
+    events = parse_events(kafka_df, control_topic="purger.control")  # kafka_df: the Kafka source's rows
     good = events.where("error IS NULL")
 """
 
@@ -18,6 +19,7 @@ from datetime import datetime, timezone
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from streams.state import DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, RELEASED, UPLOAD_COMPLETE
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -28,21 +30,29 @@ from pyspark.sql.types import (
     StructType,
 )
 
-# Emitted by the purger itself on its clock topic so an idle stream's watermark advances.
+# The purger's own events, on its control topic only: clock ticks so an idle stream's watermark
+# advances (streams/clock.py), and the purge sink's reports (sinks/purge.py).
 CLOCK = "clock"
-# Clock ticks are about no message; they share this key and the processor ignores them.
-CLOCK_KEY = ""
+RECHECK = "recheck"
+# Control events about no message share this key.
+NO_MESSAGE = ""
 
 # The fields each event type must carry beyond the common ones (SPEC section 2).
 # Nullable fields (enqueue's extract_count and extract_until) are checked for type only.
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
-    "enqueue": ("mailbox", "payload_id", "payload_size", "inline", "complete", "dcs"),
-    "upload_complete": (),
-    "dequeue": ("extract_count",),
-    "extract_counter": ("extract_count",),
-    "extract_until": (),
-    "delete": (),
+    ENQUEUE: ("mailbox", "payload_id", "payload_size", "inline", "complete", "dcs"),
+    UPLOAD_COMPLETE: (),
+    DEQUEUE: ("extract_count",),
+    EXTRACT_COUNTER: ("extract_count",),
+    EXTRACT_UNTIL: (),
+    DELETE: (),
+}
+CONTROL_FIELDS: dict[str, tuple[str, ...]] = {
     CLOCK: (),
+    # Look at an object again: kind (message | payload), rule, and its id in message_id or payload_id.
+    RECHECK: ("kind", "rule"),
+    # The last message referring to payload_id went at event_time.
+    RELEASED: ("payload_id",),
 }
 COMMON_FIELDS = ("event_id", "type", "event_time", "message_id")
 
@@ -60,6 +70,9 @@ EVENT_SCHEMA = StructType(
         StructField("extract_until", StringType()),
         StructField("complete", BooleanType()),
         StructField("dcs", ArrayType(StringType())),
+        # Control events only.
+        StructField("kind", StringType()),
+        StructField("rule", StringType()),
     ]
 )
 # The same fields read as text: a field present here but null in the typed parse has the wrong type.
@@ -79,9 +92,13 @@ def _epoch_ms(text: Column) -> Column:
     return F.unix_millis(F.try_to_timestamp(text, F.lit(_TIMESTAMP_FORMAT)))
 
 
-def _error(typed: Column, text: Column, value: Column, event_time_ms: Column, extract_until_ms: Column) -> Column:
+def _error(typed: Column, text: Column, value: Column, from_control: Column,
+           event_time_ms: Column, extract_until_ms: Column) -> Column:
     """The first reason the record is bad input, or null."""
-    checks: list[tuple[Column, str]] = [
+    event_type = typed["type"]
+    lifecycle = event_type.isin(*REQUIRED_FIELDS)
+    control = from_control & event_type.isin(*CONTROL_FIELDS)
+    checks: list[tuple[Column, Column]] = [
         (value.isNull(), F.lit("empty record (tombstone)")),
         (~F.is_valid_utf8(value), F.lit("value is not UTF-8")),
         (text.isNull() | typed.isNull() | text[_CORRUPT].isNotNull(), F.lit("value is not a JSON object")),
@@ -91,40 +108,42 @@ def _error(typed: Column, text: Column, value: Column, event_time_ms: Column, ex
         for name in EVENT_SCHEMA.fieldNames()
     ]
     for name in COMMON_FIELDS:
-        if name == "message_id":
-            # Clock ticks are the one event about no message.
-            missing = typed[name].isNull() & (typed["type"] != CLOCK)
-        else:
-            missing = typed[name].isNull()
+        # Control events may be about no message.
+        missing = typed[name].isNull() & ~control if name == "message_id" else typed[name].isNull()
         checks.append((missing, F.lit(f"missing field {name}")))
-    checks.append((~typed["type"].isin(*REQUIRED_FIELDS), F.concat(F.lit("unknown type "), typed["type"])))
+    checks.append((~lifecycle & ~control, F.concat(F.lit("unknown type "), event_type)))
     checks.append((event_time_ms.isNull(), F.lit("event_time is not an ISO-8601 UTC timestamp")))
     checks.append(
         (typed["extract_until"].isNotNull() & extract_until_ms.isNull(),
          F.lit("extract_until is not an ISO-8601 UTC timestamp"))
     )
-    for event_type, fields in REQUIRED_FIELDS.items():
+    for event_type_name, fields in [*REQUIRED_FIELDS.items(), *CONTROL_FIELDS.items()]:
         for name in fields:
             checks.append(
-                ((typed["type"] == event_type) & typed[name].isNull(),
-                 F.lit(f"{event_type} event lacks field {name}"))
+                ((event_type == event_type_name) & typed[name].isNull(),
+                 F.lit(f"{event_type_name} event lacks field {name}"))
             )
+    checks.append(
+        ((event_type == RECHECK) & ~typed["kind"].isin("message", "payload"),
+         F.lit("recheck event kind is neither message nor payload"))
+    )
     result = F.when(checks[0][0], checks[0][1])
     for condition, reason in checks[1:]:
         result = result.when(condition, reason)
     return result
 
 
-def parse_events(records: DataFrame) -> DataFrame:
+def parse_events(records: DataFrame, control_topic: str) -> DataFrame:
     """Parse the Kafka source's rows (``key``, ``value``, ``topic``, ``partition``, ``offset``, ...).
 
     The result has the fields of ``EVENT_SCHEMA`` (``event_time`` and ``extract_until`` as epoch
     milliseconds in ``event_time_ms`` and ``extract_until_ms``), the record's coordinates, its
-    original bytes in ``value``, and ``error``.
+    original bytes in ``value``, and ``error``. The purger's own event types are accepted from
+    ``control_topic`` only.
     """
     json_text = F.when(F.is_valid_utf8("value"), F.col("value").cast("string"))
     parsed = records.select(
-        "topic", "partition", "offset", "value",
+        "topic", "partition", "offset", "key", "value",
         F.from_json(json_text, EVENT_SCHEMA).alias("typed"),
         F.from_json(json_text, _TEXT_SCHEMA, {"columnNameOfCorruptRecord": _CORRUPT}).alias("text"),
     ).select(
@@ -133,11 +152,13 @@ def parse_events(records: DataFrame) -> DataFrame:
         _epoch_ms(F.col("typed.extract_until")).alias("extract_until_ms"),
     )
     typed = F.col("typed")
+    error = _error(typed, F.col("text"), F.col("value"), F.col("topic") == F.lit(control_topic),
+                   F.col("event_time_ms"), F.col("extract_until_ms"))
     return parsed.select(
-        "topic", "partition", "offset", "value",
+        "topic", "partition", "offset", "key", "value",
         *(typed[name].alias(name) for name in EVENT_SCHEMA.fieldNames() if name != "message_id"),
-        F.coalesce(typed["message_id"], F.lit(CLOCK_KEY)).alias("message_id"),
+        F.coalesce(typed["message_id"], F.lit(NO_MESSAGE)).alias("message_id"),
         "event_time_ms",
         "extract_until_ms",
-        _error(typed, F.col("text"), F.col("value"), F.col("event_time_ms"), F.col("extract_until_ms")).alias("error"),
+        error.alias("error"),
     )

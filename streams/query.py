@@ -1,4 +1,4 @@
-"""The purge query, top to bottom: Kafka source -> parsed events -> stateful stage -> purge sink.
+"""The purge query, top to bottom: Kafka sources -> parsed events -> stateful stage -> purge sink.
 
 Example::
 
@@ -25,8 +25,8 @@ from streams.rules import Retention
 from streams.source import read_records
 
 
-def _interval(duration: timedelta) -> str:
-    return f"{int(duration.total_seconds() * 1000)} milliseconds"
+def _ms(duration: timedelta) -> int:
+    return int(duration.total_seconds() * 1000)
 
 
 @dataclass
@@ -51,18 +51,14 @@ class RunningPurger:
 def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None) -> RunningPurger:
     stream = config.stream
     records = read_records(spark, config.kafka, starting_offsets)
-    events = parse_events(records).where("error IS NULL")
-    candidates = purge_candidates(
-        events,
-        Retention.from_config(config.retention),
-        watermark_delay=_interval(stream.watermark_delay),
-    )
+    events = parse_events(records, config.kafka.control_topic)
+    outputs = purge_candidates(events, Retention.from_config(config.retention), _ms(stream.watermark_delay))
     sink = PurgeSink(config)
     query = (
-        candidates.writeStream.queryName(stream.query_name)
+        outputs.writeStream.queryName(stream.query_name)
         .foreachBatch(sink)
         .option("checkpointLocation", stream.checkpoint)
-        .trigger(processingTime=_interval(stream.trigger_interval))
+        .trigger(processingTime=f"{_ms(stream.trigger_interval)} milliseconds")
         .start()
     )
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)

@@ -1,4 +1,4 @@
-"""The Kafka source: Spark's built-in connector (spark-sql-kafka), subscribed to the events and clock topics.
+"""The Kafka sources: Spark's built-in connector (spark-sql-kafka) on the events topics and the control topic.
 
 Example::
 
@@ -12,19 +12,27 @@ from pyspark.sql import DataFrame, SparkSession
 from purger.config import KafkaConfig
 
 
-def read_records(spark: SparkSession, kafka: KafkaConfig, starting_offsets: str | None = None) -> DataFrame:
-    """A streaming DataFrame of the raw records of the events topics and the clock topic.
-
-    ``starting_offsets`` applies to a fresh checkpoint only: ``earliest``, ``latest`` or Spark's
-    JSON offsets; an existing checkpoint resumes where it stopped.
-    """
+def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_offsets: str) -> DataFrame:
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribe", ",".join([*kafka.topics, kafka.clock_topic]))
-        .option("startingOffsets", starting_offsets or kafka.starting_offsets)
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", starting_offsets)
         .option("maxOffsetsPerTrigger", kafka.max_offsets_per_trigger)
         # A topic recreated or truncated under us must not stop the purge; lost offsets are logged.
         .option("failOnDataLoss", "false")
         .load()
     )
+
+
+def read_records(spark: SparkSession, kafka: KafkaConfig, starting_offsets: str | None = None) -> DataFrame:
+    """The raw records of the events topics, then of the control topic, as one streaming DataFrame.
+
+    ``starting_offsets`` applies to the events topics of a fresh checkpoint only: ``earliest``,
+    ``latest`` or Spark's JSON offsets; an existing checkpoint resumes where it stopped. The control
+    topic starts from its end: a replay rebuilds its rechecks and releases from the events, and old
+    clock ticks would only move the watermark ahead of the replay.
+    """
+    events = _kafka(spark, kafka, kafka.topics, starting_offsets or kafka.starting_offsets)
+    control = _kafka(spark, kafka, [kafka.control_topic], "latest")
+    return events.unionByName(control)

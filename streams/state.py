@@ -1,14 +1,17 @@
-"""The per-message state machine: plain Python, no Spark.
+"""What the purger knows about one object, folded from its events: plain Python, no Spark.
 
-The state is what the purger has learnt about one message from its events.
-``apply`` folds one event into it; ``streams.rules.eligibility`` says when the
-message becomes eligible for purge. All times are epoch milliseconds in event
-time.
+Two kinds of object have state, each keyed by its id:
 
-Events arrive out of order and twice. Each field that events change is
-last-writer-wins by event time (at equal times the lower counter, then the
-event id, so the result does not depend on arrival order), and applying the
-same event twice changes nothing.
+- a message (``MessageState``), from the lifecycle events of SPEC section 2;
+- a payload (``PayloadState``), from the enqueues that link messages to it and
+  from the sink's reports that its last referring message went (``released``).
+
+All times are epoch milliseconds in event time. Events arrive out of order and
+twice, so every field is order-independent: the enqueue's fields are the same
+in every copy; counter and extract-until are last-writer-wins registers by
+event time; ``upload_complete`` and ``delete`` only ever set a flag or keep
+their earliest time; payload times keep their latest value. Applying the same
+event twice, or a batch in any order, gives the same state.
 
 Example::
 
@@ -20,7 +23,19 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+# Lifecycle event types (SPEC section 2).
+ENQUEUE = "enqueue"
+UPLOAD_COMPLETE = "upload_complete"
+DEQUEUE = "dequeue"
+EXTRACT_COUNTER = "extract_counter"
+EXTRACT_UNTIL = "extract_until"
+DELETE = "delete"
+# A payload's side of an enqueue: the message links to it (made by the stream from an enqueue).
+LINK = "link"
+# Reported by the purge sink: the last message that referred to a payload is gone.
+RELEASED = "payload_released"
 
 
 @dataclass(frozen=True)
@@ -41,65 +56,138 @@ class Event:
 
 @dataclass(frozen=True)
 class MessageState:
-    # What the enqueue said; None until the enqueue has been seen.
+    # What the enqueue said; None until an enqueue has been seen.
     mailbox: str | None = None
     payload_id: str | None = None
     payload_size: int | None = None
     inline: bool | None = None
-    dcs: tuple[str, ...] = field(default_factory=tuple)
-    # The extract counter (None: not counter-based) and the (time, event id) of the event that set it.
+    dcs: tuple[str, ...] = ()
+    created_at_ms: int | None = None
+    enqueue_complete: bool | None = None
+    upload_completed: bool = False
+    # The counter (None: not counter-based) and the (time, event id) of the event that set it.
     extract_count: int | None = None
-    extract_count_version: tuple[int, str] | None = None
-    # Since when the counter has been 0, by the event that brought it there.
-    counter_zero_since: int | None = None
+    extract_count_at_ms: int | None = None
+    extract_count_event: str | None = None
+    # The extract-until date (None: no date limit) and the event that set it.
+    extract_until_ms: int | None = None
+    extract_until_at_ms: int | None = None
+    extract_until_event: str | None = None
+    # The earliest delete.
+    deleted_at_ms: int | None = None
+
+    @property
+    def complete(self) -> bool | None:
+        """False while an upload is in progress; None when no event has said."""
+        return True if self.upload_completed else self.enqueue_complete
+
+    @property
+    def counter_zero_since(self) -> int | None:
+        """When the counter was last set to 0, if it is 0.
+
+        The latest setting, not the first of a run of zeros: that is what the row's
+        ``updated_at`` records, so the stream and the double-check agree.
+        """
+        return self.extract_count_at_ms if self.extract_count == 0 else None
 
 
-_NOT_COUNTER_BASED = 2**31
+@dataclass(frozen=True)
+class PayloadState:
+    dcs: tuple[str, ...] = ()
+    # The latest enqueue that linked a message to the payload.
+    linked_at_ms: int | None = None
+    # The latest moment its last referring message went (eligible or deleted).
+    released_at_ms: int | None = None
+
+    @property
+    def released(self) -> bool:
+        """No reference is known to be newer than the last release."""
+        return self.released_at_ms is not None and (
+            self.linked_at_ms is None or self.released_at_ms >= self.linked_at_ms
+        )
 
 
-def _version(time_ms: int, count: int | None, event_id: str) -> tuple[int, int, str]:
-    # At equal event times the lower counter wins: extractions only lower it, and a wrong guess
-    # toward purging is caught by the double-check, while one toward keeping would leave it behind.
-    return (time_ms, -(_NOT_COUNTER_BASED if count is None else count), event_id)
+_NO_LIMIT = 2**62  # ranks "not counter-based" and "no date" above any value
+
+
+def _wins(time_ms: int, rank: int, event_id: str, current: tuple[int | None, int, str | None]) -> bool:
+    """Last writer wins by event time. At equal times the value nearer to purging wins (a lower
+    counter, an earlier date), since the double-check catches a wrong guess toward purging, while
+    one toward keeping would leave the message behind; then the event id decides."""
+    current_time, current_rank, current_event = current
+    if current_time is None:
+        return True
+    return (time_ms, -rank, event_id) > (current_time, -current_rank, current_event or "")
 
 
 def _set_counter(state: MessageState, count: int | None, event: Event) -> MessageState:
-    if state.extract_count_version is not None:
-        current_time_ms, current_event_id = state.extract_count_version
-        current = _version(current_time_ms, state.extract_count, current_event_id)
-        if _version(event.event_time_ms, count, event.event_id) <= current:
-            return state  # an older value arriving late: the newer one stands
-    if count == 0:
-        zero_since = state.counter_zero_since if state.extract_count == 0 else event.event_time_ms
-    else:
-        zero_since = None
-    return replace(
-        state, extract_count=count, extract_count_version=(event.event_time_ms, event.event_id),
-        counter_zero_since=zero_since,
-    )
+    current = (state.extract_count_at_ms, _NO_LIMIT if state.extract_count is None else state.extract_count,
+               state.extract_count_event)
+    if not _wins(event.event_time_ms, _NO_LIMIT if count is None else count, event.event_id, current):
+        return state
+    return replace(state, extract_count=count, extract_count_at_ms=event.event_time_ms,
+                   extract_count_event=event.event_id)
+
+
+def _set_until(state: MessageState, until_ms: int | None, event: Event) -> MessageState:
+    current = (state.extract_until_at_ms, _NO_LIMIT if state.extract_until_ms is None else state.extract_until_ms,
+               state.extract_until_event)
+    if not _wins(event.event_time_ms, _NO_LIMIT if until_ms is None else until_ms, event.event_id, current):
+        return state
+    return replace(state, extract_until_ms=until_ms, extract_until_at_ms=event.event_time_ms,
+                   extract_until_event=event.event_id)
+
+
+def _earliest(current: int | None, time_ms: int) -> int:
+    return time_ms if current is None else min(current, time_ms)
+
+
+def _latest(current: int | None, time_ms: int) -> int:
+    return time_ms if current is None else max(current, time_ms)
 
 
 def apply(state: MessageState | None, event: Event) -> MessageState:
-    """Fold one event into the message's state (``None``: nothing known yet)."""
+    """Fold one lifecycle event into a message's state (``None``: nothing known yet)."""
     state = state or MessageState()
-    if event.type == "enqueue":
+    if event.type == ENQUEUE:
         state = replace(
-            state,
-            mailbox=event.mailbox,
-            payload_id=event.payload_id,
-            payload_size=event.payload_size,
-            inline=event.inline,
-            dcs=tuple(sorted(event.dcs or ())),
+            state, mailbox=event.mailbox, payload_id=event.payload_id, payload_size=event.payload_size,
+            inline=event.inline, dcs=tuple(sorted(event.dcs or ())), enqueue_complete=event.complete,
+            created_at_ms=_earliest(state.created_at_ms, event.event_time_ms),
         )
-        # The enqueue sets the counter's first value; a later dequeue that arrived first wins.
+        # The enqueue sets the first values; a later change that arrived first still wins.
+        state = _set_counter(state, event.extract_count, event)
+        return _set_until(state, event.extract_until_ms, event)
+    if event.type in (DEQUEUE, EXTRACT_COUNTER):
         return _set_counter(state, event.extract_count, event)
-    if event.type in ("dequeue", "extract_counter"):
-        return _set_counter(state, event.extract_count, event)
+    if event.type == EXTRACT_UNTIL:
+        return _set_until(state, event.extract_until_ms, event)
+    if event.type == UPLOAD_COMPLETE:
+        return replace(state, upload_completed=True)
+    if event.type == DELETE:
+        return replace(state, deleted_at_ms=_earliest(state.deleted_at_ms, event.event_time_ms))
+    return state
+
+
+def apply_payload(state: PayloadState | None, event: Event) -> PayloadState:
+    """Fold a link (an enqueue seen from the payload's side) or a release into a payload's state."""
+    state = state or PayloadState()
+    dcs = tuple(sorted(set(state.dcs) | set(event.dcs or ())))
+    if event.type == LINK:
+        return replace(state, dcs=dcs, linked_at_ms=_latest(state.linked_at_ms, event.event_time_ms))
+    if event.type == RELEASED:
+        return replace(state, dcs=dcs, released_at_ms=_latest(state.released_at_ms, event.event_time_ms))
     return state
 
 
 def apply_all(state: MessageState | None, events: list[Event]) -> MessageState | None:
-    """Fold a batch of one message's events, in event-time order (a batch has none of its own)."""
-    for event in sorted(events, key=lambda e: (e.event_time_ms, e.event_id)):
+    """Fold a batch of one message's events (the result does not depend on their order)."""
+    for event in events:
         state = apply(state, event)
+    return state
+
+
+def apply_all_payload(state: PayloadState | None, events: list[Event]) -> PayloadState | None:
+    for event in events:
+        state = apply_payload(state, event)
     return state

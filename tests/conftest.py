@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from purger.config import PurgerConfig, build_config
 from purger.stack import LocalStack, prepare
+from tests.faults import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDPOINT_VARIABLES = ("PURGER_KAFKA_BOOTSTRAP", "PURGER_CASSANDRA_HOSTS", "PURGER_S3_ENDPOINT")
@@ -59,21 +61,38 @@ def run_id() -> str:
 
 
 @pytest.fixture(scope="session")
-def config(servers, run_id, tmp_path_factory) -> PurgerConfig:
+def dc2_proxy(servers):
+    """The path to data centre 2's object store, which a test can cut to make that store fail."""
+    endpoint = os.environ.get("PURGER_S3_ENDPOINT", "http://127.0.0.1:9000")
+    host, port = urlsplit(endpoint).hostname, urlsplit(endpoint).port or 80
+    return TcpProxy(host, port).start()
+
+
+@pytest.fixture(scope="session")
+def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
     """Short periods, and topics of this test session's own, so earlier runs' events do not interfere."""
     config = build_config(
         {
-            "kafka": {"topics": [f"test.{run_id}.events"], "clock_topic": f"test.{run_id}.clock"},
-            "retention": {"expired_ttl": "6s"},
+            "kafka": {
+                "topics": [f"test.{run_id}.events"],
+                "control_topic": f"test.{run_id}.control",
+                "dead_letter_topic": f"test.{run_id}.dead-letter",
+            },
+            "retention": {"expired_ttl": "6s", "incomplete_ttl": "8s", "deleted_ttl": "1s", "payload_grace": "3s"},
             "stream": {
                 "checkpoint": str(tmp_path_factory.mktemp("checkpoint")),
                 "trigger_interval": "1s",
                 "watermark_delay": "2s",
                 "clock_interval": "1s",
+                "retry_interval": "2s",
                 "shuffle_partitions": 2,
             },
         }
     )
+    # Data centre 2 through the proxy; environment overrides above have set every endpoint alike.
+    stores = dict(config.stores)
+    stores["dc2"] = stores["dc2"].model_copy(update={"endpoint": f"http://127.0.0.1:{dc2_proxy.port}"})
+    config = config.model_copy(update={"stores": stores})
     prepare(config, partitions=2)
     return config
 

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from streams.events import CLOCK_KEY, parse_events
+from streams.events import NO_MESSAGE, parse_events
+
+CONTROL = "purger.control"
 
 GOOD = {
     "enqueue": {"event_id": "e1", "type": "enqueue", "event_time": "2026-01-01T07:58:00.000Z", "message_id": "m1",
@@ -17,12 +19,12 @@ GOOD = {
 }
 
 
-def parse(spark, values):
+def parse(spark, values, topic="mailbox.events"):
     records = spark.createDataFrame(
-        [(None, v, "t", 0, i, None) for i, v in enumerate(values)],
+        [(None, v, topic, 0, i, None) for i, v in enumerate(values)],
         "key binary, value binary, topic string, partition int, offset long, timestamp timestamp",
     )
-    return parse_events(records).orderBy("offset").collect()
+    return parse_events(records, CONTROL).orderBy("offset").collect()
 
 
 def test_good_events_parse_to_typed_rows(spark):
@@ -36,9 +38,23 @@ def test_good_events_parse_to_typed_rows(spark):
     assert (admin.type, admin.extract_count) == ("extract_counter", 0)
 
 
-def test_a_clock_tick_is_about_no_message(spark):
-    [row] = parse(spark, [b'{"event_id": "c", "type": "clock", "event_time": "2026-01-01T08:00:00.000Z"}'])
-    assert row.error is None and row.message_id == CLOCK_KEY
+TICK = b'{"event_id": "c", "type": "clock", "event_time": "2026-01-01T08:00:00.000Z"}'
+RECHECK = (b'{"event_id": "r", "type": "recheck", "event_time": "2026-01-01T08:00:00.000Z", "kind": "payload",'
+           b' "payload_id": "p1", "rule": "payload"}')
+
+
+def test_control_events_parse_on_the_control_topic(spark):
+    tick, recheck = parse(spark, [TICK, RECHECK], topic=CONTROL)
+    assert tick.error is None and tick.message_id == NO_MESSAGE
+    assert recheck.error is None and (recheck.kind, recheck.payload_id, recheck.rule) == ("payload", "p1", "payload")
+
+
+def test_control_events_are_bad_input_on_an_events_topic(spark):
+    """So a producer on the events topics cannot steer the purger's schedule."""
+    rows = parse(spark, [TICK, RECHECK])
+    assert [r.error for r in rows] == ["missing field message_id", "missing field message_id"]
+    [row] = parse(spark, [with_("type", "recheck")])
+    assert row.error == "unknown type recheck"
 
 
 def with_(name, value, base="dequeue"):

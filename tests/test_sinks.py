@@ -1,14 +1,19 @@
-"""The delete path against the real Cassandra and S3 endpoints, without the stream."""
+"""The delete path against the real Cassandra and S3, without the stream: double-checks and the payload protocol."""
 
+import random
+import threading
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from pyspark.sql import Row
 
 from purger.connections import cassandra_session
-from sinks.cassandra import ALREADY_GONE, PURGED, SKIPPED, MessageDeleter
+from sinks.cassandra import ALREADY_GONE, DELETING, PURGED, SKIPPED, MessageDeleter
 from sinks.objects import PayloadStores
-from streams.rules import EXPIRED_BY_COUNTER
+from sinks.purge import ERROR, purge_partition
+from streams.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD, Retention
 
 pytestmark = pytest.mark.integration
 
@@ -16,45 +21,86 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def deleter(config):
     session = cassandra_session(config.cassandra)
-    yield MessageDeleter(session, config.cassandra, config.retention)
+    yield MessageDeleter(session, config.cassandra, Retention.from_config(config.retention))
     session.cluster.shutdown()
 
 
-def long_ago(config):
-    return datetime.now(timezone.utc) - config.retention.expired_ttl - timedelta(seconds=5)
+def ago(period: timedelta) -> datetime:
+    return datetime.now(timezone.utc) - period - timedelta(seconds=2)
 
 
-def test_an_expired_row_is_deleted_once(platform, deleter, config):
-    m = f"sink-{uuid.uuid4()}"
-    platform.enqueue(m, f"p-{m}", at=long_ago(config))
-    platform.dequeue(m, 0, at=long_ago(config))
-    assert deleter.delete(m, EXPIRED_BY_COUNTER).status == PURGED
+def new_id(prefix="sink"):
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+# rule -> (make it eligible, revive it). Each builds on a fresh message `m`.
+def counter_case(platform, r, m):
+    platform.enqueue(m, f"p-{m}", at=ago(r.expired_ttl))
+    platform.dequeue(m, 0, at=ago(r.expired_ttl))
+
+
+def date_case(platform, r, m):
+    platform.enqueue(m, f"p-{m}", extract_count=None, extract_until=ago(r.expired_ttl), at=ago(r.expired_ttl))
+
+
+def incomplete_case(platform, r, m):
+    platform.enqueue(m, f"p-{m}", complete=False, at=ago(r.incomplete_ttl))
+
+
+def deleted_case(platform, r, m):
+    platform.enqueue(m, f"p-{m}", at=ago(r.deleted_ttl))
+    platform.delete(m, at=ago(r.deleted_ttl))
+
+
+RULE_CASES = {
+    EXPIRED_BY_COUNTER: (counter_case, lambda platform, m: platform.set_counter(m, 3)),
+    EXPIRED_BY_DATE: (date_case, lambda platform, m: platform.set_extract_until(
+        m, datetime.now(timezone.utc) + timedelta(days=1))),
+    INCOMPLETE: (incomplete_case, lambda platform, m: platform.upload_complete(m)),
+}
+
+
+@pytest.mark.parametrize("rule", [EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, DELETED])
+def test_an_eligible_row_is_deleted_once(platform, deleter, config, rule):
+    m = new_id()
+    {**{k: v[0] for k, v in RULE_CASES.items()}, DELETED: deleted_case}[rule](platform, config.retention, m)
+    outcome = deleter.delete(m, rule)
+    assert (outcome.status, outcome.payload_id) == (PURGED, f"p-{m}")
     assert platform.row(m) is None
     # A retried batch finds the row gone and says so, rather than skipping it.
-    assert deleter.delete(m, EXPIRED_BY_COUNTER).status == ALREADY_GONE
+    assert deleter.delete(m, rule).status == ALREADY_GONE
 
 
-def test_a_revived_row_is_kept(platform, deleter, config):
-    m = f"sink-{uuid.uuid4()}"
-    platform.enqueue(m, f"p-{m}", at=long_ago(config))
-    platform.dequeue(m, 0, at=long_ago(config))
-    platform.set_counter(m, 3)  # lands after the stream decided, before the delete
-    outcome = deleter.delete(m, EXPIRED_BY_COUNTER)
-    assert (outcome.status, outcome.reason) == (SKIPPED, "revived: extract_count is 3")
-    assert platform.row(m)["extract_count"] == 3
+@pytest.mark.parametrize("rule", list(RULE_CASES))
+def test_a_row_revived_after_the_streams_decision_is_kept(platform, deleter, config, rule):
+    m = new_id()
+    make_eligible, revive = RULE_CASES[rule]
+    make_eligible(platform, config.retention, m)
+    revive(platform, m)  # lands after the stream decided, before the delete
+    outcome = deleter.delete(m, rule)
+    assert outcome.status == SKIPPED and platform.row(m) is not None
+    assert outcome.recheck is None or outcome.recheck.eligible_at_ms > time.time() * 1000, outcome
 
 
-def test_a_row_not_yet_due_by_the_wall_clock_is_kept(platform, deleter):
-    m = f"sink-{uuid.uuid4()}"
+def test_a_row_not_yet_due_by_the_wall_clock_is_kept_and_says_when(platform, deleter, config):
+    m = new_id()
     platform.enqueue(m, f"p-{m}")
     platform.dequeue(m, 0)  # zero just now: expired_ttl has not passed
     outcome = deleter.delete(m, EXPIRED_BY_COUNTER)
-    assert outcome.status == SKIPPED and outcome.reason.startswith("not yet due")
-    assert platform.row(m) is not None
+    assert outcome.status == SKIPPED and outcome.reason.startswith("not yet due: expired_by_counter")
+    assert outcome.recheck.rule == EXPIRED_BY_COUNTER
+    expected = platform.row(m)["updated_at"].replace(tzinfo=timezone.utc) + config.retention.expired_ttl
+    assert outcome.recheck.eligible_at_ms == int(expected.timestamp() * 1000)
+
+
+def test_the_stream_not_knowing_the_payload_asks_the_row(platform, deleter, config):
+    m = new_id()
+    counter_case(platform, config.retention, m)
+    assert deleter.delete(m, EXPIRED_BY_COUNTER, payload_id=None).payload_id == f"p-{m}"
 
 
 def test_payload_blobs_go_from_every_data_centre(platform, config):
-    m = f"sink-{uuid.uuid4()}"
+    m = new_id()
     platform.enqueue(m, f"p-{m}", dcs=("dc1", "dc2"))
     assert platform.blob_exists(f"p-{m}", "dc1") and platform.blob_exists(f"p-{m}", "dc2")
     stores = PayloadStores(config.stores)
@@ -63,3 +109,127 @@ def test_payload_blobs_go_from_every_data_centre(platform, config):
     # Deleting again is harmless; an unknown data centre is reported, not raised.
     errors = stores.delete(f"p-{m}", ["dc1", "dc9"])
     assert errors["dc1"] is None and "dc9" in errors["dc9"]
+
+
+# --- the payload protocol, through the sink's own code --------------------------------------
+
+def candidate(kind, object_id, rule, dcs=("dc1", "dc2"), payload_id=None):
+    return Row(kind=kind, id=object_id, rule=rule, eligible_at_ms=int(time.time() * 1000), watermark_ms=0,
+               payload_id=payload_id, inline=False, dcs=list(dcs), reason=None, key=None, value=None,
+               topic=None, partition=None, offset=None)
+
+
+def purge(config, *candidates):
+    return [dict(zip(("kind", "id", "rule", "dc", "status", "reason"), o))
+            for o in purge_partition(list(candidates), config, batch_id=0)]
+
+
+def unreferenced_payload(platform, config, dcs=("dc1", "dc2")):
+    """A payload whose only message is gone, linked long before the grace period."""
+    m, p = new_id("msg"), new_id("pay")
+    platform.enqueue(m, p, dcs=dcs, at=ago(config.retention.payload_grace))
+    platform.session.execute(f"DELETE FROM {config.cassandra.payload_refs_table} WHERE payload_id = %s", (p,))
+    return p
+
+
+def test_a_purged_message_releases_its_payload_only_when_no_other_refers_to_it(platform, config):
+    r = config.retention
+    first, second, p = new_id(), new_id(), new_id("pay")
+    platform.enqueue(first, p, at=ago(r.expired_ttl))
+    assert platform.enqueue(second, p, shared=True, at=ago(r.expired_ttl)) == p
+    for m in (first, second):
+        platform.dequeue(m, 0, at=ago(r.expired_ttl))
+    purge(config, candidate("message", first, EXPIRED_BY_COUNTER, payload_id=p))
+    assert platform.references(p) == {second} and platform.payload_row(p)["state"] == "live"
+    purge(config, candidate("message", second, EXPIRED_BY_COUNTER, payload_id=p))
+    assert platform.references(p) == set()
+    outcomes = purge(config, candidate("payload", p, PAYLOAD))
+    assert [(o["dc"], o["status"]) for o in outcomes] == [("dc1", PURGED), ("dc2", PURGED), (None, PURGED)]
+    assert platform.payload_row(p) is None
+    assert not platform.blob_exists(p, "dc1") and not platform.blob_exists(p, "dc2")
+
+
+def test_a_referenced_or_recently_linked_payload_is_kept(platform, config):
+    referenced = unreferenced_payload(platform, config)
+    platform.session.execute(
+        f"INSERT INTO {config.cassandra.payload_refs_table} (payload_id, message_id) VALUES (%s, 'someone')",
+        (referenced,))
+    [outcome] = purge(config, candidate("payload", referenced, PAYLOAD))
+    assert (outcome["status"], outcome["reason"]) == (SKIPPED, "referenced by message someone")
+
+    recent = new_id("pay")
+    platform.enqueue(new_id("msg"), recent)
+    platform.session.execute(f"DELETE FROM {config.cassandra.payload_refs_table} WHERE payload_id = %s", (recent,))
+    [outcome] = purge(config, candidate("payload", recent, PAYLOAD))
+    assert (outcome["status"], outcome["reason"]) == (SKIPPED, "linked within payload_grace")
+    for p in (referenced, recent):
+        assert platform.payload_row(p)["state"] == "live" and platform.blob_exists(p, "dc1")
+
+
+def test_one_data_centre_failing_does_not_hold_the_others_back(platform, config, dc2_proxy):
+    p = unreferenced_payload(platform, config)
+    dc2_proxy.cut()
+    try:
+        outcomes = purge(config, candidate("payload", p, PAYLOAD))
+    finally:
+        dc2_proxy.restore()
+    assert [(o["dc"], o["status"]) for o in outcomes] == [("dc1", PURGED), ("dc2", ERROR)]
+    # dc1's progress is kept in the row; writers can no longer link to it.
+    row = platform.payload_row(p)
+    assert row["state"] == DELETING and row["dcs"] == {"dc2"}
+    assert not platform.blob_exists(p, "dc1") and platform.blob_exists(p, "dc2")
+    # The retry finishes dc2 only, then the row.
+    outcomes = purge(config, candidate("payload", p, PAYLOAD))
+    assert [(o["dc"], o["status"]) for o in outcomes] == [("dc2", PURGED), (None, PURGED)]
+    assert platform.payload_row(p) is None and not platform.blob_exists(p, "dc2")
+    assert purge(config, candidate("payload", p, PAYLOAD))[0]["status"] == ALREADY_GONE
+
+
+def test_writers_linking_to_payloads_being_purged_never_lose_a_referenced_payload(platform, config):
+    """Writers follow the contract (link, then touch IF live; on failure store a new payload) while the
+    purger purges the same payloads. Every payload a writer linked to must keep its row and blobs."""
+    payloads = [unreferenced_payload(platform, config) for _ in range(40)]
+    linked: dict[str, list[str]] = {}
+    lost_races = []
+    stop = threading.Event()
+
+    def writer(seed):
+        chooser = random.Random(seed)
+        while not stop.is_set():
+            p = chooser.choice(payloads)
+            m = new_id("w")
+            if platform.link(m, p):
+                linked.setdefault(p, []).append(m)
+            else:
+                lost_races.append(p)
+
+    def purger():
+        for p in random.sample(payloads, len(payloads)):
+            purge(config, candidate("payload", p, PAYLOAD))
+            time.sleep(random.random() * 0.05)
+
+    writers = [threading.Thread(target=writer, args=(seed,)) for seed in range(3)]
+    for thread in writers:
+        thread.start()
+    purgers = [threading.Thread(target=purger) for _ in range(2)]
+    for thread in purgers:
+        thread.start()
+    for thread in purgers:
+        thread.join()
+    stop.set()
+    for thread in writers:
+        thread.join()
+
+    wrongly_deleted = [
+        p for p in linked
+        if platform.payload_row(p) is None or platform.payload_row(p)["state"] != "live"
+        or not all(platform.blob_exists(p, dc) for dc in ("dc1", "dc2"))
+    ]
+    purged = [p for p in payloads if platform.payload_row(p) is None]
+    print(f"links: {sum(map(len, linked.values()))} to {len(linked)} payloads, lost races: {len(lost_races)}, "
+          f"payloads purged: {len(purged)}, referenced payloads deleted: {len(wrongly_deleted)}")
+    assert wrongly_deleted == []
+    # The race was real: some payloads were purged, some linked first, and nothing referenced was both.
+    assert purged and linked and not set(purged) & set(linked)
+    for p in purged:
+        assert not platform.blob_exists(p, "dc1") and not platform.blob_exists(p, "dc2")

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 def test_topics_keyspace_and_buckets_exist(config):
     admin = KafkaAdminClient(bootstrap_servers=config.kafka.bootstrap_servers)
     try:
-        assert set(config.kafka.topics) | {config.kafka.clock_topic} <= set(admin.list_topics())
+        assert set(config.kafka.topics) | {config.kafka.control_topic, config.kafka.dead_letter_topic} <= set(admin.list_topics())
     finally:
         admin.close()
     session = cassandra_session(config.cassandra)
