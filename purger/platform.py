@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 from purger.config import PurgerConfig
 from purger.connections import cassandra_session, kafka_producer, s3_client
@@ -68,11 +69,37 @@ class Platform:
             f"UPDATE {self._payloads} SET last_ref_at = ? WHERE payload_id = ? IF state = 'live'"
         )
         self._updates: dict[str, Any] = {}
+        self._held: list[tuple[bytes, bytes]] | None = None
 
     def emit(self, event_type: str, message_id: str, at: datetime, **fields: Any) -> None:
         event = {"event_id": str(uuid.uuid4()), "type": event_type, "event_time": format_timestamp(at), "message_id": message_id}
         event.update(fields)
-        self.producer.send(self.config.kafka.topics[0], key=message_id.encode(), value=json.dumps(event).encode())
+        record = (message_id.encode(), json.dumps(event).encode())
+        if self._held is not None:
+            self._held.append(record)
+        else:
+            self.send([record])
+
+    @contextmanager
+    def holding(self) -> Iterator[list[tuple[bytes, bytes]]]:
+        """Write rows as usual, but hold the events emitted inside; ``send`` them later, in any order.
+
+        Example::
+
+            with platform.holding() as events:
+                platform.set_counter("m1", 1)
+            platform.send(events * 2)  # late, and twice
+        """
+        self._held = []
+        try:
+            yield self._held
+        finally:
+            self._held = None
+
+    def send(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """Produce (key, value) records to the events topic."""
+        for key, value in records:
+            self.producer.send(self.config.kafka.topics[0], key=key, value=value)
 
     def _update(self, message_id: str, at: datetime, **columns: Any) -> None:
         names = sorted(columns)

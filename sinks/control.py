@@ -5,8 +5,9 @@ reports on the purger's control topic, which the query reads:
 
 - ``recheck``: look at this object again at ``event_time`` (the double-check kept
   it and the row says when it will be due, or a store or Cassandra failed);
-- ``payload_released``: the last message referring to a payload went at
-  ``event_time``; its grace period runs from then.
+- ``payload_released``: the last message referring to a payload became
+  eligible at ``event_time``, and no reference was left at ``observed_at``;
+  its grace period runs from ``event_time``.
 
 Reports are keyed like the objects they name, and are idempotent: a retried
 batch that sends them twice changes nothing. Each is flushed before the batch
@@ -52,14 +53,16 @@ class Reports:
         self._send(object_id, {"type": RECHECK, "kind": kind, id_field: object_id, "rule": rule,
                                "event_time": _stamp(at_ms)})
 
-    def released(self, payload_id: str, message_id: str, at_ms: int, dcs: list[str]) -> None:
+    def released(self, payload_id: str, message_id: str, at_ms: int, observed_at_ms: int, dcs: list[str]) -> None:
         self._send(payload_id, {"type": RELEASED, "payload_id": payload_id, "message_id": message_id,
-                                "event_time": _stamp(at_ms), "dcs": dcs})
+                                "event_time": _stamp(at_ms), "observed_at": _stamp(observed_at_ms), "dcs": dcs})
 
     def dead_letter(self, key: bytes | None, value: bytes | None, reason: str, topic: str, partition: int,
                     offset: int) -> None:
         headers = [("reason", reason.encode()), ("topic", topic.encode()),
                    ("partition", str(partition).encode()), ("offset", str(offset).encode())]
+        # Kafka takes no record with neither key nor value; such a record came from another client.
+        key = b"" if key is None and value is None else key
         self.producer.send(self.kafka.dead_letter_topic, key=key, value=value, headers=headers)
 
     def flush(self) -> None:

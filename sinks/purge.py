@@ -108,7 +108,7 @@ def _purge_message(c: Row, clients: _Clients, outcome) -> Iterator[tuple]:
         return
     other = clients.messages.unreference(row.payload_id, c.id)
     if other is None and not row.inline:
-        clients.reports.released(row.payload_id, c.id, c.eligible_at_ms, list(c.dcs or ()))
+        clients.reports.released(row.payload_id, c.id, c.eligible_at_ms, now_ms(), list(c.dcs or ()))
 
 
 def _purge_payload(c: Row, clients: _Clients, outcome) -> Iterator[tuple]:

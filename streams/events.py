@@ -51,8 +51,9 @@ CONTROL_FIELDS: dict[str, tuple[str, ...]] = {
     CLOCK: (),
     # Look at an object again: kind (message | payload), rule, and its id in message_id or payload_id.
     RECHECK: ("kind", "rule"),
-    # The last message referring to payload_id went at event_time.
-    RELEASED: ("payload_id",),
+    # The last message referring to payload_id became eligible at event_time; the sink found no
+    # reference left at observed_at.
+    RELEASED: ("payload_id", "observed_at"),
 }
 COMMON_FIELDS = ("event_id", "type", "event_time", "message_id")
 
@@ -73,8 +74,11 @@ EVENT_SCHEMA = StructType(
         # Control events only.
         StructField("kind", StringType()),
         StructField("rule", StringType()),
+        StructField("observed_at", StringType()),
     ]
 )
+# Optional timestamp fields, read as epoch milliseconds into `<name>_ms`.
+TIMESTAMP_FIELDS = ("extract_until", "observed_at")
 # The same fields read as text: a field present here but null in the typed parse has the wrong type.
 # Only malformed JSON fills its corrupt-record column, since any JSON value reads as text.
 _CORRUPT = "_corrupt_record"
@@ -92,8 +96,7 @@ def _epoch_ms(text: Column) -> Column:
     return F.unix_millis(F.try_to_timestamp(text, F.lit(_TIMESTAMP_FORMAT)))
 
 
-def _error(typed: Column, text: Column, value: Column, from_control: Column,
-           event_time_ms: Column, extract_until_ms: Column) -> Column:
+def _error(typed: Column, text: Column, value: Column, from_control: Column) -> Column:
     """The first reason the record is bad input, or null."""
     event_type = typed["type"]
     lifecycle = event_type.isin(*REQUIRED_FIELDS)
@@ -112,11 +115,11 @@ def _error(typed: Column, text: Column, value: Column, from_control: Column,
         missing = typed[name].isNull() & ~control if name == "message_id" else typed[name].isNull()
         checks.append((missing, F.lit(f"missing field {name}")))
     checks.append((~lifecycle & ~control, F.concat(F.lit("unknown type "), event_type)))
-    checks.append((event_time_ms.isNull(), F.lit("event_time is not an ISO-8601 UTC timestamp")))
-    checks.append(
-        (typed["extract_until"].isNotNull() & extract_until_ms.isNull(),
-         F.lit("extract_until is not an ISO-8601 UTC timestamp"))
-    )
+    checks.append((F.col("event_time_ms").isNull(), F.lit("event_time is not an ISO-8601 UTC timestamp")))
+    checks += [
+        (typed[name].isNotNull() & F.col(f"{name}_ms").isNull(), F.lit(f"{name} is not an ISO-8601 UTC timestamp"))
+        for name in TIMESTAMP_FIELDS
+    ]
     for event_type_name, fields in [*REQUIRED_FIELDS.items(), *CONTROL_FIELDS.items()]:
         for name in fields:
             checks.append(
@@ -136,8 +139,8 @@ def _error(typed: Column, text: Column, value: Column, from_control: Column,
 def parse_events(records: DataFrame, control_topic: str) -> DataFrame:
     """Parse the Kafka source's rows (``key``, ``value``, ``topic``, ``partition``, ``offset``, ...).
 
-    The result has the fields of ``EVENT_SCHEMA`` (``event_time`` and ``extract_until`` as epoch
-    milliseconds in ``event_time_ms`` and ``extract_until_ms``), the record's coordinates, its
+    The result has the fields of ``EVENT_SCHEMA`` (``event_time`` and the ``TIMESTAMP_FIELDS`` as epoch
+    milliseconds in ``event_time_ms``, ``extract_until_ms``, ...), the record's coordinates, its
     original bytes in ``value``, and ``error``. The purger's own event types are accepted from
     ``control_topic`` only.
     """
@@ -148,17 +151,14 @@ def parse_events(records: DataFrame, control_topic: str) -> DataFrame:
         F.from_json(json_text, _TEXT_SCHEMA, {"columnNameOfCorruptRecord": _CORRUPT}).alias("text"),
     ).select(
         "*",
-        _epoch_ms(F.col("typed.event_time")).alias("event_time_ms"),
-        _epoch_ms(F.col("typed.extract_until")).alias("extract_until_ms"),
+        *(_epoch_ms(F.col(f"typed.{name}")).alias(f"{name}_ms") for name in ("event_time", *TIMESTAMP_FIELDS)),
     )
     typed = F.col("typed")
-    error = _error(typed, F.col("text"), F.col("value"), F.col("topic") == F.lit(control_topic),
-                   F.col("event_time_ms"), F.col("extract_until_ms"))
+    error = _error(typed, F.col("text"), F.col("value"), F.col("topic") == F.lit(control_topic))
     return parsed.select(
         "topic", "partition", "offset", "key", "value",
         *(typed[name].alias(name) for name in EVENT_SCHEMA.fieldNames() if name != "message_id"),
         F.coalesce(typed["message_id"], F.lit(NO_MESSAGE)).alias("message_id"),
-        "event_time_ms",
-        "extract_until_ms",
+        *(f"{name}_ms" for name in ("event_time", *TIMESTAMP_FIELDS)),
         error.alias("error"),
     )

@@ -52,6 +52,8 @@ class Event:
     extract_until_ms: int | None = None
     complete: bool | None = None
     dcs: tuple[str, ...] | None = None
+    # A release: when the sink found no reference left (event_time is when the grace period starts).
+    observed_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,14 +98,16 @@ class PayloadState:
     dcs: tuple[str, ...] = ()
     # The latest enqueue that linked a message to the payload.
     linked_at_ms: int | None = None
-    # The latest moment its last referring message went (eligible or deleted).
+    # The latest moment its last referring message went (eligible or deleted): the grace runs from it.
     released_at_ms: int | None = None
+    # The latest moment the sink found no reference left.
+    unreferenced_at_ms: int | None = None
 
     @property
     def released(self) -> bool:
-        """No reference is known to be newer than the last release."""
-        return self.released_at_ms is not None and (
-            self.linked_at_ms is None or self.released_at_ms >= self.linked_at_ms
+        """No link is known to be newer than the last time no reference was found."""
+        return self.unreferenced_at_ms is not None and (
+            self.linked_at_ms is None or self.unreferenced_at_ms >= self.linked_at_ms
         )
 
 
@@ -176,7 +180,10 @@ def apply_payload(state: PayloadState | None, event: Event) -> PayloadState:
     if event.type == LINK:
         return replace(state, dcs=dcs, linked_at_ms=_latest(state.linked_at_ms, event.event_time_ms))
     if event.type == RELEASED:
-        return replace(state, dcs=dcs, released_at_ms=_latest(state.released_at_ms, event.event_time_ms))
+        return replace(
+            state, dcs=dcs, released_at_ms=_latest(state.released_at_ms, event.event_time_ms),
+            unreferenced_at_ms=_latest(state.unreferenced_at_ms, event.observed_at_ms or event.event_time_ms),
+        )
     return state
 
 
