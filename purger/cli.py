@@ -92,7 +92,7 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     from rich.console import Console
     from rich.table import Table
 
-    from purger.demo import run_demo
+    from purger.demo import SCENARIOS, run_demo
 
     _stack_up(load_config())
     report = run_demo(messages=messages)
@@ -100,12 +100,13 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     table.add_column("what")
     table.add_column("expected", justify="right")
     table.add_column("observed", justify="right")
-    table.add_row("messages purged (row gone)", str(len(report.expected_purged)), str(len(report.purged)))
-    table.add_row("live or revived messages kept", str(len(report.expected_kept)),
-                  str(len(report.expected_kept) - len(report.wrongly_deleted)))
-    for dc in sorted(report.blobs_left):
-        table.add_row(f"blobs of purged messages left in {dc}", "0", str(report.blobs_left[dc]))
-        table.add_row(f"blobs of kept messages in {dc}", "", str(report.blobs_kept[dc]))
+    for name, (expected, observed) in report.scenarios.items():
+        outcome = "purged" if SCENARIOS[name][1] else "kept"
+        table.add_row(f"{name}: messages {outcome}", str(expected), str(observed))
+    table.add_row("payloads purged (row and every blob)", str(report.payloads_expected_gone), str(report.payloads_gone))
+    table.add_row("payloads kept (still referred to)", str(report.payloads_expected_kept), str(report.payloads_kept))
+    for dc, left in sorted(report.blobs_left.items()):
+        table.add_row(f"blobs of purged payloads left in {dc}", "0", str(left))
     for (kind, status), count in sorted(report.sink_totals.items()):
         table.add_row(f"sink: {kind} {status}", "", str(count))
     Console().print(table)

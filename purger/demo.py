@@ -1,16 +1,18 @@
 """The demo: a workload through the local stack, purged by the real job, and a report of what happened.
 
 The platform stand-in writes messages (rows, blobs in two data centres, inline
-payloads) and emits their events. Some expire by counter; a share of those is
-revived before its deadline; the rest stay live. The purger runs with short
-periods until every expected purge is seen in Cassandra and S3, then the
-report compares what should have gone with what went.
+payloads, payloads shared by two messages) and emits their events. Each message
+follows one scenario of SPEC section 4: it expires by counter, by date, stays an
+incomplete upload or is deleted, and some of those are revived (counter set
+again, date moved, upload completed) before their deadline; the rest stay live.
+The purger runs with short periods until every expected purge is seen in
+Cassandra and S3, then the report compares what should have gone with what went.
 
 Example::
 
     from purger.demo import run_demo
     report = run_demo(messages=200)
-    report.ok  # True when exactly the expired messages were purged
+    report.ok  # True when exactly the eligible messages and their unshared payloads were purged
 """
 
 from __future__ import annotations
@@ -20,30 +22,47 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from tqdm import tqdm
 
 from purger.config import PurgerConfig, build_config
-from purger.platform import INLINE_LIMIT, Platform
+from purger.platform import INLINE_LIMIT, Platform, now
 from purger.stack import prepare
+
+# scenario: (share of messages, purged?)
+SCENARIOS = {
+    "expired by counter": (0.30, True),
+    "counter revived": (0.10, False),
+    "expired by date": (0.10, True),
+    "date moved": (0.05, False),
+    "incomplete upload": (0.10, True),
+    "upload completed": (0.05, False),
+    "deleted": (0.10, True),
+    "live": (0.20, False),
+}
 
 
 @dataclass
 class DemoReport:
-    expected_purged: set[str] = field(default_factory=set)
-    expected_kept: set[str] = field(default_factory=set)
-    purged: set[str] = field(default_factory=set)
+    # scenario -> (expected, observed) message counts: purged for purge scenarios, kept otherwise
+    scenarios: dict[str, tuple[int, int]] = field(default_factory=dict)
     wrongly_deleted: set[str] = field(default_factory=set)
-    blobs_left: dict[str, int] = field(default_factory=dict)  # per dc, of purged messages
-    blobs_kept: dict[str, int] = field(default_factory=dict)  # per dc, of kept messages
+    left_behind: set[str] = field(default_factory=set)
+    payloads_expected_gone: int = 0
+    payloads_gone: int = 0
+    payloads_expected_kept: int = 0
+    payloads_kept: int = 0
+    blobs_left: dict[str, int] = field(default_factory=dict)  # per dc, of purged payloads
     sink_totals: dict[tuple[str, str], int] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
         return (
-            self.purged == self.expected_purged
-            and not self.wrongly_deleted
+            not self.wrongly_deleted and not self.left_behind
+            and self.payloads_gone == self.payloads_expected_gone
+            and self.payloads_kept == self.payloads_expected_kept
             and not any(self.blobs_left.values())
         )
 
@@ -51,8 +70,12 @@ class DemoReport:
 def demo_config(run: str) -> PurgerConfig:
     return build_config(
         {
-            "kafka": {"topics": [f"demo.{run}.events"], "control_topic": f"demo.{run}.control", "dead_letter_topic": f"demo.{run}.dead-letter"},
-            "retention": {"expired_ttl": "10s"},
+            "kafka": {
+                "topics": [f"demo.{run}.events"],
+                "control_topic": f"demo.{run}.control",
+                "dead_letter_topic": f"demo.{run}.dead-letter",
+            },
+            "retention": {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s", "payload_grace": "2s"},
             "stream": {
                 "query_name": f"purger-demo-{run}",
                 "checkpoint": tempfile.mkdtemp(prefix=f"purger-demo-{run}-"),
@@ -62,6 +85,28 @@ def demo_config(run: str) -> PurgerConfig:
             },
         }
     )
+
+
+def _play(platform: Platform, scenario: str, message: str, payload: str, size: int, shared: bool) -> str:
+    """Write one message through its scenario; return the payload id it got."""
+    soon = now() + timedelta(seconds=5)
+    counter = 2 if scenario in ("expired by counter", "counter revived", "live") else None
+    until = soon if scenario in ("expired by date", "date moved") else None
+    complete = scenario not in ("incomplete upload", "upload completed")
+    payload = platform.enqueue(message, payload, extract_count=counter, extract_until=until, complete=complete,
+                               size=size, shared=shared)
+    if scenario in ("expired by counter", "counter revived"):
+        platform.dequeue(message, 1)
+        platform.dequeue(message, 0)
+    if scenario == "counter revived":
+        platform.set_counter(message, 1)
+    elif scenario == "date moved":
+        platform.set_extract_until(message, soon + timedelta(days=30))
+    elif scenario == "upload completed":
+        platform.upload_complete(message)
+    elif scenario == "deleted":
+        platform.delete(message)
+    return payload
 
 
 def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> DemoReport:
@@ -78,56 +123,60 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
     platform = Platform(config)
     report = DemoReport()
     chooser = random.Random(seed)
+    names, weights = list(SCENARIOS), [share for share, _ in SCENARIOS.values()]
+    scenario_of: dict[str, str] = {}
     payload_of: dict[str, str] = {}
-    inline: set[str] = set()
+    stored: set[str] = set()  # payloads kept in the object stores
     try:
-        for i in tqdm(range(messages), desc="enqueue", unit="msg"):
+        for i in tqdm(range(messages), desc="platform", unit="msg"):
             message = f"{run}-m{i:05d}"
-            payload_of[message] = f"{run}-p{i:05d}"
-            size = 200 if chooser.random() < 0.1 else 32 * 1024
-            if size < INLINE_LIMIT:
-                inline.add(message)
-            platform.enqueue(message, payload_of[message], extract_count=2, size=size)
-        revive = []
-        for message in payload_of:
-            roll = chooser.random()
-            if roll < 0.6:  # expires: extracted twice
-                platform.dequeue(message, 1)
-                platform.dequeue(message, 0)
-                if chooser.random() < 0.25:
-                    revive.append(message)
-                else:
-                    report.expected_purged.add(message)
-            else:  # stays live, extracted once or not at all
-                if roll < 0.8:
-                    platform.dequeue(message, 1)
-                report.expected_kept.add(message)
-        platform.flush()
-        time.sleep(1)
-        for message in revive:  # an administrator revives them before their deadline
-            platform.set_counter(message, 1)
-        report.expected_kept.update(revive)
+            scenario_of[message] = chooser.choices(names, weights)[0]
+            # One message in five shares the payload of the one before (when that one is not inline).
+            shared = i > 0 and chooser.random() < 0.2
+            payload = payload_of[f"{run}-m{i - 1:05d}"] if shared else f"{run}-p{i:05d}"
+            size = 200 if chooser.random() < 0.1 and not shared else 32 * 1024
+            payload_of[message] = _play(platform, scenario_of[message], message, payload, size, shared)
+            if size >= INLINE_LIMIT:
+                stored.add(payload_of[message])
         platform.flush()
 
-        pending = set(report.expected_purged)
-        with tqdm(total=len(pending), desc="purged", unit="msg") as bar:
+        purged = {m for m, s in scenario_of.items() if SCENARIOS[s][1]}
+        referrers: dict[str, set[str]] = {}
+        for m, p in payload_of.items():
+            referrers.setdefault(p, set()).add(m)
+        expected_gone = {p for p in stored if referrers[p] <= purged}
+
+        def payload_gone(p: str) -> bool:
+            return platform.payload_row(p) is None and not any(platform.blob_exists(p, dc) for dc in config.stores)
+
+        pending = set(purged) | {f"payload:{p}" for p in expected_gone}
+        with tqdm(total=len(pending), desc="purged", unit="obj") as bar:
             deadline = time.monotonic() + timeout_s
             while pending and time.monotonic() < deadline and running.query.isActive:
-                gone = {m for m in pending if platform.row(m) is None}
+                gone = {x for x in pending
+                        if (payload_gone(x[8:]) if x.startswith("payload:") else platform.row(x) is None)}
                 pending -= gone
                 bar.update(len(gone))
                 time.sleep(1)
-        # A few triggers more, so blob deletes that follow the last row deletes have landed.
+        # A few triggers more, so that nothing kept is merely not deleted yet.
         time.sleep(3 * config.stream.trigger_interval.total_seconds())
-        report.purged = {m for m in report.expected_purged if platform.row(m) is None}
-        report.wrongly_deleted = {m for m in report.expected_kept if platform.row(m) is None}
-        for dc in config.stores:
-            report.blobs_left[dc] = sum(
-                platform.blob_exists(payload_of[m], dc) for m in report.purged if m not in inline
-            )
-            report.blobs_kept[dc] = sum(
-                platform.blob_exists(payload_of[m], dc) for m in report.expected_kept if m not in inline
-            )
+        for name in SCENARIOS:
+            members = [m for m, s in scenario_of.items() if s == name]
+            if SCENARIOS[name][1]:
+                report.scenarios[name] = (len(members), sum(platform.row(m) is None for m in members))
+            else:
+                report.scenarios[name] = (len(members), sum(platform.row(m) is not None for m in members))
+        report.wrongly_deleted = {m for m in scenario_of if m not in purged and platform.row(m) is None}
+        report.left_behind = {m for m in purged if platform.row(m) is not None}
+        report.payloads_expected_gone = len(expected_gone)
+        report.payloads_gone = sum(payload_gone(p) for p in expected_gone)
+        kept = stored - expected_gone
+        report.payloads_expected_kept = len(kept)
+        report.payloads_kept = sum(
+            all(platform.blob_exists(p, dc) for dc in config.stores) and platform.payload_row(p) is not None
+            for p in kept
+        )
+        report.blobs_left = {dc: sum(platform.blob_exists(p, dc) for p in expected_gone) for dc in config.stores}
         report.sink_totals = dict(running.sink.totals)
     finally:
         running.stop()

@@ -31,12 +31,12 @@ INLINE_LIMIT = 10 * 1024  # payloads under 10 KiB live in the message row (SPEC 
 _last_moment = datetime.min.replace(tzinfo=timezone.utc)
 
 
-def _now() -> datetime:
+def now() -> datetime:
     """The wall clock, strictly increasing by at least a millisecond, as the spec's timestamps resolve.
 
     A platform's successive changes to one message must carry increasing event times.
     """
-    global _last_moment
+    global _last_moment  # one clock for every Platform in the process
     _last_moment = max(datetime.now(timezone.utc), _last_moment + timedelta(milliseconds=1))
     return _last_moment
 
@@ -117,7 +117,7 @@ class Platform:
         Returns False when the payload is being purged: the caller must store a new payload instead.
         """
         self.session.execute(self._insert_ref, (payload_id, message_id))
-        if self.session.execute(self._touch_payload, (at or _now(), payload_id)).was_applied:
+        if self.session.execute(self._touch_payload, (at or now(), payload_id)).was_applied:
             return True
         self.session.execute(self._delete_ref, (payload_id, message_id))
         return False
@@ -139,7 +139,7 @@ class Platform:
         """Create a message: its payload (inline, a new blob in each data centre, or with ``shared`` a link
         to an existing one), row, reference and event. Returns the payload id it got: a shared payload
         being purged is replaced by a new one, ``<payload_id>.<message_id>``."""
-        at = at or _now()
+        at = at or now()
         dcs = sorted(dcs)
         inline = size < INLINE_LIMIT
         body = (message_id.encode() * (size // max(len(message_id), 1) + 1))[:size]
@@ -166,30 +166,30 @@ class Platform:
 
     def dequeue(self, message_id: str, extract_count: int, at: datetime | None = None) -> None:
         """A client extracted the message; the counter's new value is absolute."""
-        at = at or _now()
+        at = at or now()
         self._update(message_id, at, extract_count=extract_count)
         self.emit("dequeue", message_id, at, extract_count=extract_count)
 
     def set_counter(self, message_id: str, extract_count: int, at: datetime | None = None) -> None:
         """An administrator set the counter (0 expires, above 0 revives)."""
-        at = at or _now()
+        at = at or now()
         self._update(message_id, at, extract_count=extract_count)
         self.emit("extract_counter", message_id, at, extract_count=extract_count)
 
     def set_extract_until(self, message_id: str, until: datetime | None, at: datetime | None = None) -> None:
         """An administrator set, moved or cleared (None) the extract-until date."""
-        at = at or _now()
+        at = at or now()
         self._update(message_id, at, extract_until=until)
         self.emit("extract_until", message_id, at, extract_until=until and format_timestamp(until))
 
     def upload_complete(self, message_id: str, at: datetime | None = None) -> None:
-        at = at or _now()
+        at = at or now()
         self._update(message_id, at, complete=True)
         self.emit("upload_complete", message_id, at)
 
     def delete(self, message_id: str, at: datetime | None = None) -> None:
         """A user or administrator deleted the message: the row is marked, the purger removes it."""
-        at = at or _now()
+        at = at or now()
         self._update(message_id, at, deleted=True)
         self.emit("delete", message_id, at)
 
