@@ -8,6 +8,7 @@ Example::
 
     platform = Platform(config)
     platform.enqueue("m1", "p1", extract_count=1)
+    platform.enqueue("m2", "p1", shared=True)   # links to p1 by the writer contract (README)
     platform.dequeue("m1", extract_count=0)
     platform.flush()
 """
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timedelta, timezone
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Iterator
 
 from purger.config import PurgerConfig

@@ -124,22 +124,19 @@ def _wins(time_ms: int, rank: int, event_id: str, current: tuple[int | None, int
     return (time_ms, -rank, event_id) > (current_time, -current_rank, current_event or "")
 
 
-def _set_counter(state: MessageState, count: int | None, event: Event) -> MessageState:
-    current = (state.extract_count_at_ms, _NO_LIMIT if state.extract_count is None else state.extract_count,
-               state.extract_count_event)
-    if not _wins(event.event_time_ms, _NO_LIMIT if count is None else count, event.event_id, current):
-        return state
-    return replace(state, extract_count=count, extract_count_at_ms=event.event_time_ms,
-                   extract_count_event=event.event_id)
+# The last-writer-wins registers of a message: (value field, time field, event id field).
+_COUNTER = ("extract_count", "extract_count_at_ms", "extract_count_event")
+_UNTIL = ("extract_until_ms", "extract_until_at_ms", "extract_until_event")
 
 
-def _set_until(state: MessageState, until_ms: int | None, event: Event) -> MessageState:
-    current = (state.extract_until_at_ms, _NO_LIMIT if state.extract_until_ms is None else state.extract_until_ms,
-               state.extract_until_event)
-    if not _wins(event.event_time_ms, _NO_LIMIT if until_ms is None else until_ms, event.event_id, current):
+def _set(state: MessageState, register: tuple[str, str, str], value: int | None, event: Event) -> MessageState:
+    value_field, time_field, event_field = register
+    current = getattr(state, value_field)
+    current_version = (getattr(state, time_field), _NO_LIMIT if current is None else current,
+                       getattr(state, event_field))
+    if not _wins(event.event_time_ms, _NO_LIMIT if value is None else value, event.event_id, current_version):
         return state
-    return replace(state, extract_until_ms=until_ms, extract_until_at_ms=event.event_time_ms,
-                   extract_until_event=event.event_id)
+    return replace(state, **{value_field: value, time_field: event.event_time_ms, event_field: event.event_id})
 
 
 def _earliest(current: int | None, time_ms: int) -> int:
@@ -160,12 +157,12 @@ def apply(state: MessageState | None, event: Event) -> MessageState:
             created_at_ms=_earliest(state.created_at_ms, event.event_time_ms),
         )
         # The enqueue sets the first values; a later change that arrived first still wins.
-        state = _set_counter(state, event.extract_count, event)
-        return _set_until(state, event.extract_until_ms, event)
+        state = _set(state, _COUNTER, event.extract_count, event)
+        return _set(state, _UNTIL, event.extract_until_ms, event)
     if event.type in (DEQUEUE, EXTRACT_COUNTER):
-        return _set_counter(state, event.extract_count, event)
+        return _set(state, _COUNTER, event.extract_count, event)
     if event.type == EXTRACT_UNTIL:
-        return _set_until(state, event.extract_until_ms, event)
+        return _set(state, _UNTIL, event.extract_until_ms, event)
     if event.type == UPLOAD_COMPLETE:
         return replace(state, upload_completed=True)
     if event.type == DELETE:

@@ -1,4 +1,5 @@
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,19 @@ def test_toml_file(tmp_path):
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_the_readme_example_is_a_valid_configuration(tmp_path):
+    """The TOML block under "Configuration" in the README is the documented one; it must load as is."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "purger.toml"
+    path.write_text(example)
+    config = load_config(path)
+    assert config.retention == build_config({}).retention
+    assert config.kafka.control_topic == "purger.control" and config.stream.retry_interval == timedelta(minutes=1)
+
+
+def test_a_payload_grace_under_the_clock_skew_is_refused():
+    with pytest.raises(ConfigError, match="retention.payload_grace: .*at least 1s"):
+        build_config({"retention": {"payload_grace": "0s"}})
