@@ -109,8 +109,9 @@ class StreamConfig(_Section):
     query_name: str = "purger"
     checkpoint: str = "checkpoints/purger"
     trigger_interval: Duration = timedelta(seconds=5)
-    # How late an event may arrive and still be applied to the state.
-    watermark_delay: Duration = timedelta(minutes=10)
+    # How long after a deadline the purger waits for straggling events before acting on it. Events
+    # are never dropped as late (streams/processor.py); a longer delay only purges later.
+    watermark_delay: Duration = timedelta(seconds=10)
     # How often an idle stream gets a clock tick (see streams/clock.py).
     clock_interval: Duration = timedelta(seconds=5)
     # When to try again a purge that failed (a data centre's store or Cassandra did not answer).

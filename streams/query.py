@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from purger.config import PurgerConfig
 from sinks.purge import PurgeSink
 from streams.clock import Clock
 from streams.events import parse_events
-from streams.processor import purge_candidates
+from streams.processor import DEAD_LETTER, MESSAGE, PAYLOAD, purge_candidates
 from streams.rules import Retention
 from streams.source import read_records
 
@@ -53,6 +54,13 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     records = read_records(spark, config.kafka, starting_offsets)
     events = parse_events(records, config.kafka.control_topic)
     outputs = purge_candidates(events, Retention.from_config(config.retention), _ms(stream.watermark_delay))
+    # Per batch, in the query's progress (observedMetrics) and so on the Spark UI's streaming page.
+    outputs = outputs.observe(
+        "purger",
+        *(F.count(F.when(F.col("kind") == kind, True)).alias(name)
+          for kind, name in ((MESSAGE, "message_candidates"), (PAYLOAD, "payload_candidates"),
+                             (DEAD_LETTER, "dead_lettered"))),
+    )
     sink = PurgeSink(config)
     query = (
         outputs.writeStream.queryName(stream.query_name)

@@ -239,3 +239,6 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_causes_no_deletion(purger, 
     wait_for(lambda: platform.row(after) is None, what="a good message sent after the bad records")
     assert platform.row(live) is not None and payload_intact(platform, f"p-{live}")
     assert purger.sink.totals[("dead_letter", "dead_lettered")] >= len(bad)
+    observed = sum(p.observedMetrics["purger"]["dead_lettered"] for p in purger.query.recentProgress
+                   if "purger" in p.observedMetrics)
+    assert observed >= 1, "dead letters are counted in the query's observed metrics"
