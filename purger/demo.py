@@ -146,15 +146,12 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
             referrers.setdefault(p, set()).add(m)
         expected_gone = {p for p in stored if referrers[p] <= purged}
 
-        def payload_gone(p: str) -> bool:
-            return platform.payload_row(p) is None and not any(platform.blob_exists(p, dc) for dc in config.stores)
-
         pending = set(purged) | {f"payload:{p}" for p in expected_gone}
         with tqdm(total=len(pending), desc="purged", unit="obj") as bar:
             deadline = time.monotonic() + timeout_s
             while pending and time.monotonic() < deadline and running.query.isActive:
                 gone = {x for x in pending
-                        if (payload_gone(x[8:]) if x.startswith("payload:") else platform.row(x) is None)}
+                        if (platform.payload_gone(x[8:]) if x.startswith("payload:") else platform.row(x) is None)}
                 pending -= gone
                 bar.update(len(gone))
                 time.sleep(1)
@@ -169,13 +166,10 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
         report.wrongly_deleted = {m for m in scenario_of if m not in purged and platform.row(m) is None}
         report.left_behind = {m for m in purged if platform.row(m) is not None}
         report.payloads_expected_gone = len(expected_gone)
-        report.payloads_gone = sum(payload_gone(p) for p in expected_gone)
+        report.payloads_gone = sum(platform.payload_gone(p) for p in expected_gone)
         kept = stored - expected_gone
         report.payloads_expected_kept = len(kept)
-        report.payloads_kept = sum(
-            all(platform.blob_exists(p, dc) for dc in config.stores) and platform.payload_row(p) is not None
-            for p in kept
-        )
+        report.payloads_kept = sum(platform.payload_intact(p) for p in kept)
         report.blobs_left = {dc: sum(platform.blob_exists(p, dc) for p in expected_gone) for dc in config.stores}
         report.sink_totals = dict(running.sink.totals)
     finally:

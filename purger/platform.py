@@ -69,6 +69,9 @@ class Platform:
         self._touch_payload = self.session.prepare(
             f"UPDATE {self._payloads} SET last_ref_at = ? WHERE payload_id = ? IF state = 'live'"
         )
+        self._select_message = self.session.prepare(f"SELECT * FROM {self._messages} WHERE message_id = ?")
+        self._select_payload = self.session.prepare(f"SELECT * FROM {self._payloads} WHERE payload_id = ?")
+        self._select_refs = self.session.prepare(f"SELECT message_id FROM {self._refs} WHERE payload_id = ?")
         self._updates: dict[str, Any] = {}
         self._held: list[tuple[bytes, bytes]] | None = None
 
@@ -198,16 +201,26 @@ class Platform:
         self.producer.flush()
 
     def row(self, message_id: str) -> dict | None:
-        found = self.session.execute(f"SELECT * FROM {self._messages} WHERE message_id = %s", (message_id,)).one()
+        found = self.session.execute(self._select_message, (message_id,)).one()
         return found._asdict() if found else None
 
     def payload_row(self, payload_id: str) -> dict | None:
-        found = self.session.execute(f"SELECT * FROM {self._payloads} WHERE payload_id = %s", (payload_id,)).one()
+        found = self.session.execute(self._select_payload, (payload_id,)).one()
         return found._asdict() if found else None
 
     def references(self, payload_id: str) -> set[str]:
-        rows = self.session.execute(f"SELECT message_id FROM {self._refs} WHERE payload_id = %s", (payload_id,))
-        return {r.message_id for r in rows}
+        return {r.message_id for r in self.session.execute(self._select_refs, (payload_id,))}
+
+    def payload_gone(self, payload_id: str) -> bool:
+        """Its row and its blob in every configured data centre are gone."""
+        return self.payload_row(payload_id) is None and not any(
+            self.blob_exists(payload_id, dc) for dc in self.config.stores)
+
+    def payload_intact(self, payload_id: str) -> bool:
+        """Live, with its blob in every configured data centre."""
+        row = self.payload_row(payload_id)
+        return row is not None and row["state"] == "live" and all(
+            self.blob_exists(payload_id, dc) for dc in self.config.stores)
 
     def blob_exists(self, payload_id: str, dc: str) -> bool:
         listing = self.stores[dc].list_objects_v2(Bucket=self.config.stores[dc].bucket, Prefix=payload_key(payload_id))

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from cassandra import ConsistencyLevel
 
 from purger.config import CassandraConfig
+from streams.events import format_epoch_ms
 from streams.rules import MESSAGE_RULES, Eligibility, Retention, eligibility
 from streams.state import MessageState
 
@@ -82,8 +83,7 @@ def _why_kept(state: MessageState, due: Eligibility | None) -> str:
     if due is None:
         return (f"live: extract_count {state.extract_count}, extract_until {state.extract_until_ms}, "
                 f"complete {state.complete}")
-    at = datetime.fromtimestamp(due.eligible_at_ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
-    return f"not yet due: {due.rule} at {at}"
+    return f"not yet due: {due.rule} at {format_epoch_ms(due.eligible_at_ms)}"
 
 
 class MessageDeleter:

@@ -27,16 +27,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
 
 from purger.config import KafkaConfig
 from purger.connections import kafka_producer
-from streams.events import RECHECK, format_timestamp
+from streams.events import RECHECK, format_epoch_ms
 from streams.state import RELEASED
-
-
-def _stamp(at_ms: int) -> str:
-    return format_timestamp(datetime.fromtimestamp(at_ms / 1000, timezone.utc))
 
 
 class Reports:
@@ -51,11 +46,11 @@ class Reports:
     def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
         id_field = "payload_id" if kind == "payload" else "message_id"
         self._send(object_id, {"type": RECHECK, "kind": kind, id_field: object_id, "rule": rule,
-                               "event_time": _stamp(at_ms)})
+                               "event_time": format_epoch_ms(at_ms)})
 
     def released(self, payload_id: str, message_id: str, at_ms: int, observed_at_ms: int, dcs: list[str]) -> None:
         self._send(payload_id, {"type": RELEASED, "payload_id": payload_id, "message_id": message_id,
-                                "event_time": _stamp(at_ms), "observed_at": _stamp(observed_at_ms), "dcs": dcs})
+                                "event_time": format_epoch_ms(at_ms), "observed_at": format_epoch_ms(observed_at_ms), "dcs": dcs})
 
     def dead_letter(self, key: bytes | None, value: bytes | None, reason: str, topic: str, partition: int,
                     offset: int) -> None:

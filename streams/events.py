@@ -92,6 +92,11 @@ def format_timestamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def format_epoch_ms(epoch_ms: int) -> str:
+    """``format_timestamp`` of epoch milliseconds."""
+    return format_timestamp(datetime.fromtimestamp(epoch_ms / 1000, timezone.utc))
+
+
 def _epoch_ms(text: Column) -> Column:
     return F.unix_millis(F.try_to_timestamp(text, F.lit(_TIMESTAMP_FORMAT)))
 

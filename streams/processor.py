@@ -77,7 +77,6 @@ OUTPUT_SCHEMA = StructType(
         # Candidates
         StructField("rule", StringType()),
         StructField("eligible_at_ms", LongType()),
-        StructField("watermark_ms", LongType()),
         StructField("payload_id", StringType()),
         StructField("inline", BooleanType()),
         StructField("dcs", ArrayType(StringType())),
@@ -106,7 +105,6 @@ def _spark_type(hint: Any) -> DataType:
 class _Stored:
     """One kind of object as kept in the state store: its state class and schedule, side by side."""
 
-    name: str
     state_class: type
     fold: Callable[[Any, list[Event]], Any]
     eligible: Callable[[Any, Retention], Eligibility | None]
@@ -133,8 +131,8 @@ class _Stored:
 
 
 STORED = {
-    MESSAGE: _Stored(MESSAGE, MessageState, apply_all, eligibility),
-    PAYLOAD: _Stored(PAYLOAD, PayloadState, apply_all_payload, payload_eligibility),
+    MESSAGE: _Stored(MessageState, apply_all, eligibility),
+    PAYLOAD: _Stored(PayloadState, apply_all_payload, payload_eligibility),
 }
 
 
@@ -182,8 +180,8 @@ class PurgeProcessor(StatefulProcessor):
             return
         state, schedule = stored.from_row(value.get())
         schedule = replace(schedule, timer_ms=None)  # Spark removed the timer that fired
-        watermark_ms = timerValues.getCurrentWatermarkInMs()
-        emitted, kept = on_timer(schedule, stored.eligible(state, self.retention), watermark_ms, self.linger_ms)
+        emitted, kept = on_timer(schedule, stored.eligible(state, self.retention),
+                                 timerValues.getCurrentWatermarkInMs(), self.linger_ms)
         if kept is None:
             value.clear()
             return
@@ -194,7 +192,7 @@ class PurgeProcessor(StatefulProcessor):
             else:
                 payload = dict(payload_id=object_id, inline=False)
             yield _output(kind=kind, id=object_id, rule=emitted.rule, eligible_at_ms=emitted.eligible_at_ms,
-                          watermark_ms=watermark_ms, dcs=list(state.dcs), **payload)
+                          dcs=list(state.dcs), **payload)
 
     def _keep(self, kind: str, state: Any, schedule: Schedule) -> None:
         """Store the object and move its one timer to where its schedule says."""

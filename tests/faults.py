@@ -31,8 +31,8 @@ class TcpProxy:
         return self
 
     def cut(self) -> None:
-        self.broken.set()
         with self._lock:
+            self.broken.set()
             for sock in self._open:
                 sock.close()
             self._open.clear()
@@ -52,6 +52,11 @@ class TcpProxy:
                 client.close()
                 continue
             with self._lock:
+                # A cut that came while this connection was being made must close it too.
+                if self.broken.is_set():
+                    client.close()
+                    server.close()
+                    continue
                 self._open.update((client, server))
             for source, sink in ((client, server), (server, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()

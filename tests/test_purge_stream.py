@@ -58,15 +58,6 @@ def purger(spark, config):
     assert running.query.exception() is None
 
 
-def payload_gone(platform, p) -> bool:
-    return platform.payload_row(p) is None and not any(platform.blob_exists(p, dc) for dc in ("dc1", "dc2"))
-
-
-def payload_intact(platform, p) -> bool:
-    row = platform.payload_row(p)
-    return row is not None and row["state"] == "live" and all(platform.blob_exists(p, dc) for dc in ("dc1", "dc2"))
-
-
 def test_every_rule_purges_the_eligible_and_keeps_the_revived_whatever_the_order(purger, platform, config):
     """SPEC section 4, one row per case; events arrive shuffled and each twice."""
     r = config.retention
@@ -110,14 +101,14 @@ def test_every_rule_purges_the_eligible_and_keeps_the_revived_whatever_the_order
     wait_for(lambda: all(platform.row(messages[name]) is None for name in eligible),
              what="every eligible message's row to be deleted")
     stored = [messages[name] for name in eligible if name != "inline payload"]
-    wait_for(lambda: all(payload_gone(platform, f"p-{m}") for m in stored), timeout_s=60,
+    wait_for(lambda: all(platform.payload_gone(f"p-{m}") for m in stored), timeout_s=60,
              what="their payloads, after payload_grace, from both data centres")
     # Every deadline the kept ones could have had is behind the watermark now.
     wait_for_watermark(purger.query, sent + timedelta(seconds=3))
     for name in set(cases) - eligible:
         m = messages[name]
         assert platform.row(m) is not None, f"{name}: wrongly deleted"
-        assert payload_intact(platform, f"p-{m}"), f"{name}: payload wrongly deleted"
+        assert platform.payload_intact(f"p-{m}"), f"{name}: payload wrongly deleted"
     assert platform.references(f"p-{messages['inline payload']}") == set()
 
 
@@ -130,12 +121,12 @@ def test_a_shared_payload_goes_only_with_its_last_message(purger, platform, conf
     platform.flush()
     wait_for(lambda: platform.row(first) is None, what="the first message to be purged")
     time.sleep(r.payload_grace.total_seconds() + 3)
-    assert payload_intact(platform, p) and platform.references(p) == {second}
+    assert platform.payload_intact(p) and platform.references(p) == {second}
 
     platform.dequeue(second, 0, at=ago(r.expired_ttl))
     platform.flush()
     wait_for(lambda: platform.row(second) is None, what="the second message to be purged")
-    wait_for(lambda: payload_gone(platform, p), timeout_s=60, what="the payload, once its grace passed")
+    wait_for(lambda: platform.payload_gone(p), timeout_s=60, what="the payload, once its grace passed")
 
 
 def test_an_idle_stream_still_purges_on_time(purger, platform, config):
@@ -173,10 +164,12 @@ def test_late_events_are_applied_not_dropped(purger, platform, config):
     platform.dequeue(m, 0)
     platform.flush()
     wait_for(lambda: platform.row(m) is None, what="the message, expired again after the late revival")
-    wait_for(lambda: payload_gone(platform, f"p-{m}"), timeout_s=60, what="its payload")
+    wait_for(lambda: platform.payload_gone(f"p-{m}"), timeout_s=60, what="its payload")
     # A copy of an old event for the purged message changes nothing and stops nothing.
     platform.send(revival)
     platform.flush()
+    time.sleep(3)
+    assert platform.row(m) is None and platform.payload_gone(f"p-{m}")
     assert rows_dropped_as_late(purger.query) == 0
     assert purger.query.isActive
 
@@ -195,7 +188,7 @@ def test_a_failing_data_centre_is_retried_until_done(purger, platform, config, d
         assert row["state"] == "deleting" and row["dcs"] == {"dc2"}
     finally:
         dc2_proxy.restore()
-    wait_for(lambda: payload_gone(platform, p), timeout_s=60, what="dc2's blob and the payload row, once dc2 is back")
+    wait_for(lambda: platform.payload_gone(p), timeout_s=60, what="dc2's blob and the payload row, once dc2 is back")
     assert purger.sink.totals[("payload", "error")] >= 1
 
 
@@ -237,7 +230,7 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_causes_no_deletion(purger, 
     assert ours[(live.encode(), zero_with_wrong_type)]["reason"] == b"field extract_count has the wrong type"
     # The stream went on: the message after the bad records is purged; the one they named is not.
     wait_for(lambda: platform.row(after) is None, what="a good message sent after the bad records")
-    assert platform.row(live) is not None and payload_intact(platform, f"p-{live}")
+    assert platform.row(live) is not None and platform.payload_intact(f"p-{live}")
     assert purger.sink.totals[("dead_letter", "dead_lettered")] >= len(bad)
     observed = sum(p.observedMetrics["purger"]["dead_lettered"] for p in purger.query.recentProgress
                    if "purger" in p.observedMetrics)
