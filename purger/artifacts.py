@@ -33,13 +33,15 @@ class Bundle:
     artifacts: tuple[str, ...]
     # Versions forced on transitive dependencies (group:artifact:version).
     pins: tuple[str, ...] = field(default_factory=tuple)
+    # Transitive dependencies left out (group:artifact).
+    exclusions: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def directory(self) -> Path:
         return purger_home() / "jars" / self.name
 
     def marker(self) -> str:
-        return "\n".join(self.artifacts + self.pins) + "\n"
+        return "\n".join(self.artifacts + self.pins + self.exclusions) + "\n"
 
 
 KAFKA = Bundle(
@@ -56,10 +58,17 @@ SPARK_CONNECTORS = Bundle(
         "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.3",
         # Delta's Spark-4.1 build; 4.4.1 jars are not published, 4.4.0 is the newest.
         "io.delta:delta-spark_4.1_2.13:4.4.0",
+        # s3a:// for the ledger: the Hadoop version pyspark ships, with the AWS SDK modules it uses.
+        "org.apache.hadoop:hadoop-aws:3.4.2",
+        "software.amazon.awssdk:s3:2.29.52",
+        "software.amazon.awssdk:s3-transfer-manager:2.29.52",
+        "software.amazon.awssdk:sts:2.29.52",
     ),
     # spark-token-provider-kafka 4.1.x is not on the registry; 4.1.0-preview1 is the
     # nearest published build of the same classes.
     pins=("org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.1.0-preview1",),
+    # The SDK's all-in-one bundle is half a gigabyte; the modules above are what s3a needs.
+    exclusions=("software.amazon.awssdk:bundle",),
 )
 
 
@@ -67,17 +76,21 @@ class FetchError(RuntimeError):
     pass
 
 
-def _dependency(coordinates: str) -> str:
+def _dependency(coordinates: str, exclusions: tuple[str, ...] = ()) -> str:
     group, artifact, version = coordinates.split(":")
+    excluded = "".join(
+        f"<exclusion><groupId>{g}</groupId><artifactId>{a}</artifactId></exclusion>"
+        for g, a in (e.split(":") for e in exclusions)
+    )
     return (
         f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-        f"<version>{version}</version></dependency>"
+        f"<version>{version}</version><exclusions>{excluded}</exclusions></dependency>"
     )
 
 
 def _pom(bundle: Bundle) -> str:
     pins = "".join(_dependency(c) for c in bundle.pins)
-    deps = "".join(_dependency(c) for c in bundle.artifacts)
+    deps = "".join(_dependency(c, bundle.exclusions) for c in bundle.artifacts)
     return (
         '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
         f"<groupId>local.purger</groupId><artifactId>{bundle.name}</artifactId><version>1</version>"

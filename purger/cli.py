@@ -1,12 +1,18 @@
 """The `purger` command.
 
     purger stack up|down|status   the local Kafka, Cassandra and S3Proxy
-    purger run [--config F]       the streaming purge job, until interrupted
-    purger demo                   a demo workload through the local stack, with a report
+    purger run [--config F] [--dry-run]          the streaming purge job, until interrupted
+    purger replay [--from earliest|TIME]         the same, from a fresh checkpoint, with a progress bar
+    purger report [--date D]                     the daily purge report, from the ledger
+    purger pending [--hours N]                   what the checkpoint's state will purge in the next N hours
+    purger cluster up|down|status                a local Spark standalone cluster (a master, two workers)
+    purger submit [--config F] [--dry-run]       the job through spark-submit on that cluster
+    purger demo                                  a demo workload through the local stack, with a report
 """
 
 from __future__ import annotations
 
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +23,9 @@ from purger.config import ConfigError, PurgerConfig, load_config
 app = typer.Typer(help="A continuous purger on Spark Structured Streaming.", no_args_is_help=True)
 stack_app = typer.Typer(help="The local stack: Kafka, Cassandra and S3Proxy on 127.0.0.1.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
+cluster_app = typer.Typer(help="A Spark standalone cluster on 127.0.0.1: a master and two workers.",
+                          no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
 
 ConfigOption = typer.Option(None, "--config", "-c", help="TOML configuration file (defaults apply without one).")
 
@@ -62,28 +71,204 @@ def stack_status() -> None:
         typer.echo(f"{name:10} {state}")
 
 
-@app.command("run")
-def run(
-    config: Optional[Path] = ConfigOption,
-    starting_offsets: Optional[str] = typer.Option(
-        None, help="For a fresh checkpoint: earliest, latest, or Spark's JSON offsets (default: from the config)."
-    ),
-) -> None:
-    """Run the purge job until interrupted (Ctrl-C stops it cleanly)."""
+def _run(settings: PurgerConfig, start) -> None:
+    """Start the purger with ``start(spark, settings)`` and run it until Ctrl-C."""
     from purger.spark import spark_session
-    from streams.query import start_purger
 
-    settings = _config(config)
     spark = spark_session(settings.stream)
-    running = start_purger(spark, settings, starting_offsets)
-    typer.echo(f"purger running: query {settings.stream.query_name!r}, checkpoint {settings.stream.checkpoint}, "
-               f"Spark UI {spark.sparkContext.uiWebUrl}")
+    running = start(spark, settings)
+    typer.echo(f"purger running: query {settings.stream.query_name!r}, checkpoint "
+               f"{settings.stream.checkpoint_location}, ledger {settings.ledger.path}, "
+               f"Spark UI {spark.sparkContext.uiWebUrl}"
+               + (f", metrics http://127.0.0.1:{settings.metrics.port}/metrics" if settings.metrics.port else "")
+               + (" (dry run: nothing is deleted)" if settings.stream.dry_run else ""))
     try:
         running.query.awaitTermination()
     except KeyboardInterrupt:
         typer.echo("stopping")
     finally:
         running.stop()
+
+
+DryRunOption = typer.Option(False, "--dry-run", help="Decide and record would_delete in the ledger; delete nothing.")
+
+
+def _with_dry_run(settings: PurgerConfig, dry_run: bool) -> PurgerConfig:
+    if not dry_run:
+        return settings
+    return settings.model_copy(update={"stream": settings.stream.model_copy(update={"dry_run": True})})
+
+
+@app.command("run")
+def run(
+    config: Optional[Path] = ConfigOption,
+    dry_run: bool = DryRunOption,
+    starting_offsets: Optional[str] = typer.Option(
+        None, help="For a fresh checkpoint: earliest, latest, or Spark's JSON offsets (default: from the config)."
+    ),
+) -> None:
+    """Run the purge job until interrupted (Ctrl-C stops it cleanly)."""
+    from streams.query import start_purger
+
+    _run(_with_dry_run(_config(config), dry_run), lambda spark, s: start_purger(spark, s, starting_offsets))
+
+
+def _moment(value: str) -> Optional[int]:
+    """``earliest`` -> None; an ISO-8601 time (UTC unless it says) -> epoch milliseconds."""
+    if value == "earliest":
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: write earliest or an ISO time such as 2026-11-20T08:00:00Z") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+@app.command("replay")
+def replay(
+    config: Optional[Path] = ConfigOption,
+    since: str = typer.Option("earliest", "--from", help="earliest, or an ISO time: replay the events from then."),
+    dry_run: bool = DryRunOption,
+) -> None:
+    """Replay the events topics into a fresh checkpoint (the old one is renamed), catch up, keep running."""
+    from purger.replay import follow, start_replay
+
+    since_ms = _moment(since)
+    settings = _with_dry_run(_config(config), dry_run)
+
+    def start(spark, s):
+        running, to_read = start_replay(spark, s, since_ms)
+        typer.echo(f"replaying {to_read.total} events from {since}")
+        follow(running.query, to_read)
+        typer.echo("caught up; running on")
+        return running
+
+    _run(settings, start)
+
+
+@app.command("report")
+def report(
+    config: Optional[Path] = ConfigOption,
+    day: Optional[str] = typer.Option(None, "--date", help="The day, YYYY-MM-DD (UTC); default today."),
+) -> None:
+    """Bring a day's purge report up to date from the ledger and print it."""
+    from rich.console import Console
+
+    from purger.spark import spark_session
+    from sinks.ledger import Report
+
+    try:
+        when = date.fromisoformat(day) if day else datetime.now(timezone.utc).date()
+    except ValueError:
+        raise typer.BadParameter(f"--date {day!r}: write a day as YYYY-MM-DD") from None
+    settings = _config(config)
+    purge_report = Report(spark_session(settings.stream, app_name="purger-report"), settings.ledger)
+    purge_report.refresh(when)
+    rows = purge_report.rows(when)
+    title = f"Purge report {when.isoformat()} (UTC), from {settings.ledger.path}"
+    Console().print(_report_table(rows, title) if rows else f"no ledger records for {when.isoformat()}")
+
+
+def _report_table(rows: list, title: str):
+    """The daily purge report's rows (``sinks.ledger.Report.rows``) as a table: a column per kind and
+    data centre, a line per figure, so it fits a terminal."""
+    from rich.table import Table
+
+    from sinks.ledger import STATUSES
+
+    def shown(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.1f}"
+        if isinstance(value, datetime):
+            return f"{value:%H:%M:%S}"
+        if isinstance(value, dict):
+            return ", ".join(f"{k} {v}" for k, v in sorted(value.items())) or "-"
+        return str(value)
+
+    table = Table(title=title)
+    table.add_column("")
+    for r in rows:
+        table.add_column(f"{r['kind']} {r['dc']}", justify="right")
+    for figure in ("candidates", *STATUSES, "skipped_by_reason", "lag_p50_s", "lag_p95_s", "lag_p99_s",
+                   "started_at", "finished_at", "duration_s"):
+        table.add_row(figure.replace("_", " "), *(shown(r[figure]) for r in rows))
+    return table
+
+
+@app.command("pending")
+def pending(
+    config: Optional[Path] = ConfigOption,
+    hours: float = typer.Option(24, min=0, help="How far ahead to look."),
+    limit: int = typer.Option(1000, min=1, help="At most this many rows."),
+) -> None:
+    """List the objects the checkpoint's state will purge in the next N hours (read from its state store)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from purger.spark import spark_session
+    from streams.pending import pending_purges
+    from streams.rules import Retention
+
+    settings = _config(config)
+    until = datetime.now(timezone.utc) + timedelta(hours=hours)
+    spark = spark_session(settings.stream, app_name="purger-pending")
+    rows = pending_purges(spark, settings.stream.checkpoint_location, until,
+                          Retention.from_config(settings.retention)).limit(limit).collect()
+    table = Table(title=f"Due within {hours:g} h, from {settings.stream.checkpoint_location} "
+                        f"(purged about stream.watermark_delay after due)")
+    for column in ("due (UTC)", "kind", "id", "rule", "payload"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(f"{r['due_at']:%Y-%m-%d %H:%M:%S}", r["kind"], r["id"], r["rule"], r["payload_id"] or "-")
+    Console().print(table if rows else f"nothing due within {hours:g} h")
+
+
+@cluster_app.command("up")
+def cluster_up() -> None:
+    """Start the master and two workers (spark-class from the pyspark install); wait until both workers join."""
+    from purger.cluster import SparkCluster
+    from purger.stack import StackError
+
+    try:
+        SparkCluster().up()
+    except StackError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(1) from None
+
+
+@cluster_app.command("down")
+def cluster_down() -> None:
+    """Stop the processes `cluster up` started."""
+    from purger.cluster import SparkCluster
+
+    SparkCluster().down()
+
+
+@cluster_app.command("status")
+def cluster_status() -> None:
+    from purger.cluster import SparkCluster
+
+    for name, state in SparkCluster().status().items():
+        typer.echo(f"{name:10} {state}")
+
+
+@app.command("submit")
+def submit(config: Optional[Path] = ConfigOption, dry_run: bool = DryRunOption) -> None:
+    """Run the job with spark-submit on the local cluster (`purger cluster up`) until Ctrl-C."""
+    from purger.cluster import run_submission
+    from purger.stack import StackError
+
+    _config(config)  # a mistake in the file is reported before anything starts
+    try:
+        code = run_submission(config, job_args=["--dry-run"] if dry_run else [])
+    except StackError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
 
 
 @app.command("demo")
@@ -107,9 +292,8 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     table.add_row("payloads kept (still referred to)", str(report.payloads_expected_kept), str(report.payloads_kept))
     for dc, left in sorted(report.blobs_left.items()):
         table.add_row(f"blobs of purged payloads left in {dc}", "0", str(left))
-    for (kind, status), count in sorted(report.sink_totals.items()):
-        table.add_row(f"sink: {kind} {status}", "", str(count))
     Console().print(table)
+    Console().print(_report_table(report.purge_report, "The demo's purge report, from its ledger"))
     if not report.ok:
         typer.echo("the demo's end state is not the expected one", err=True)
         raise typer.Exit(1)

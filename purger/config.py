@@ -79,12 +79,15 @@ class CassandraConfig(_Section):
     password: str | None = None
 
 
-class ObjectStoreConfig(_Section):
+class S3Endpoint(_Section):
     endpoint: str = "http://127.0.0.1:9000"
-    bucket: str
     access_key: str = "purger"
     secret_key: str = "purger-secret"
     region: str = "us-east-1"
+
+
+class ObjectStoreConfig(S3Endpoint):
+    bucket: str
 
 
 class RetentionConfig(_Section):
@@ -117,8 +120,34 @@ class StreamConfig(_Section):
     # When to try again a purge that failed (a data centre's store or Cassandra did not answer).
     retry_interval: Duration = timedelta(minutes=1)
     shuffle_partitions: int = Field(default=4, gt=0)
+    # A cap on deletions (double-checked purges of a message or a payload) per second, over all
+    # partitions together: the share of the database's headroom the purger may take (README).
+    max_deletions_per_second: float = Field(default=1000, gt=0)
+    # Decide and record `would_delete` in the ledger, delete nothing. Uses its own checkpoint
+    # (`<checkpoint>.dry-run`), so a later real run starts its decisions afresh.
+    dry_run: bool = False
     master: str = "local[2]"
     driver_memory: str = "2g"
+
+    @property
+    def checkpoint_location(self) -> str:
+        return f"{self.checkpoint}.dry-run" if self.dry_run else self.checkpoint
+
+
+class LedgerConfig(_Section):
+    """The audit ledger and the daily purge report: Delta tables, local paths or ``s3a://bucket/path``."""
+
+    path: str = "ledger/records"
+    report_path: str = "ledger/daily_report"
+    # How often the running purger rewrites today's report from the ledger.
+    report_interval: Duration = timedelta(minutes=1)
+    # The S3 endpoint for s3a:// paths.
+    s3: S3Endpoint = Field(default_factory=S3Endpoint)
+
+
+class MetricsConfig(_Section):
+    # The purger's own Prometheus endpoint on the driver (http://host:port/metrics); 0 turns it off.
+    port: int = Field(default=9108, ge=0, lt=65536)
 
 
 def _default_stores() -> dict[str, ObjectStoreConfig]:
@@ -132,6 +161,8 @@ class PurgerConfig(_Section):
     stores: dict[str, ObjectStoreConfig] = Field(default_factory=_default_stores)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @model_validator(mode="after")
     def _at_least_one_store(self) -> "PurgerConfig":

@@ -22,13 +22,16 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from purger.config import PurgerConfig, build_config
 from purger.platform import INLINE_LIMIT, Platform, now
 from purger.stack import prepare
+from sinks.ledger import Report
 
 # scenario: (share of messages, purged?)
 SCENARIOS = {
@@ -54,7 +57,8 @@ class DemoReport:
     payloads_expected_kept: int = 0
     payloads_kept: int = 0
     blobs_left: dict[str, int] = field(default_factory=dict)  # per dc, of purged payloads
-    sink_totals: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The daily purge report's rows (sinks.ledger.Report) for the demo's ledger.
+    purge_report: list[Any] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -68,6 +72,7 @@ class DemoReport:
 
 
 def demo_config(run: str) -> PurgerConfig:
+    work = Path(tempfile.mkdtemp(prefix=f"purger-demo-{run}-"))
     return build_config(
         {
             "kafka": {
@@ -78,11 +83,12 @@ def demo_config(run: str) -> PurgerConfig:
             "retention": {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s", "payload_grace": "2s"},
             "stream": {
                 "query_name": f"purger-demo-{run}",
-                "checkpoint": tempfile.mkdtemp(prefix=f"purger-demo-{run}-"),
+                "checkpoint": str(work / "checkpoint"),
                 "trigger_interval": "1s",
                 "watermark_delay": "2s",
                 "clock_interval": "1s",
             },
+            "ledger": {"path": str(work / "ledger" / "records"), "report_path": str(work / "ledger" / "report")},
         }
     )
 
@@ -171,9 +177,11 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
         report.payloads_expected_kept = len(kept)
         report.payloads_kept = sum(platform.payload_intact(p) for p in kept)
         report.blobs_left = {dc: sum(platform.blob_exists(p, dc) for p in expected_gone) for dc in config.stores}
-        report.sink_totals = dict(running.sink.totals)
     finally:
         running.stop()
         platform.close()
+    purge_report = Report(spark, config.ledger)
+    purge_report.refresh()
+    report.purge_report = purge_report.rows(datetime.now(timezone.utc).date())
     report.seconds = time.monotonic() - started
     return report

@@ -8,21 +8,38 @@ Example::
 
 from __future__ import annotations
 
+import os
+
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from purger.artifacts import spark_connector_jars
 from purger.config import StreamConfig
 
 
+def _submitted() -> bool:
+    """True in a driver that spark-submit started (its JVM is already there) with a master."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return False
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM, whose settings SparkConf reads
+    return SparkConf().contains("spark.master")
+
+
 def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSession:
-    """Get or create the session; a second call in the same process returns the same one."""
-    jars = ",".join(str(jar) for jar in spark_connector_jars())
+    """Get or create the session; a second call in the same process returns the same one.
+
+    Under spark-submit, its ``--master``, ``--jars`` and memory settings win over the configuration's.
+    """
+    builder = SparkSession.builder.appName(app_name)
+    if not _submitted():
+        jars = ",".join(str(jar) for jar in spark_connector_jars())
+        builder = (
+            builder.master(stream.master)
+            .config("spark.driver.memory", stream.driver_memory)
+            .config("spark.jars", jars)
+        )
     return (
-        SparkSession.builder.appName(app_name)
-        .master(stream.master)
-        .config("spark.driver.memory", stream.driver_memory)
-        .config("spark.jars", jars)
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         # Python transformWithState refuses the default HDFS-backed provider.
         .config(
@@ -31,7 +48,12 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
         )
         .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
         .config("spark.sql.session.timeZone", "UTC")
+        # The query's rates, latency, watermark and state sizes in Spark's metrics system, served with
+        # the executors' metrics for Prometheus on the UI's port (/metrics/prometheus).
         .config("spark.sql.streaming.metricsEnabled", "true")
+        .config("spark.metrics.conf.*.sink.prometheusServlet.class", "org.apache.spark.metrics.sink.PrometheusServlet")
+        .config("spark.metrics.conf.*.sink.prometheusServlet.path", "/metrics/prometheus")
+        .config("spark.ui.prometheus.enabled", "true")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )

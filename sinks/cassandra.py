@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 PURGED = "purged"
 ALREADY_GONE = "already_gone"
 SKIPPED = "skipped"
+WOULD_DELETE = "would_delete"  # a dry run's decision
 LIVE = "live"
 DELETING = "deleting"
 
@@ -70,8 +71,9 @@ def row_state(row: dict[str, Any]) -> MessageState:
 
 @dataclass(frozen=True)
 class RowOutcome:
-    status: str  # purged | already_gone | skipped
-    reason: str | None = None  # why a skipped row was kept
+    status: str  # purged | would_delete | already_gone | skipped
+    # Why a row was kept, as "<category>: <details>" (the daily report counts the categories).
+    reason: str | None = None
     # The message's payload, as the candidate or the row said.
     payload_id: str | None = None
     inline: bool | None = None
@@ -102,7 +104,7 @@ class MessageDeleter:
         # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
         self.read.consistency_level = ConsistencyLevel.SERIAL
         self.delete_ref = session.prepare(f"DELETE FROM {refs} WHERE payload_id = ? AND message_id = ?")
-        self.any_ref = session.prepare(f"SELECT message_id FROM {refs} WHERE payload_id = ? LIMIT 1")
+        self.two_refs = session.prepare(f"SELECT message_id FROM {refs} WHERE payload_id = ? LIMIT 2")
 
     def row(self, message_id: str) -> dict[str, Any] | None:
         found = self.session.execute(self.read, (message_id,)).one()
@@ -120,12 +122,25 @@ class MessageDeleter:
         result = self.session.execute(self.conditional_delete[rule], (message_id, _cutoff(period)))
         if result.was_applied:
             return RowOutcome(PURGED, payload_id=payload_id, inline=inline)
+        # For example an earlier attempt of this batch deleted the row just before a crash.
+        return self._judge(self.row(message_id), payload_id, inline, deleting=False)
+
+    def check(self, message_id: str, payload_id: str | None = None, inline: bool | None = None) -> RowOutcome:
+        """A dry run of ``delete``: ``would_delete`` if some rule holds on the row now; deletes nothing."""
         row = self.row(message_id)
+        if row is not None:
+            payload_id, inline = row["payload_id"], row["inline_payload"] is not None
+        return self._judge(row, payload_id, inline, deleting=True)
+
+    def _judge(self, row: dict[str, Any] | None, payload_id: str | None, inline: bool | None,
+               deleting: bool) -> RowOutcome:
+        """What the row says: gone, due now under a rule (when ``deleting``), or kept until when."""
         if row is None:
-            # For example an earlier attempt of this batch deleted the row just before a crash.
             return RowOutcome(ALREADY_GONE, payload_id=payload_id, inline=inline)
         state = row_state(row)
         due = eligibility(state, self.retention)
+        if deleting and due is not None and due.eligible_at_ms <= now_ms():
+            return RowOutcome(WOULD_DELETE, f"due: {due.rule}", payload_id=payload_id, inline=inline)
         return RowOutcome(SKIPPED, _why_kept(state, due), payload_id=payload_id, inline=inline, recheck=due)
 
     def unreference(self, payload_id: str, message_id: str) -> str | None:
@@ -133,9 +148,10 @@ class MessageDeleter:
         self.session.execute(self.delete_ref, (payload_id, message_id))
         return self.referrer(payload_id)
 
-    def referrer(self, payload_id: str) -> str | None:
-        found = self.session.execute(self.any_ref, (payload_id,)).one()
-        return found.message_id if found else None
+    def referrer(self, payload_id: str, other_than: str | None = None) -> str | None:
+        """A message referring to the payload (other than ``other_than``), or None."""
+        found = self.session.execute(self.two_refs, (payload_id,))
+        return next((r.message_id for r in found if r.message_id != other_than), None)
 
 
 class PayloadRows:

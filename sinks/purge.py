@@ -14,8 +14,15 @@ finished by the retry of the batch: a row found already gone still has its
 reference, blobs and payload row seen to, all idempotently.
 
 Each executor process keeps one Cassandra session, one S3 client per data
-centre and one Kafka producer for its whole life. The sink returns one outcome
-row per step (``OUTCOME_SCHEMA``), which ``PurgeSink.totals`` sums on the driver.
+centre and one Kafka producer for its whole life, and paces its deletions under
+``stream.max_deletions_per_second`` (``sinks.throttle``). Under
+``stream.dry_run`` it only decides, and records ``would_delete``.
+
+Each step gives one outcome row (``OUTCOME_SCHEMA``). The driver keeps the
+batch's outcomes on the executors (a local checkpoint, so the deletes are never
+run twice to compute them again), appends them to the ledger exactly once per
+batch (``sinks.ledger``), and sums them for the metrics (``purger.metrics``).
+The daily report is refreshed beside the query, not in it (``streams.query``).
 
 Example::
 
@@ -25,19 +32,29 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from pyspark.sql import DataFrame, Row
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from purger.config import PurgerConfig
 from purger.connections import cassandra_session
-from sinks.cassandra import ALREADY_GONE, LIVE, PURGED, SKIPPED, MessageDeleter, PayloadRows, epoch_ms, now_ms
+from purger.metrics import PurgerMetrics
+from sinks.cassandra import (
+    ALREADY_GONE, LIVE, PURGED, SKIPPED, WOULD_DELETE, MessageDeleter, PayloadRows, epoch_ms, now_ms,
+)
 from sinks.control import Reports
+from sinks.ledger import Ledger
 from sinks.objects import PayloadStores
+from sinks.throttle import Pacer, per_task_rate
 from streams.processor import DEAD_LETTER, MESSAGE, PAYLOAD
 from streams.rules import PAYLOAD as PAYLOAD_RULE
 from streams.rules import Retention
@@ -53,11 +70,14 @@ OUTCOME_SCHEMA = StructType(
         StructField("id", StringType(), False),
         StructField("rule", StringType()),
         StructField("dc", StringType()),  # the data centre, for a payload's blob
-        StructField("status", StringType(), False),  # purged | already_gone | skipped | error | dead_lettered
-        StructField("reason", StringType()),
+        # purged | would_delete | already_gone | skipped | error | dead_lettered
+        StructField("status", StringType(), False),
+        StructField("reason", StringType()),  # "<category>: <details>"
         StructField("eligible_at_ms", LongType()),
+        StructField("decided_at_ms", LongType(), False),
         StructField("deleted_at_ms", LongType()),
         StructField("batch_id", LongType(), False),
+        StructField("worker", StringType(), False),  # host:pid of the executor process that did it
     ]
 )
 
@@ -70,6 +90,7 @@ class _Clients:
     reports: Reports
     retention: Retention
     retry_ms: int
+    dry_run: bool
 
 
 _executor_lock = threading.Lock()
@@ -90,13 +111,32 @@ def _clients(config: PurgerConfig) -> _Clients:
                 Reports(config.kafka),
                 retention,
                 int(config.stream.retry_interval.total_seconds() * 1000),
+                config.stream.dry_run,
             )
         return _executor_clients[key]
 
 
-def _purge_message(c: Row, clients: _Clients, outcome) -> Iterator[tuple]:
+Outcome = Callable[..., tuple]
+
+
+EARLIER_ATTEMPT = "earlier attempt: found gone on a retry, so deleted by the attempt that failed"
+
+
+def _purge_message(c: Row, clients: _Clients, outcome: Outcome, retry: bool) -> Iterator[tuple]:
+    if clients.dry_run:
+        row = clients.messages.check(c.id, c.payload_id, c.inline)
+        reason = row.reason
+        if row.status == WOULD_DELETE and row.payload_id and not row.inline \
+                and clients.messages.referrer(row.payload_id, other_than=c.id) is None:
+            reason = f"{reason}; payload {row.payload_id} would be released"
+        yield outcome(status=row.status, reason=reason)
+        return
     row = clients.messages.delete(c.id, c.rule, c.payload_id, c.inline)
-    yield outcome(status=row.status, reason=row.reason, deleted_at_ms=now_ms() if row.status == PURGED else None)
+    if row.status == ALREADY_GONE and retry:
+        # The failed attempt's outcomes never reached the ledger: its deletions are recorded now.
+        yield outcome(status=PURGED, reason=EARLIER_ATTEMPT, deleted_at_ms=now_ms())
+    else:
+        yield outcome(status=row.status, reason=row.reason, deleted_at_ms=now_ms() if row.status == PURGED else None)
     if row.status == SKIPPED:
         if row.recheck is not None:
             # The row will be eligible: look again then. Under the rule just checked, not sooner than
@@ -111,31 +151,46 @@ def _purge_message(c: Row, clients: _Clients, outcome) -> Iterator[tuple]:
         clients.reports.released(row.payload_id, c.id, c.eligible_at_ms, now_ms(), list(c.dcs or ()))
 
 
-def _purge_payload(c: Row, clients: _Clients, outcome) -> Iterator[tuple]:
+def _purge_payload(c: Row, clients: _Clients, outcome: Outcome, retry: bool) -> Iterator[tuple]:
     grace_ms = clients.retention.payload_grace_ms
     referrer = clients.messages.referrer(c.id)
     if referrer is not None:
-        yield outcome(status=SKIPPED, reason=f"referenced by message {referrer}")
+        yield outcome(status=SKIPPED, reason=f"referenced: by message {referrer}")
         # Usually that message's own purge releases the payload again; the recheck covers a reference
         # that goes away otherwise (a writer that lost the race and removed its link).
         clients.reports.recheck(PAYLOAD, c.id, PAYLOAD_RULE, now_ms() + grace_ms)
         return
     row = clients.payloads.read(c.id)
     if row is None:
-        # Gone with an earlier attempt: the blobs went before the row; deleting again is harmless.
-        clients.stores.delete(c.id, list(c.dcs or ()))
-        yield outcome(status=ALREADY_GONE)
+        if clients.dry_run:
+            yield outcome(status=ALREADY_GONE)
+        elif retry:
+            # Gone with the attempt that failed: the blobs went before the row; deleting again is harmless.
+            for dc, error in clients.stores.delete(c.id, sorted(c.dcs or ())).items():
+                yield outcome(dc=dc, status=PURGED if error is None else ERROR, reason=error or EARLIER_ATTEMPT,
+                              deleted_at_ms=now_ms() if error is None else None)
+            yield outcome(status=PURGED, reason=EARLIER_ATTEMPT, deleted_at_ms=now_ms())
+        else:
+            clients.stores.delete(c.id, list(c.dcs or ()))
+            yield outcome(status=ALREADY_GONE)
         return
     if row["state"] == LIVE:
         last_ref_ms = epoch_ms(row["last_ref_at"])
         if last_ref_ms is not None and last_ref_ms > now_ms() - grace_ms:
-            yield outcome(status=SKIPPED, reason="linked within payload_grace")
+            yield outcome(status=SKIPPED, reason="recently linked: within payload_grace")
             clients.reports.recheck(PAYLOAD, c.id, PAYLOAD_RULE, last_ref_ms + grace_ms)
             return
+        if clients.dry_run:
+            yield from (outcome(dc=dc, status=WOULD_DELETE) for dc in sorted(row["dcs"] or ()))
+            yield outcome(status=WOULD_DELETE)
+            return
         if not clients.payloads.start_deleting(c.id, row["last_ref_at"]):
-            yield outcome(status=SKIPPED, reason="linked again while being purged")
+            yield outcome(status=SKIPPED, reason="relinked: while being purged")
             clients.reports.recheck(PAYLOAD, c.id, PAYLOAD_RULE, now_ms() + grace_ms)
             return
+    elif clients.dry_run:
+        yield outcome(status=SKIPPED, reason="being deleted: by a real run")
+        return
     failed = False
     for dc, error in clients.stores.delete(c.id, sorted(row["dcs"] or ())).items():
         if error is None:
@@ -150,21 +205,33 @@ def _purge_payload(c: Row, clients: _Clients, outcome) -> Iterator[tuple]:
         yield outcome(status=PURGED, deleted_at_ms=now_ms())
 
 
-def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: int) -> Iterator[tuple]:
-    """Purge one partition's candidates and dead-letter its bad records; yield ``OUTCOME_SCHEMA`` tuples."""
+def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: int,
+                    deletions_per_second: float | None = None, batch_retried: bool = False) -> Iterator[tuple]:
+    """Purge one partition's candidates and dead-letter its bad records; yield ``OUTCOME_SCHEMA`` tuples.
+
+    Deletions are paced at ``deletions_per_second`` (this task's share of the cap; the whole cap if None).
+    In a retried batch or task, an object found gone was deleted by the attempt that failed, whose
+    outcomes were lost with it: it is recorded as purged then.
+    """
+    task = TaskContext.get()
+    retry = batch_retried or (task is not None and task.attemptNumber() > 0)
     clients = _clients(config)
+    pacer = Pacer(deletions_per_second or config.stream.max_deletions_per_second)
+    worker = f"{socket.gethostname()}:{os.getpid()}"
     for c in candidates:
         def outcome(status: str, dc: str | None = None, reason: str | None = None,
                     deleted_at_ms: int | None = None, c: Row = c) -> tuple:
-            return (c.kind, c.id, c.rule, dc, status, reason, c.eligible_at_ms, deleted_at_ms, batch_id)
+            return (c.kind, c.id, c.rule, dc, status, reason, c.eligible_at_ms, now_ms(), deleted_at_ms,
+                    batch_id, worker)
 
         if c.kind == DEAD_LETTER:
             clients.reports.dead_letter(c.key, c.value, c.reason, c.topic, c.partition, c.offset)
             yield outcome(DEAD_LETTERED, reason=c.reason)
             continue
+        pacer.wait()
         purge = _purge_message if c.kind == MESSAGE else _purge_payload
         try:
-            yield from purge(c, clients, outcome)
+            yield from purge(c, clients, outcome, retry)
         except Exception as error:  # Cassandra unavailable, timeouts: this candidate only, retried later
             log.warning("purge of %s %s failed, retrying in %d ms: %s", c.kind, c.id, clients.retry_ms, error)
             yield outcome(ERROR, reason=f"{type(error).__name__}: {error}")
@@ -173,21 +240,57 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     clients.reports.flush()
 
 
-class PurgeSink:
-    """The ``foreachBatch`` function. Keeps running totals of outcomes on the driver."""
+def _first_attempt(spark: SparkSession, directory: str, batch_id: int, keep: int = 100) -> bool:
+    """Mark batch ``batch_id`` as attempted (a file beside the checkpoint, on any Hadoop filesystem);
+    False when an earlier attempt had marked it, i.e. this run of the batch is a retry."""
+    hadoop = spark._jvm.org.apache.hadoop.fs  # type: ignore[union-attr]
+    marker = hadoop.Path(f"{directory}/{batch_id}")
+    fs = marker.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    if fs.exists(marker):
+        return False
+    fs.create(marker, False).close()
+    fs.delete(hadoop.Path(f"{directory}/{batch_id - keep}"), False)
+    return True
 
-    def __init__(self, config: PurgerConfig) -> None:
+
+class PurgeSink:
+    """The ``foreachBatch`` function: purge on the executors, then the ledger and the metrics on the driver."""
+
+    def __init__(self, config: PurgerConfig, metrics: PurgerMetrics | None = None) -> None:
         self.config = config
-        self.totals: Counter[tuple[str, str]] = Counter()
+        self.metrics = metrics or PurgerMetrics()
+        self.query_id: str | None = None
+        self._bound = threading.Event()
+
+    def bind(self, query_id: str) -> None:
+        """The query's id (kept in its checkpoint, so the same after a restart) names its ledger writes."""
+        self.query_id = query_id
+        self._bound.set()
 
     def __call__(self, candidates: DataFrame, batch_id: int) -> None:
+        spark = candidates.sparkSession
         config = self.config
-        outcomes = candidates.rdd.mapPartitions(lambda rows: purge_partition(rows, config, batch_id))
-        counts = (
-            candidates.sparkSession.createDataFrame(outcomes, OUTCOME_SCHEMA)
-            .groupBy("kind", "status")
-            .count()
-            .collect()
-        )
-        for r in counts:
-            self.totals[(r["kind"], r["status"])] += r["count"]
+        if not self._bound.wait(timeout=60):
+            raise RuntimeError("PurgeSink.bind(query.id) was not called: the ledger cannot name its writes")
+        started = time.monotonic()
+        rate = per_task_rate(config.stream.max_deletions_per_second, candidates.rdd.getNumPartitions(),
+                             spark.sparkContext.defaultParallelism)
+        retried = not _first_attempt(spark, f"{config.stream.checkpoint_location}/purger-attempts", batch_id)
+        # Computed once and kept: computing the outcomes again would run the deletes again.
+        outcomes = spark.createDataFrame(
+            candidates.rdd.mapPartitions(lambda rows: purge_partition(rows, config, batch_id, rate, retried)),
+            OUTCOME_SCHEMA,
+        ).localCheckpoint(eager=True)
+        lag_s = (F.col("deleted_at_ms") - F.col("eligible_at_ms")) / 1000
+        counts = outcomes.groupBy("kind", "status").agg(
+            F.count(F.lit(1)).alias("count"), F.collect_list(F.when(F.col("status") == PURGED, lag_s)).alias("lags")
+        ).collect()
+        if counts:
+            Ledger(spark, config.ledger).append(outcomes, self.query_id, batch_id)
+            self.metrics.batch_done({(r["kind"], r["status"]): r["count"] for r in counts},
+                                    [lag for r in counts for lag in r["lags"]], time.monotonic() - started)
+        outcomes.unpersist()
+
+    @property
+    def totals(self) -> Counter[tuple[str, str]]:
+        return self.metrics.totals

@@ -9,8 +9,11 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 from datetime import timedelta
 
 from pyspark.sql import SparkSession
@@ -18,12 +21,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from purger.config import PurgerConfig
+from purger.metrics import PurgerMetrics
+from sinks.ledger import Report
 from sinks.purge import PurgeSink
 from streams.clock import Clock
 from streams.events import parse_events
 from streams.processor import DEAD_LETTER, MESSAGE, PAYLOAD, purge_candidates
 from streams.rules import Retention
 from streams.source import read_records
+
+log = logging.getLogger(__name__)
 
 
 def _ms(duration: timedelta) -> int:
@@ -35,6 +42,8 @@ class RunningPurger:
     query: StreamingQuery
     sink: PurgeSink
     clock: Clock
+    metrics: PurgerMetrics
+    release: Callable[[], None]  # the listener and the metrics endpoint
 
     def stop(self, wait_for_batch_s: float = 30) -> None:
         """Stop between micro-batches when one ends within ``wait_for_batch_s``.
@@ -47,11 +56,14 @@ class RunningPurger:
         while self.query.isActive and self.query.status["isTriggerActive"] and time.monotonic() < deadline:
             time.sleep(0.05)
         self.query.stop()
+        self.release()
 
 
-def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None) -> RunningPurger:
+def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
+                 starting_timestamp_ms: int | None = None) -> RunningPurger:
+    """Start the query, its clock, and its metrics (served on ``metrics.port`` unless 0)."""
     stream = config.stream
-    records = read_records(spark, config.kafka, starting_offsets)
+    records = read_records(spark, config.kafka, starting_offsets, starting_timestamp_ms)
     events = parse_events(records, config.kafka.control_topic)
     outputs = purge_candidates(events, Retention.from_config(config.retention), _ms(stream.watermark_delay))
     # Per batch, in the query's progress (observedMetrics) and so on the Spark UI's streaming page.
@@ -61,13 +73,51 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
           for kind, name in ((MESSAGE, "message_candidates"), (PAYLOAD, "payload_candidates"),
                              (DEAD_LETTER, "dead_lettered"))),
     )
-    sink = PurgeSink(config)
+    metrics = PurgerMetrics()
+    listener = metrics.listener(stream.query_name)
+    spark.streams.addListener(listener)
+    server = metrics.serve(config.metrics.port) if config.metrics.port else None
+    sink = PurgeSink(config, metrics)
     query = (
         outputs.writeStream.queryName(stream.query_name)
         .foreachBatch(sink)
-        .option("checkpointLocation", stream.checkpoint)
+        .option("checkpointLocation", stream.checkpoint_location)
         .trigger(processingTime=f"{_ms(stream.trigger_interval)} milliseconds")
         .start()
     )
+    sink.bind(query.id)
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
-    return RunningPurger(query, sink, clock)
+    report = Report(spark, config.ledger)
+    reporting = _every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report")
+    return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, reporting))
+
+
+def _every(interval_s: float, action: Callable[[], None], name: str) -> Callable[[], None]:
+    """Run ``action`` every ``interval_s`` in a thread beside the query (Spark takes jobs from
+    several threads), so it never lengthens a micro-batch. Returns ``stop``, which waits for a
+    round under way, so that none is cut off by the session stopping."""
+    stopped = threading.Event()
+
+    def run() -> None:
+        while not stopped.wait(interval_s):
+            try:
+                action()
+            except Exception:  # the next round tries again; the ledger itself is unaffected
+                log.exception("%s failed", name)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        stopped.set()
+        thread.join(timeout=120)
+
+    return stop
+
+
+def _stopped(spark: SparkSession, listener, server, stop_reporting: Callable[[], None]) -> None:
+    stop_reporting()
+    spark.streams.removeListener(listener)
+    if server is not None:
+        server.shutdown()
+        server.server_close()

@@ -12,27 +12,37 @@ from pyspark.sql import DataFrame, SparkSession
 from purger.config import KafkaConfig
 
 
-def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_offsets: str) -> DataFrame:
-    return (
+def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_offsets: str,
+           starting_timestamp_ms: int | None = None) -> DataFrame:
+    reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
         .option("subscribe", ",".join(topics))
-        .option("startingOffsets", starting_offsets)
-        .option("maxOffsetsPerTrigger", kafka.max_offsets_per_trigger)
+    )
+    if starting_timestamp_ms is not None:
+        # The first offset of each partition at or after that time; partitions with none start at their end.
+        reader = (reader.option("startingTimestamp", str(starting_timestamp_ms))
+                  .option("startingOffsetsByTimestampStrategy", "latest"))
+    else:
+        reader = reader.option("startingOffsets", starting_offsets)
+    return (
+        reader.option("maxOffsetsPerTrigger", kafka.max_offsets_per_trigger)
         # A topic recreated or truncated under us must not stop the purge; lost offsets are logged.
         .option("failOnDataLoss", "false")
         .load()
     )
 
 
-def read_records(spark: SparkSession, kafka: KafkaConfig, starting_offsets: str | None = None) -> DataFrame:
+def read_records(spark: SparkSession, kafka: KafkaConfig, starting_offsets: str | None = None,
+                 starting_timestamp_ms: int | None = None) -> DataFrame:
     """The raw records of the events topics, then of the control topic, as one streaming DataFrame.
 
     ``starting_offsets`` applies to the events topics of a fresh checkpoint only: ``earliest``,
-    ``latest`` or Spark's JSON offsets; an existing checkpoint resumes where it stopped. The control
+    ``latest`` or Spark's JSON offsets, or else ``starting_timestamp_ms`` (a replay from a time); an
+    existing checkpoint resumes where it stopped. The control
     topic starts from its end: a replay rebuilds its rechecks and releases from the events, and old
     clock ticks would only move the watermark ahead of the replay.
     """
-    events = _kafka(spark, kafka, kafka.topics, starting_offsets or kafka.starting_offsets)
+    events = _kafka(spark, kafka, kafka.topics, starting_offsets or kafka.starting_offsets, starting_timestamp_ms)
     control = _kafka(spark, kafka, [kafka.control_topic], "latest")
     return events.unionByName(control)

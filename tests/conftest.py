@@ -71,6 +71,7 @@ def dc2_proxy(servers):
 @pytest.fixture(scope="session")
 def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
     """Short periods, and topics of this test session's own, so earlier runs' events do not interfere."""
+    ledger = tmp_path_factory.mktemp("ledger")
     config = build_config(
         {
             "kafka": {
@@ -87,6 +88,8 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
                 "retry_interval": "2s",
                 "shuffle_partitions": 2,
             },
+            "ledger": {"path": str(ledger / "records"), "report_path": str(ledger / "daily_report")},
+            "metrics": {"port": 0},
         }
     )
     # Data centre 2 through the proxy; environment overrides above have set every endpoint alike.

@@ -77,3 +77,18 @@ def test_the_readme_example_is_a_valid_configuration(tmp_path):
 def test_a_payload_grace_under_the_clock_skew_is_refused():
     with pytest.raises(ConfigError, match="retention.payload_grace: .*at least 1s"):
         build_config({"retention": {"payload_grace": "0s"}})
+
+
+def test_a_dry_run_has_a_checkpoint_of_its_own():
+    config = build_config({"stream": {"checkpoint": "cp", "dry_run": True}})
+    assert config.stream.checkpoint_location == "cp.dry-run"
+    assert build_config({"stream": {"checkpoint": "cp"}}).stream.checkpoint_location == "cp"
+
+
+def test_operations_keys_are_checked():
+    with pytest.raises(ConfigError, match="stream.max_deletions_per_second"):
+        build_config({"stream": {"max_deletions_per_second": 0}})
+    with pytest.raises(ConfigError, match="ledger.s3.endpont: unknown key"):
+        build_config({"ledger": {"s3": {"endpont": "http://x"}}})
+    with pytest.raises(ConfigError, match="metrics.port"):
+        build_config({"metrics": {"port": 70000}})

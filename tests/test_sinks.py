@@ -154,13 +154,13 @@ def test_a_referenced_or_recently_linked_payload_is_kept(platform, config):
         f"INSERT INTO {config.cassandra.payload_refs_table} (payload_id, message_id) VALUES (%s, 'someone')",
         (referenced,))
     [outcome] = purge(config, candidate("payload", referenced, PAYLOAD))
-    assert (outcome["status"], outcome["reason"]) == (SKIPPED, "referenced by message someone")
+    assert (outcome["status"], outcome["reason"]) == (SKIPPED, "referenced: by message someone")
 
     recent = new_id("pay")
     platform.enqueue(new_id("msg"), recent)
     platform.session.execute(f"DELETE FROM {config.cassandra.payload_refs_table} WHERE payload_id = %s", (recent,))
     [outcome] = purge(config, candidate("payload", recent, PAYLOAD))
-    assert (outcome["status"], outcome["reason"]) == (SKIPPED, "linked within payload_grace")
+    assert (outcome["status"], outcome["reason"]) == (SKIPPED, "recently linked: within payload_grace")
     for p in (referenced, recent):
         assert platform.payload_row(p)["state"] == "live" and platform.blob_exists(p, "dc1")
 

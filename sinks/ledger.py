@@ -1,0 +1,172 @@
+"""The audit ledger and the daily purge report: two Delta tables.
+
+The ledger has one record per outcome of the purge sink: every deletion
+(``status = 'purged'``, with its rule, eligible-at, deleted-at, data centre and
+batch id), and every decision not to delete (``skipped`` with the reason,
+``already_gone``, ``error``, ``dead_lettered``, and a dry run's
+``would_delete``). A batch's records go in one Delta transaction keyed on the
+query's id and the batch id (Delta's idempotent writes, ``txnAppId`` and
+``txnVersion``), so a batch retried after its ledger write adds nothing.
+
+The report has one row per day, object kind and data centre (``all`` for the
+Cassandra rows), computed from that day's ledger records, so its figures are
+counts over the ledger by construction. The running purger rewrites today's rows
+every ``ledger.report_interval``; ``purger report`` rewrites a day's rows, then
+prints them.
+
+Paths are local directories or ``s3a://bucket/path`` (with ``ledger.s3``).
+
+Example::
+
+    ledger = Ledger(spark, config.ledger)
+    ledger.append(outcomes, query_id, batch_id)
+    ledger.records().where("status = 'purged'").count()
+    Report(spark, config.ledger).refresh(date(2026, 11, 21))
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timezone
+
+from delta.exceptions import (
+    ConcurrentAppendException, ConcurrentDeleteReadException, ConcurrentWriteException, MetadataChangedException,
+    ProtocolChangedException,
+)
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
+
+from purger.config import LedgerConfig
+
+# Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.
+_CONFLICTS = (ConcurrentAppendException, ConcurrentDeleteReadException, ConcurrentWriteException,
+              MetadataChangedException, ProtocolChangedException)
+
+# Outcome statuses (sinks.purge and sinks.cassandra), the report's columns of counts.
+STATUSES = ("purged", "would_delete", "already_gone", "skipped", "error", "dead_lettered")
+LAG_PERCENTILES = (0.5, 0.95, 0.99)
+ALL_DCS = "all"  # the report's data centre for outcomes on Cassandra rows
+
+
+def _timestamp(ms_column: str) -> Column:
+    return F.timestamp_millis(F.col(ms_column))
+
+
+def _use_s3a(spark: SparkSession, ledger: LedgerConfig) -> None:
+    """Point s3a:// at the configured endpoint (session settings reach Hadoop's filesystem)."""
+    if not (ledger.path.startswith("s3a://") or ledger.report_path.startswith("s3a://")):
+        return
+    s3 = ledger.s3
+    for key, value in {
+        "fs.s3a.endpoint": s3.endpoint,
+        "fs.s3a.endpoint.region": s3.region,
+        "fs.s3a.access.key": s3.access_key,
+        "fs.s3a.secret.key": s3.secret_key,
+        "fs.s3a.path.style.access": "true",
+        "fs.s3a.connection.ssl.enabled": str(s3.endpoint.startswith("https")).lower(),
+    }.items():
+        spark.conf.set(key, value)
+
+
+class Ledger:
+    def __init__(self, spark: SparkSession, ledger: LedgerConfig) -> None:
+        self.spark = spark
+        self.path = ledger.path
+        _use_s3a(spark, ledger)
+
+    def append(self, outcomes: DataFrame, query_id: str, batch_id: int) -> None:
+        """Add a batch's outcomes (``sinks.purge.OUTCOME_SCHEMA``), once per (query, batch).
+
+        >>> Ledger(spark, config.ledger).append(outcomes, query.id, 7)   # a second call adds nothing
+        """
+        records = outcomes.select(
+            "kind", "id", "rule", "dc", "status", "reason",
+            _timestamp("eligible_at_ms").alias("eligible_at"),
+            _timestamp("decided_at_ms").alias("decided_at"),
+            _timestamp("deleted_at_ms").alias("deleted_at"),
+            ((F.col("deleted_at_ms") - F.col("eligible_at_ms")) / 1000).alias("lag_s"),
+            "batch_id",
+            F.lit(query_id).alias("query_id"),
+            "worker",
+            F.to_date(_timestamp("decided_at_ms")).alias("date"),
+        )
+        (
+            records.write.format("delta").mode("append").partitionBy("date")
+            .option("txnAppId", query_id).option("txnVersion", batch_id)
+            .save(self.path)
+        )
+
+    def exists(self) -> bool:
+        return DeltaTable.isDeltaTable(self.spark, self.path)
+
+    def records(self) -> DataFrame:
+        """Every record; query it with the DataFrame API or SQL (``delta.`<path>```)."""
+        return self.spark.read.format("delta").load(self.path)
+
+
+class Report:
+    def __init__(self, spark: SparkSession, ledger: LedgerConfig) -> None:
+        self.spark = spark
+        self.ledger = Ledger(spark, ledger)
+        self.path = ledger.report_path
+
+    def compute(self, day: date) -> DataFrame:
+        """A day's report from the ledger: per kind and data centre, counts by status, skips by reason,
+        purge lag percentiles (seconds) and the first and last decision of the day."""
+        records = (
+            self.ledger.records()
+            .where(F.col("date") == F.lit(day))
+            .withColumn("dc", F.coalesce("dc", F.lit(ALL_DCS)))
+        )
+        group = ["date", "kind", "dc"]
+        by_reason = (
+            records.where(F.col("status") == "skipped")
+            .groupBy(*group, F.split("reason", ":").getItem(0).alias("category"))
+            .count()
+            .groupBy(*group)
+            .agg(F.map_from_entries(F.collect_list(F.struct("category", "count"))).alias("skipped_by_reason"))
+        )
+        lags = F.percentile(F.when(F.col("status") == "purged", F.col("lag_s")),
+                            F.array(*(F.lit(p) for p in LAG_PERCENTILES)))
+        counts = records.groupBy(*group).agg(
+            F.count(F.lit(1)).alias("candidates"),
+            *(F.count(F.when(F.col("status") == s, True)).alias(s) for s in STATUSES),
+            lags.alias("lags"),
+            F.min("decided_at").alias("started_at"),
+            F.max("decided_at").alias("finished_at"),
+        )
+        return (
+            counts.join(by_reason, group, "left")
+            .select(
+                *group, "candidates", *STATUSES,
+                F.coalesce("skipped_by_reason", F.create_map().cast("map<string,bigint>")).alias("skipped_by_reason"),
+                *(F.col("lags").getItem(i).alias(f"lag_p{int(p * 100)}_s") for i, p in enumerate(LAG_PERCENTILES)),
+                "started_at", "finished_at",
+                (F.unix_timestamp("finished_at") - F.unix_timestamp("started_at")).alias("duration_s"),
+                F.current_timestamp().alias("updated_at"),
+            )
+        )
+
+    @retry(retry=retry_if_exception_type(_CONFLICTS), stop=stop_after_attempt(5), wait=wait_random(0.2, 2),
+           reraise=True)
+    def refresh(self, day: date | None = None) -> None:
+        """Rewrite one day's rows (today, UTC, by default) from the ledger. When two run at once (the
+        purger's and ``purger report``), one loses Delta's optimistic check and is redone."""
+        if not self.ledger.exists():
+            return
+        day = day or datetime.now(timezone.utc).date()
+        (
+            self.compute(day).write.format("delta").mode("overwrite").partitionBy("date")
+            .option("replaceWhere", f"date = '{day.isoformat()}'")
+            .save(self.path)
+        )
+
+    def rows(self, day: date) -> list[Row]:
+        if not DeltaTable.isDeltaTable(self.spark, self.path):
+            return []
+        return (
+            self.spark.read.format("delta").load(self.path)
+            .where(F.col("date") == F.lit(day)).orderBy("kind", "dc").collect()
+        )

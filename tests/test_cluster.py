@@ -1,0 +1,171 @@
+"""The purge job through spark-submit on the local standalone cluster (``purger.cluster``).
+
+A master and two workers on 127.0.0.1 (1 core each); the job is submitted in client mode with
+the code in a ``--py-files`` zip, so the executors run what the driver shipped. The test
+configuration's periods are conftest's: expired_ttl 6s, deleted_ttl 1s, payload_grace 3s,
+trigger 1s, watermark delay 2s, clock every 1s. Startup is slow on a small machine (three JVMs
+for the cluster, then the driver and two executors), so the timeouts are generous.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from purger.cluster import PACKAGES_ZIP, SparkCluster, master_state, submit, worker_state
+from purger.config import load_config
+from purger.platform import Platform
+from purger.stack import prepare
+from sinks.ledger import Ledger
+from tests.test_purge_stream import ago
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The local standalone cluster; stopped afterwards if this module started it."""
+    cluster = SparkCluster()
+    started_here = not cluster.running()
+    cluster.up()
+    yield cluster
+    if started_here:
+        cluster.down()
+
+
+def _toml(raw: dict, prefix: str = "") -> str:
+    """Enough TOML for a configuration: tables of strings, numbers, booleans and lists of strings."""
+    lines, tables = [], []
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            tables.append(_toml(value, f"{prefix}{key}."))
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        else:  # str, int, float, list of str: JSON spells them as TOML does
+            lines.append(f"{key} = {json.dumps(value)}")
+    head = [f"[{prefix[:-1]}]"] if prefix and lines else []
+    return "\n".join([*head, *lines, "", *tables])
+
+
+@pytest.fixture(scope="module")
+def job_config_path(servers, run_id, tmp_path_factory) -> Path:
+    """The job's configuration file: topics and checkpoint of its own, conftest's short periods."""
+    base = tmp_path_factory.mktemp("cluster-job")
+    raw: dict = {
+        "kafka": {
+            "topics": [f"test.{run_id}.cluster.events"],
+            "control_topic": f"test.{run_id}.cluster.control",
+            "dead_letter_topic": f"test.{run_id}.cluster.dead-letter",
+        },
+        "retention": {"expired_ttl": "6s", "incomplete_ttl": "8s", "deleted_ttl": "1s", "payload_grace": "3s"},
+        "stream": {
+            "checkpoint": str(base / "checkpoint"),
+            "trigger_interval": "1s",
+            "watermark_delay": "2s",
+            "clock_interval": "1s",
+            "retry_interval": "2s",
+            "shuffle_partitions": 2,
+        },
+        "ledger": {"path": str(base / "ledger" / "records"), "report_path": str(base / "ledger" / "report")},
+        "metrics": {"port": 0},  # no endpoint: another purger on this machine may have the port
+    }
+    path = base / "purger.toml"
+    path.write_text(_toml(raw))
+    prepare(load_config(path), partitions=2)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(cluster, job_config_path, tmp_path,
+                                                                           spark):
+    config = load_config(job_config_path)
+    r = config.retention
+    run = uuid.uuid4().hex[:6]
+    platform = Platform(config)
+    eligible: dict[str, str] = {}  # message -> payload
+    live: dict[str, str] = {}
+    try:
+        for i in range(3):
+            m = f"cluster-{run}-deleted-{i}"
+            eligible[m] = platform.enqueue(m, f"p-{m}", at=ago(r.deleted_ttl))
+            platform.delete(m, at=ago(r.deleted_ttl))
+        for i in range(2):
+            m = f"cluster-{run}-counter-{i}"
+            eligible[m] = platform.enqueue(m, f"p-{m}", extract_count=2, at=ago(r.expired_ttl))
+            platform.dequeue(m, 0, at=ago(r.expired_ttl))
+        for i in range(3):
+            m = f"cluster-{run}-live-{i}"
+            live[m] = platform.enqueue(m, f"p-{m}", extract_count=1)
+        platform.flush()
+
+        ui_port = _free_port()
+        log_file = tmp_path / "spark-submit.log"
+        started = time.monotonic()
+        submission = submit(job_config_path, log_file=log_file, ui_port=ui_port)
+        try:
+            def purged() -> bool:
+                if not submission.running():
+                    raise AssertionError(f"spark-submit exited with {submission.process.returncode}:\n"
+                                         f"{submission.log_tail()}")
+                return all(platform.row(m) is None and platform.payload_gone(p) for m, p in eligible.items())
+
+            deadline = started + 600
+            while not purged():
+                if time.monotonic() > deadline:
+                    left = [m for m, p in eligible.items() if platform.row(m) or not platform.payload_gone(p)]
+                    raise AssertionError(f"not purged after 600s: {left}; spark-submit log:\n{submission.log_tail()}")
+                time.sleep(2)
+            print(f"eligible rows and blobs gone {time.monotonic() - started:.0f}s after spark-submit started")
+            for m, p in live.items():
+                assert platform.row(m) is not None, f"live message {m} was purged"
+                assert platform.payload_intact(p), f"live payload {p} was purged"
+
+            # The application runs on the cluster, with an executor on each worker...
+            ui = f"http://127.0.0.1:{ui_port}/api/v1"
+            [application] = _get(f"{ui}/applications")
+            app_id = application["id"]
+            assert app_id in [a["id"] for a in master_state()["activeapps"]]
+            on_worker = [[e["id"] for e in worker_state(w)["executors"] if e["appid"] == app_id] for w in (0, 1)]
+            assert all(len(ids) == 1 for ids in on_worker), f"executors per worker: {on_worker}"
+            # Each executor fetched the code from the driver: the --py-files zip is in its work directory.
+            for worker, [executor_id] in zip(cluster.servers[1:], on_worker):
+                assert (worker.home / "work" / app_id / str(executor_id) / PACKAGES_ZIP).is_file()
+            # ... and the tasks, the deletions among them, ran in those executors, not in the driver.
+            executors = {e["id"]: e for e in _get(f"{ui}/applications/{app_id}/executors")}
+            for ids in on_worker:
+                executor = executors[str(ids[0])]
+                assert executor["completedTasks"] > 0, f"executor {executor['id']} ran no task: {executor}"
+            assert executors["driver"]["totalTasks"] == 0
+            # The ledger names the process of each deletion: executor processes, one per executor.
+            driver_pid = submission.driver_pid()
+        finally:
+            exit_code = submission.stop()
+        assert exit_code == 0, f"spark-submit did not stop cleanly ({exit_code}):\n{submission.log_tail()}"
+        finished = {a["id"]: a["state"] for a in master_state()["completedapps"]}
+        assert finished.get(app_id) == "FINISHED", finished
+
+        for m, p in live.items():
+            assert platform.row(m) is not None and platform.payload_intact(p)
+        deletions = Ledger(spark, config.ledger).records().where(F.col("status") == "purged").collect()
+        assert {r["id"] for r in deletions if r["kind"] == "message"} == set(eligible)
+        workers = {r["worker"].rsplit(":", 1)[1] for r in deletions}
+        assert str(driver_pid) not in workers and 1 <= len(workers) <= 2, workers
+    finally:
+        platform.close()

@@ -1,0 +1,293 @@
+"""Operating the purger on the real servers: the ledger across forced retries, the daily report, the
+throttle, the metrics of a running query, a dry run, and a replay into a fresh checkpoint.
+
+The tests of this module share topics and a checkpoint of their own and run in order: the replay at
+the end replays everything the earlier tests sent.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+import uuid
+from collections import Counter
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from pyspark.sql import functions as F
+
+from purger.config import MetricsConfig, PurgerConfig, S3Endpoint
+from purger.platform import Platform
+from purger.replay import follow, start_replay
+from purger.stack import prepare
+from sinks.ledger import LAG_PERCENTILES, STATUSES, Ledger, Report
+from sinks.purge import EARLIER_ATTEMPT, OUTCOME_SCHEMA
+from streams.query import start_purger
+from tests.test_purge_stream import ago, now, wait_for, wait_for_watermark
+
+pytestmark = pytest.mark.integration
+
+CAP = 4  # deletions per second
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _own(config: PurgerConfig, tmp, name: str, **stream) -> PurgerConfig:
+    """The session's configuration with topics, checkpoint and ledger of its own."""
+    run = f"{name}.{uuid.uuid4().hex[:8]}"
+    own = config.model_copy(update={
+        "kafka": config.kafka.model_copy(update={
+            "topics": [f"test.{run}.events"], "control_topic": f"test.{run}.control",
+            "dead_letter_topic": f"test.{run}.dead-letter"}),
+        "stream": config.stream.model_copy(update={"checkpoint": str(tmp / "checkpoint"), **stream}),
+        "ledger": config.ledger.model_copy(update={
+            "path": str(tmp / "ledger"), "report_path": str(tmp / "report"),
+            "report_interval": timedelta(seconds=2)}),
+        "metrics": MetricsConfig(port=_free_port()),
+    })
+    prepare(own, partitions=2)
+    return own
+
+
+@pytest.fixture(scope="module")
+def ops(config, tmp_path_factory) -> PurgerConfig:
+    return _own(config, tmp_path_factory.mktemp("ops"), "ops", max_deletions_per_second=CAP)
+
+
+@pytest.fixture(scope="module")
+def ops_platform(ops):
+    platform = Platform(ops)
+    yield platform
+    platform.close()
+
+
+# What the module's tests did, for the replay to compare against: message id -> row expected to stay.
+SENT: dict[str, bool] = {}
+
+
+def deletable(platform: Platform, config: PurgerConfig, n: int, tag: str) -> list[str]:
+    """``n`` messages deleted by the platform long enough ago, each with a payload in both data centres."""
+    ids = [f"{tag}-{uuid.uuid4().hex[:6]}-{i}" for i in range(n)]
+    for m in ids:
+        platform.enqueue(m, f"p-{m}")
+        platform.delete(m, at=ago(config.retention.deleted_ttl))
+        SENT[m] = False
+    platform.flush()
+    return ids
+
+
+def kept_by_the_double_check(platform: Platform, config: PurgerConfig, tag: str) -> str:
+    """A `delete` event for a row that is not deleted (say, restored since): the double-check keeps it."""
+    m = f"{tag}-{uuid.uuid4().hex[:6]}"
+    platform.enqueue(m, f"p-{m}", extract_count=2)
+    platform.emit("delete", m, at=ago(config.retention.deleted_ttl))
+    platform.flush()
+    SENT[m] = True
+    return m
+
+
+def purged(ledger: Ledger):
+    return ledger.records().where(F.col("status") == "purged")
+
+
+def test_the_ledger_holds_one_record_per_deletion_across_forced_retries(spark, ops, ops_platform, monkeypatch):
+    """A batch fails once after its ledger write and another once before it; each is retried from the
+    checkpoint. Every deletion has exactly one `purged` record, and the cap on deletions holds."""
+    failures: list[str] = []
+    failed_batches: list[int] = []
+    original = Ledger.append
+
+    def failing_append(self, outcomes, query_id, batch_id):
+        deletes = outcomes.where((F.col("status") == "purged") & (F.col("kind") == "message")).count()
+        if deletes and not failed_batches:
+            original(self, outcomes, query_id, batch_id)
+            failed_batches.append(batch_id)
+            failures.append(f"forced failure after the ledger write of batch {batch_id}")
+            raise RuntimeError(failures[-1])
+        if deletes and len(failed_batches) == 1 and batch_id != failed_batches[0]:
+            failed_batches.append(batch_id)
+            failures.append(f"forced failure before the ledger write of batch {batch_id}")
+            raise RuntimeError(failures[-1])
+        original(self, outcomes, query_id, batch_id)
+
+    monkeypatch.setattr(Ledger, "append", failing_append)
+    first = deletable(ops_platform, ops, 6, "retry-a")
+    kept = kept_by_the_double_check(ops_platform, ops, "retry-kept")
+    second: list[str] = []
+    running, restarts = start_purger(spark, ops), 0
+    try:
+        def progressing() -> bool:
+            nonlocal running, restarts
+            if not running.query.isActive:  # a forced failure: restart from the checkpoint, as a supervisor would
+                assert any(f in str(running.query.exception()) for f in failures), running.query.exception()
+                running.stop()
+                running, restarts = start_purger(spark, ops), restarts + 1
+            if len(failures) == 1 and not second and all(ops_platform.row(m) is None for m in first):
+                second.extend(deletable(ops_platform, ops, 6, "retry-b"))
+            return bool(second) and len(failures) == 2 and all(
+                ops_platform.row(m) is None and ops_platform.payload_gone(f"p-{m}") for m in first + second)
+
+        wait_for(progressing, timeout_s=240, what="both forced failures and every deletion")
+    finally:
+        running.stop()
+    assert restarts == 2, failures
+
+    ledger = Ledger(spark, ops.ledger)
+    per_object = Counter((r["kind"], r["id"], r["dc"]) for r in purged(ledger).collect())
+    expected = {("message", m, None) for m in first + second}
+    expected |= {("payload", f"p-{m}", dc) for m in first + second for dc in (None, "dc1", "dc2")}
+    assert set(per_object) == expected
+    assert set(per_object.values()) == {1}, "a deletion recorded twice"
+    # The deletions of the batch that failed before its ledger write are recorded by its retry.
+    recovered = {r["id"] for r in purged(ledger).where(F.col("reason") == EARLIER_ATTEMPT).collect()}
+    assert recovered & set(second)
+    assert ops_platform.row(kept) is not None
+    assert ledger.records().where((F.col("id") == kept) & (F.col("status") == "skipped")).count() >= 1
+
+    # The cap: within each batch, message deletions are spaced so that no more than CAP go per second;
+    # each of the (at most 2) tasks running at once starts with one.
+    for batch in purged(ledger).where(F.col("kind") == "message").groupBy("batch_id").agg(
+            F.count(F.lit(1)).alias("n"),
+            (F.max("deleted_at").cast("double") - F.min("deleted_at").cast("double")).alias("span_s")).collect():
+        if batch["n"] >= 3:
+            assert batch["n"] - 2 <= CAP * batch["span_s"] * 1.1, batch
+
+
+def test_the_daily_report_equals_counts_over_the_ledger(spark, ops):
+    ledger, report = Ledger(spark, ops.ledger), Report(spark, ops.ledger)
+    day = now().date()
+    report.refresh(day)
+    rows = {(r["kind"], r["dc"]): r for r in report.rows(day)}
+    records = ledger.records().where(F.col("date") == F.lit(day)).collect()
+    groups: dict[tuple[str, str], list] = {}
+    for r in records:
+        groups.setdefault((r["kind"], r["dc"] or "all"), []).append(r)
+    assert set(rows) == set(groups) and ("message", "all") in rows and ("payload", "dc2") in rows
+    for key, group in groups.items():
+        row = rows[key]
+        assert row["candidates"] == len(group)
+        for status in STATUSES:
+            assert row[status] == sum(r["status"] == status for r in group), (key, status)
+        assert dict(row["skipped_by_reason"]) == dict(Counter(
+            r["reason"].split(":")[0] for r in group if r["status"] == "skipped"))
+        lags = [r["lag_s"] for r in group if r["status"] == "purged"]
+        for p in LAG_PERCENTILES:
+            expected = np.percentile(lags, p * 100) if lags else None
+            assert row[f"lag_p{int(p * 100)}_s"] == pytest.approx(expected), (key, p)
+        assert row["started_at"] == min(r["decided_at"] for r in group)
+        assert row["finished_at"] == max(r["decided_at"] for r in group)
+    assert rows[("message", "all")]["skipped_by_reason"] == {"live": 1}
+
+
+def scrape(config: PurgerConfig) -> dict[str, float]:
+    """The purger's Prometheus endpoint, as {sample name with labels: value}."""
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{config.metrics.port}/metrics", timeout=10).read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in scraped.splitlines() if line and not line.startswith("#")}
+
+
+def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platform):
+    running = start_purger(spark, ops)
+    try:
+        messages = deletable(ops_platform, ops, 3, "metrics")
+        wait_for(lambda: all(ops_platform.row(m) is None for m in messages), what="the deletions")
+        wait_for(lambda: running.metrics.totals[("message", "purged")] >= 3, what="the sink's batch to finish")
+        samples = scrape(ops)
+        assert samples['purger_outcomes_total{kind="message",status="purged"}'] >= 3
+        assert samples["purger_purge_lag_seconds_count"] >= 3
+        assert "purger_deletions_per_second" in samples and "purger_processed_rows_per_second" in samples
+        # The listener has seen Spark's progress; the query's own observed metrics are in it.
+        wait_for(lambda: scrape(ops)["purger_state_rows"] > 0, what="the listener's state rows")
+        observed = [p["observedMetrics"]["purger"] for p in running.query.recentProgress if p.get("observedMetrics")]
+        assert sum(o["message_candidates"] for o in observed) >= 1
+        assert running.query.name == ops.stream.query_name
+        # Spark's own metrics of the query, for the same scraper, on the UI's port.
+        spark_metrics = urllib.request.urlopen(f"{spark.sparkContext.uiWebUrl}/metrics/prometheus",
+                                               timeout=10).read().decode()
+        assert f"spark_streaming_{ops.stream.query_name}_inputRate" in spark_metrics.replace(".", "_")
+    finally:
+        running.stop()
+
+
+def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_path_factory):
+    dry = _own(config, tmp_path_factory.mktemp("dry"), "dry", dry_run=True)
+    platform = Platform(dry)
+    try:
+        messages = [f"dry-{uuid.uuid4().hex[:6]}-{i}" for i in range(4)]
+        for m in messages:
+            platform.enqueue(m, f"p-{m}")
+            platform.delete(m, at=ago(dry.retention.deleted_ttl))
+        live = f"dry-live-{uuid.uuid4().hex[:6]}"
+        platform.enqueue(live, f"p-{live}", extract_count=2)
+        platform.flush()
+        running = start_purger(spark, dry)
+        ledger = Ledger(spark, dry.ledger)
+        try:
+            def decided() -> set[str]:
+                if not ledger.exists():
+                    return set()
+                return {r["id"] for r in ledger.records().where(F.col("status") == "would_delete").collect()}
+            wait_for(lambda: decided() >= set(messages), what="would_delete for every eligible message")
+            wait_for_watermark(running.query, now() + timedelta(seconds=1))
+        finally:
+            running.stop()
+        for m in messages + [live]:
+            assert platform.row(m) is not None and platform.payload_intact(f"p-{m}"), m
+        records = ledger.records().collect()
+        assert {r["status"] for r in records} == {"would_delete"}
+        assert all(f"payload p-{r['id']} would be released" in r["reason"] for r in records)
+        assert ledger.records().where(F.col("id") == live).count() == 0
+    finally:
+        platform.close()
+
+
+def test_a_replay_from_earliest_reaches_the_same_end_state(spark, ops, ops_platform):
+    """Everything the module sent, replayed into a fresh checkpoint: the same rows and payloads remain,
+    and the replay deletes nothing (what was eligible is gone already)."""
+    assert SENT
+    before = {m: (ops_platform.row(m) is not None, ops_platform.payload_intact(f"p-{m}")) for m in SENT}
+    assert before == {m: (stays, stays) for m, stays in SENT.items()}
+    original = Ledger(spark, ops.ledger).records().select("query_id").distinct().collect()
+    started = now()
+    running, backlog = start_replay(spark, ops, since_ms=None)
+    try:
+        assert backlog.total >= 2 * len(SENT)
+        follow(running.query, backlog, show=False, timeout_s=180)
+        wait_for_watermark(running.query, started + timedelta(seconds=5), timeout_s=90)
+        wait_for(lambda: running.sink.totals[("payload", "already_gone")] >= sum(not s for s in SENT.values()),
+                 timeout_s=90, what="the replay to revisit every purged payload")
+    finally:
+        running.stop()
+    after = {m: (ops_platform.row(m) is not None, ops_platform.payload_intact(f"p-{m}")) for m in SENT}
+    assert after == before
+    replay_records = Ledger(spark, ops.ledger).records().where(
+        ~F.col("query_id").isin([r["query_id"] for r in original]))
+    assert replay_records.where(F.col("status") == "purged").count() == 0
+    assert replay_records.where((F.col("kind") == "message") & (F.col("status") == "already_gone")).count() \
+        == sum(not s for s in SENT.values())
+
+
+def test_the_ledger_on_s3a_takes_a_batch_once(spark, config):
+    """The ledger in an S3 bucket (s3a://), and Delta's idempotent writes: a batch appended twice is kept once."""
+    store = config.stores["dc1"]
+    s3 = S3Endpoint(endpoint=store.endpoint, access_key=store.access_key, secret_key=store.secret_key)
+    prefix = f"s3a://{store.bucket}/ledger-test-{uuid.uuid4().hex[:8]}"
+    ledger_config = config.ledger.model_copy(update={"path": f"{prefix}/records", "s3": s3})
+    ledger = Ledger(spark, ledger_config)
+    at = int(now().timestamp() * 1000)
+    outcomes = spark.createDataFrame(
+        [("message", f"m{i}", "deleted", None, "purged", None, at - 5000, at, at, 3, "host:1") for i in range(5)],
+        OUTCOME_SCHEMA,
+    )
+    ledger.append(outcomes, "query-a", 3)
+    ledger.append(outcomes, "query-a", 3)  # the same batch again: a retry
+    ledger.append(outcomes.limit(1), "query-a", 4)
+    records = ledger.records().collect()
+    assert len(records) == 6
+    assert {r["lag_s"] for r in records} == {5.0}
+    Report(spark, ledger_config.model_copy(update={"report_path": f"{prefix}/report"})).refresh(now().date())
