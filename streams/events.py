@@ -56,6 +56,10 @@ CONTROL_FIELDS: dict[str, tuple[str, ...]] = {
     RELEASED: ("payload_id", "observed_at"),
 }
 COMMON_FIELDS = ("event_id", "type", "event_time", "message_id")
+# Identifiers longer than this are bad input (Cassandra keys must stay small; no platform id is this long).
+MAX_ID_LENGTH = 512
+_ID_FIELDS = ("event_id", "type", "message_id", "mailbox", "payload_id")
+_COUNT_FIELDS = ("payload_size", "extract_count")
 
 EVENT_SCHEMA = StructType(
     [
@@ -77,6 +81,7 @@ EVENT_SCHEMA = StructType(
         StructField("observed_at", StringType()),
     ]
 )
+_STRING_FIELDS = [f.name for f in EVENT_SCHEMA.fields if isinstance(f.dataType, StringType)]
 # Optional timestamp fields, read as epoch milliseconds into `<name>_ms`.
 TIMESTAMP_FIELDS = ("extract_until", "observed_at")
 # The same fields read as text: a field present here but null in the typed parse has the wrong type.
@@ -115,6 +120,18 @@ def _error(typed: Column, text: Column, value: Column, from_control: Column) -> 
         (typed[name].isNull() & text[name].isNotNull(), F.lit(f"field {name} has the wrong type"))
         for name in EVENT_SCHEMA.fieldNames()
     ]
+    # Spark's JSON reader turns any value into text for a string field; the raw JSON says whether it
+    # was a string (or null). A number, boolean, object or array there is the wrong type.
+    raw = value.cast("string")
+    checks += [
+        (raw.rlike(rf'(?<!\\)"{name}"\s*:\s*[-0-9tf{{\[]'), F.lit(f"field {name} has the wrong type"))
+        for name in _STRING_FIELDS
+    ]
+    checks += [
+        (F.length(typed[name]) > MAX_ID_LENGTH, F.lit(f"field {name} is longer than {MAX_ID_LENGTH} characters"))
+        for name in _ID_FIELDS
+    ]
+    checks += [(typed[name] < 0, F.lit(f"field {name} is negative")) for name in _COUNT_FIELDS]
     for name in COMMON_FIELDS:
         # Control events may be about no message.
         missing = typed[name].isNull() & ~control if name == "message_id" else typed[name].isNull()

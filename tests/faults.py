@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import json
+import random
 import socket
 import threading
 
@@ -76,3 +78,67 @@ class TcpProxy:
             with self._lock:
                 self._open.discard(source)
                 self._open.discard(sink)
+
+
+# --- a corpus of bad input --------------------------------------------------------------------
+
+def bad_records(message_ids: list[str], n: int, seed: int = 11) -> list[tuple[str, bytes | None, bytes | None]]:
+    """At least ``n`` malformed records, as (kind of fault, key, value), each about one of ``message_ids``
+    where it names a message: truncated JSON, wrong types, huge values, unknown types, missing fields,
+    impossible timestamps, bytes that are not UTF-8, empty values, tombstones and more."""
+    rng = random.Random(seed)
+
+    def event(m: str, **fields) -> dict:
+        base = {"event_id": f"bad-{rng.randrange(10**9)}", "type": "delete",
+                "event_time": "2020-01-01T00:00:00.000Z", "message_id": m}
+        base.update(fields)
+        return {k: v for k, v in base.items() if v is not _DROP}
+
+    def js(value) -> bytes:
+        return json.dumps(value).encode()
+
+    enqueue = dict(type="enqueue", mailbox="inbox", payload_id="p", payload_size=10, inline=False,
+                   complete=True, dcs=["dc1"], extract_count=0)
+    makers = {
+        "tombstone": lambda m: None,
+        "empty value": lambda m: b"",
+        "truncated JSON": lambda m: (lambda b: b[: rng.randrange(1, len(b) - 1)])(js(event(m, **enqueue))),
+        "not UTF-8": lambda m: bytes(rng.randrange(128, 256) for _ in range(rng.randrange(1, 64))),
+        "UTF-8 then garbage": lambda m: js(event(m))[:-1] + b"\xff}",
+        "not an object": lambda m: js(rng.choice([[1, 2], "delete", 42, None, True])),
+        "missing field": lambda m: js(event(m, **{rng.choice(["event_id", "type", "event_time", "message_id"]):
+                                                 _DROP})),
+        "unknown type": lambda m: js(event(m, type=rng.choice(["purge", "DELETE", "", "drop_table", "🙂"]))),
+        "control type on the events topic": lambda m: js(event(m, type=rng.choice(["recheck", "clock",
+                                                                                    "payload_released"]),
+                                                             kind="message", rule="deleted", payload_id="p",
+                                                             observed_at="2020-01-01T00:00:00.000Z")),
+        "wrong type": lambda m: js(event(m, **rng.choice([
+            dict(type="dequeue", extract_count="0"), dict(type="dequeue", extract_count=[0]),
+            dict(type="extract_counter", extract_count={"n": 0}), dict(**{**enqueue, "dcs": "dc1"}),
+            dict(**{**enqueue, "inline": "no"}), dict(**{**enqueue, "payload_size": "big"}),
+            dict(message_id=12345), dict(event_time=1767225600000)]))),
+        "huge value": lambda m: js(event(m, **rng.choice([
+            dict(message_id=m + "x" * 100_000), dict(type="dequeue", extract_count=10**30),
+            dict(**{**enqueue, "payload_size": 10**40}), dict(**{**enqueue, "mailbox": "m" * 200_000})]))),
+        "negative count": lambda m: js(event(m, type="dequeue", extract_count=-rng.randrange(1, 10**6))),
+        "impossible timestamp": lambda m: js(event(m, event_time=rng.choice([
+            "2026-13-45T99:99:99.000Z", "yesterday", "", "2026-02-30T00:00:00.000Z", "0000-00-00T00:00:00Z",
+            "2026-01-01 00:00:00", "1767225600"]))),
+        "impossible extract_until": lambda m: js(event(m, type="extract_until", extract_until="soon")),
+        "missing field of its type": lambda m: js(event(m, type="enqueue", mailbox="inbox")),
+        "bad recheck kind": lambda m: js(event(m, type="recheck", kind="table", rule="deleted")),
+    }
+    records = []
+    while len(records) < n:
+        for kind, make in makers.items():
+            m = rng.choice(message_ids)
+            key = rng.choice([m.encode(), None, b"", b"\xff\xfe"])
+            value = make(m)
+            if key is None and value is None:
+                key = b""  # a producer sends no record with neither
+            records.append((kind, key, value))
+    return records
+
+
+_DROP = object()

@@ -10,7 +10,6 @@ for the cluster, then the driver and two executors), so the timeouts are generou
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.request
 import uuid
@@ -24,6 +23,7 @@ from purger.config import load_config
 from purger.platform import Platform
 from purger.stack import prepare
 from sinks.ledger import Ledger
+from tests.configs import free_port
 from tests.test_purge_stream import ago
 
 pytestmark = pytest.mark.integration
@@ -82,12 +82,6 @@ def job_config_path(servers, run_id, tmp_path_factory) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)
@@ -115,7 +109,7 @@ def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(clust
             live[m] = platform.enqueue(m, f"p-{m}", extract_count=1)
         platform.flush()
 
-        ui_port = _free_port()
+        ui_port = free_port()
         log_file = tmp_path / "spark-submit.log"
         started = time.monotonic()
         submission = submit(job_config_path, log_file=log_file, ui_port=ui_port)

@@ -7,7 +7,6 @@ the end replays everything the earlier tests sent.
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 import uuid
 from collections import Counter
@@ -17,13 +16,13 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
-from purger.config import MetricsConfig, PurgerConfig, S3Endpoint
+from purger.config import PurgerConfig, S3Endpoint
 from purger.platform import Platform
 from purger.replay import follow, start_replay
-from purger.stack import prepare
 from sinks.ledger import LAG_PERCENTILES, STATUSES, Ledger, Report
 from sinks.purge import EARLIER_ATTEMPT, OUTCOME_SCHEMA
 from streams.query import start_purger
+from tests.configs import own_config
 from tests.test_purge_stream import ago, now, wait_for, wait_for_watermark
 
 pytestmark = pytest.mark.integration
@@ -31,32 +30,9 @@ pytestmark = pytest.mark.integration
 CAP = 4  # deletions per second
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _own(config: PurgerConfig, tmp, name: str, **stream) -> PurgerConfig:
-    """The session's configuration with topics, checkpoint and ledger of its own."""
-    run = f"{name}.{uuid.uuid4().hex[:8]}"
-    own = config.model_copy(update={
-        "kafka": config.kafka.model_copy(update={
-            "topics": [f"test.{run}.events"], "control_topic": f"test.{run}.control",
-            "dead_letter_topic": f"test.{run}.dead-letter"}),
-        "stream": config.stream.model_copy(update={"checkpoint": str(tmp / "checkpoint"), **stream}),
-        "ledger": config.ledger.model_copy(update={
-            "path": str(tmp / "ledger"), "report_path": str(tmp / "report"),
-            "report_interval": timedelta(seconds=2)}),
-        "metrics": MetricsConfig(port=_free_port()),
-    })
-    prepare(own, partitions=2)
-    return own
-
-
 @pytest.fixture(scope="module")
 def ops(config, tmp_path_factory) -> PurgerConfig:
-    return _own(config, tmp_path_factory.mktemp("ops"), "ops", max_deletions_per_second=CAP)
+    return own_config(config, tmp_path_factory.mktemp("ops"), "ops", max_deletions_per_second=CAP)
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +191,7 @@ def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platfo
 
 
 def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_path_factory):
-    dry = _own(config, tmp_path_factory.mktemp("dry"), "dry", dry_run=True)
+    dry = own_config(config, tmp_path_factory.mktemp("dry"), "dry", dry_run=True)
     platform = Platform(dry)
     try:
         messages = [f"dry-{uuid.uuid4().hex[:6]}-{i}" for i in range(4)]

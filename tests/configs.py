@@ -1,0 +1,35 @@
+"""Configurations of a test's own: topics, checkpoint and ledger that no other test shares."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from purger.config import MetricsConfig, PurgerConfig
+from purger.stack import prepare
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def own_config(config: PurgerConfig, tmp: Path, name: str, **stream) -> PurgerConfig:
+    """The session's configuration with topics (created here), checkpoint, ledger and metrics port of its
+    own; ``stream`` overrides `[stream]` keys."""
+    run = f"{name}.{uuid.uuid4().hex[:8]}"
+    own = config.model_copy(update={
+        "kafka": config.kafka.model_copy(update={
+            "topics": [f"test.{run}.events"], "control_topic": f"test.{run}.control",
+            "dead_letter_topic": f"test.{run}.dead-letter"}),
+        "stream": config.stream.model_copy(update={"checkpoint": str(tmp / "checkpoint"), **stream}),
+        "ledger": config.ledger.model_copy(update={
+            "path": str(tmp / "ledger"), "report_path": str(tmp / "report"),
+            "report_interval": timedelta(seconds=2)}),
+        "metrics": MetricsConfig(port=free_port()),
+    })
+    prepare(own, partitions=2)
+    return own

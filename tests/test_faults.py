@@ -1,0 +1,196 @@
+"""Faults and bad input on the real servers: what was lost is counted, and must be zero.
+
+The races run a bounded number of attempts in CI; ``PURGER_FAULT_ATTEMPTS`` sets another (the full
+form in RELIABILITY.md uses 20000). Each prints its counts as a ``RELIABILITY`` line.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from kafka import KafkaConsumer
+from pyspark.sql import functions as F
+
+from purger.connections import cassandra_session
+from purger.platform import Platform
+from sinks.cassandra import PURGED, SKIPPED, MessageDeleter
+from sinks.ledger import Ledger
+from sinks.purge import purge_partition
+from streams.rules import Retention
+from tests.configs import own_config
+from tests.faults import bad_records
+from tests.test_purge_stream import ago, now, wait_for
+from tests.test_sinks import candidate, unreferenced_payload
+
+pytestmark = pytest.mark.integration
+
+ATTEMPTS = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "2000"))
+
+
+def reliability(fault: str, **counts) -> None:
+    print("RELIABILITY", fault, " ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+def test_a_corpus_of_bad_input_is_dead_lettered_and_deletes_nothing(spark, config, tmp_path_factory):
+    """Over 1,000 malformed records of 16 kinds, naming live messages: every one lands in the dead-letter
+    topic with its reason, the stream goes on, and nothing is deleted because of them."""
+    from streams.query import start_purger
+
+    own = own_config(config, tmp_path_factory.mktemp("bad-input"), "bad-input")
+    platform = Platform(own)
+    live = [f"bad-input-live-{uuid.uuid4().hex[:6]}-{i}" for i in range(20)]
+    try:
+        for i, m in enumerate(live):
+            # Live, some one step from eligible: a corrupted dequeue to 0 or delete must not tip them over.
+            platform.enqueue(m, f"p-{m}", extract_count=1 + i % 2)
+        corpus = bad_records(live, 1000)
+        platform.send([(key, value) for _, key, value in corpus])
+        good = f"bad-input-good-{uuid.uuid4().hex[:6]}"
+        platform.enqueue(good, f"p-{good}", at=ago(own.retention.deleted_ttl))
+        platform.delete(good, at=ago(own.retention.deleted_ttl))
+        platform.flush()
+
+        running = start_purger(spark, own)
+        letters = []
+        consumer = KafkaConsumer(own.kafka.dead_letter_topic, bootstrap_servers=own.kafka.bootstrap_servers,
+                                 auto_offset_reset="earliest", consumer_timeout_ms=2000,
+                                 max_partition_fetch_bytes=2 * 1024 * 1024)
+        try:
+            deadline = time.monotonic() + 180
+            while len(letters) < len(corpus) and time.monotonic() < deadline:
+                letters += list(consumer)
+            wait_for(lambda: platform.row(good) is None, what="a good message after the bad ones")
+            assert running.query.isActive and running.query.exception() is None
+        finally:
+            consumer.close()
+            running.stop()
+
+        sent = Counter((key, value) for _, key, value in corpus)
+        received = Counter((x.key if x.key is not None else b"", x.value) for x in letters)
+        sent_keys = Counter((key if key is not None else b"", value) for key, value in sent.elements())
+        missing = sent_keys - received
+        assert not missing, f"{sum(missing.values())} bad records not dead-lettered"
+        reasons = Counter()
+        for x in letters:
+            headers = dict(x.headers)
+            assert headers["reason"] and headers["topic"].decode() == own.kafka.topics[0]
+            reasons[headers["reason"].decode().split(" ")[0]] += 1
+        wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
+        deletions = Ledger(spark, own.ledger).records().where(F.col("status") == "purged").select("id").collect()
+        caused = {r["id"] for r in deletions} - {good, f"p-{good}"}
+        reliability("bad input", injected=len(corpus), kinds=len({k for k, _, _ in corpus}),
+                    dead_lettered=len(letters), crashes=0, wrongly_deleted=len(wrongly_deleted) + len(caused))
+        assert wrongly_deleted == [] and caused == set()
+        assert len({k for k, _, _ in corpus}) >= 15 and len(reasons) >= 8, reasons
+    finally:
+        platform.close()
+
+
+@pytest.fixture(scope="module")
+def race_platform(config, tmp_path_factory):
+    """A platform on topics of its own: the races' thousands of events are for no stream."""
+    platform = Platform(own_config(config, tmp_path_factory.mktemp("races"), "races"))
+    yield platform
+    platform.close()
+
+
+def test_a_revival_racing_the_double_check_is_never_lost(race_platform, config):
+    """The platform revives a message (counter set again, conditionally on the row existing) while the
+    sink deletes it. The double-check and the delete are one conditional statement, so either the revival
+    lands first and the row is kept, or the delete does and the revival finds no row: both applying would
+    be a lost revival (a live object deleted)."""
+    platform = race_platform
+    session = cassandra_session(config.cassandra)
+    deleter = MessageDeleter(session, config.cassandra, Retention.from_config(config.retention))
+    revive = session.prepare(f"UPDATE {config.cassandra.keyspace}.{config.cassandra.messages_table} SET extract_count = 1, updated_at = ? "
+                             f"WHERE message_id = ? IF EXISTS")
+    outcomes: Counter[str] = Counter()
+    lost, left = [], []
+
+    def attempt(i: int) -> None:
+        m = f"race-revive-{uuid.uuid4().hex[:8]}-{i}"
+        platform.enqueue(m, f"p-{m}", size=100, extract_count=1, at=ago(config.retention.expired_ttl))
+        platform.dequeue(m, 0, at=ago(config.retention.expired_ttl))
+        gate = threading.Barrier(2)
+        result: dict[str, object] = {}
+
+        def delete():
+            gate.wait()
+            time.sleep(random.random() * 0.004)
+            result["delete"] = deleter.delete(m, "expired_by_counter").status
+
+        def revival():
+            gate.wait()
+            time.sleep(random.random() * 0.004)
+            result["revived"] = session.execute(revive, (now(), m)).was_applied
+
+        threads = [threading.Thread(target=delete), threading.Thread(target=revival)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        outcomes[f"{result['delete']}, revival {'applied' if result['revived'] else 'found no row'}"] += 1
+        if result["delete"] == PURGED and result["revived"]:
+            lost.append(m)
+        if result["delete"] == SKIPPED and not result["revived"]:
+            left.append(m)  # kept, but nobody revived it: an eligible row left behind
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(attempt, range(ATTEMPTS)))
+    reliability("revival between double-check and delete", injected=ATTEMPTS, survived=ATTEMPTS,
+                wrongly_deleted=len(lost), left_behind=len(left), **{k.replace(" ", "_").replace(",", ""): v
+                                                                  for k, v in outcomes.items()})
+    assert lost == [] and left == []
+    # The race was real: each side won some.
+    assert outcomes[f"{PURGED}, revival found no row"] and outcomes[f"{SKIPPED}, revival applied"], outcomes
+
+
+def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, config):
+    """Writers link new messages to payloads by the writer contract while the sink purges the same
+    payloads, one race per payload; a linked payload must keep its row and blobs, and an unlinked one
+    must go."""
+    attempts = ATTEMPTS
+    platform = race_platform
+    wrongly_deleted, left_behind, outcomes = [], [], Counter()
+
+    def attempt(i: int) -> None:
+        p = unreferenced_payload(platform, config)
+        gate = threading.Barrier(2)
+        result: dict[str, object] = {}
+
+        def purge():
+            gate.wait()
+            time.sleep(random.random() * 0.01)
+            result["purge"] = [o[4] for o in purge_partition([candidate("payload", p, "payload")], config, 0)]
+
+        def link():
+            gate.wait()
+            time.sleep(random.random() * 0.01)
+            result["linked"] = platform.link(f"race-link-{uuid.uuid4().hex[:8]}", p)
+
+        threads = [threading.Thread(target=purge), threading.Thread(target=link)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        outcomes[("linked" if result["linked"] else "link refused", "purged" if PURGED in result["purge"]
+                  else "kept")] += 1
+        if result["linked"] and not platform.payload_intact(p):
+            wrongly_deleted.append(p)
+        if not result["linked"] and not platform.payload_gone(p):
+            left_behind.append(p)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(attempt, range(attempts)))
+    reliability("payload relinked while being purged", injected=attempts, survived=attempts,
+                wrongly_deleted=len(wrongly_deleted), left_behind=len(left_behind),
+                **{"_".join(k).replace(" ", "_"): v for k, v in outcomes.items()})
+    assert wrongly_deleted == [] and left_behind == []
+    assert outcomes[("linked", "kept")] and outcomes[("link refused", "purged")], outcomes
