@@ -27,7 +27,7 @@ class ServerUnavailable(RuntimeError):
 def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "Session":
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
-    from cassandra.policies import DCAwareRoundRobinPolicy
+    from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
 
     auth = None
     if config.username:
@@ -40,6 +40,9 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
             EXEC_PROFILE_DEFAULT: ExecutionProfile(load_balancing_policy=DCAwareRoundRobinPolicy(), request_timeout=30)
         },
         protocol_version=5,
+        # After an outage, look for the nodes every few seconds rather than backing off to minutes:
+        # the purger's retries (stream.retry_interval) should find them back.
+        reconnection_policy=ExponentialReconnectionPolicy(base_delay=1.0, max_delay=10.0),
     )
     try:
         return cluster.connect(keyspace)

@@ -136,7 +136,11 @@ def _configure_kafka(home: Path) -> list[str]:
     )
     # KRaft needs formatted storage; the cluster id is 16 random bytes in URL-safe base64, and
     # like Kafka's own ids must not start with "-", which the tool would read as an option.
-    cluster_id = "-"
+    # A restart on existing data keeps the id the data was formatted with.
+    meta = data / "meta.properties"
+    known = [line.split("=", 1)[1] for line in (meta.read_text().splitlines() if meta.exists() else [])
+             if line.startswith("cluster.id=")]
+    cluster_id = known[0] if known else "-"
     while cluster_id.startswith("-"):
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     classpath = str(artifacts.KAFKA.directory / "*")
@@ -381,7 +385,21 @@ class LocalStack:
         self.log("creating topics, keyspace and buckets")
         prepare(config)
 
-    def _start(self, server: Server) -> None:
+    def stop(self, name: str) -> None:
+        """Stop one server, keeping its data (fault tests: a server going away)."""
+        self._stop(self._named(name))
+
+    def start(self, name: str) -> None:
+        """Start one server again on the data it had."""
+        self._start(self._named(name), fresh=False)
+
+    def _named(self, name: str) -> Server:
+        for server in self.servers:
+            if server.name == name:
+                return server
+        raise StackError(f"no server named {name!r}; the stack has {', '.join(s.name for s in self.servers)}")
+
+    def _start(self, server: Server, fresh: bool = True) -> None:
         if pid := server.pid():
             self.log(f"{server.name}: already running (pid {pid}) on {server.address}")
             return
@@ -393,9 +411,10 @@ class LocalStack:
             )
         self.log(f"{server.name}: fetching jars")
         artifacts.fetch(server.bundle)
-        # Every `up` starts from empty data: the stack is for demos and tests.
-        shutil.rmtree(server.home, ignore_errors=True)
-        server.home.mkdir(parents=True)
+        if fresh:
+            # Every `up` starts from empty data: the stack is for demos and tests.
+            shutil.rmtree(server.home, ignore_errors=True)
+        server.home.mkdir(parents=True, exist_ok=True)
         extra = server.configure(server.home)
         jvm_args, program_args = (extra[: extra.index("--")], extra[extra.index("--") + 1:]) if "--" in extra else (extra, [])
         command = [

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from pyspark import TaskContext
@@ -122,6 +124,20 @@ Outcome = Callable[..., tuple]
 EARLIER_ATTEMPT = "earlier attempt: found gone on a retry, so deleted by the attempt that failed"
 
 
+def failpoint(name: str) -> None:
+    """Fault injection for the kill tests (tests/test_faults.py): with ``PURGER_FAILPOINT=<name>`` the
+    first process to reach ``name`` kills the purger's whole process group (kill -9), once per
+    ``PURGER_FAILPOINT_MARKER`` file. Without the variable it does nothing."""
+    if os.environ.get("PURGER_FAILPOINT") != name:
+        return
+    try:
+        Path(os.environ["PURGER_FAILPOINT_MARKER"]).open("x").close()
+    except FileExistsError:
+        return
+    # The session's group: the driver and its JVM (PySpark's worker daemon has a group of its own).
+    os.killpg(os.getsid(0), signal.SIGKILL)
+
+
 def _purge_message(c: Row, clients: _Clients, outcome: Outcome, retry: bool) -> Iterator[tuple]:
     if clients.dry_run:
         row = clients.messages.check(c.id, c.payload_id, c.inline)
@@ -132,6 +148,8 @@ def _purge_message(c: Row, clients: _Clients, outcome: Outcome, retry: bool) -> 
         yield outcome(status=row.status, reason=reason)
         return
     row = clients.messages.delete(c.id, c.rule, c.payload_id, c.inline)
+    if row.status == PURGED:
+        failpoint("after_message_delete")
     if row.status == ALREADY_GONE and retry:
         # The failed attempt's outcomes never reached the ledger: its deletions are recorded now.
         yield outcome(status=PURGED, reason=EARLIER_ATTEMPT, deleted_at_ms=now_ms())
@@ -191,10 +209,15 @@ def _purge_payload(c: Row, clients: _Clients, outcome: Outcome, retry: bool) -> 
     elif clients.dry_run:
         yield outcome(status=SKIPPED, reason="being deleted: by a real run")
         return
+    elif retry:
+        # Data centres the attempt that failed had finished: their records went with it.
+        for dc in sorted(set(c.dcs or ()) - set(row["dcs"] or ())):
+            yield outcome(dc=dc, status=PURGED, reason=EARLIER_ATTEMPT, deleted_at_ms=now_ms())
     failed = False
     for dc, error in clients.stores.delete(c.id, sorted(row["dcs"] or ())).items():
         if error is None:
             clients.payloads.deleted_from(c.id, dc)
+            failpoint("after_blob_delete")
             yield outcome(dc=dc, status=PURGED, deleted_at_ms=now_ms())
         else:
             failed = True
@@ -286,7 +309,9 @@ class PurgeSink:
             F.count(F.lit(1)).alias("count"), F.collect_list(F.when(F.col("status") == PURGED, lag_s)).alias("lags")
         ).collect()
         if counts:
+            failpoint("before_ledger_write")
             Ledger(spark, config.ledger).append(outcomes, self.query_id, batch_id)
+            failpoint("after_ledger_write")
             self.metrics.batch_done({(r["kind"], r["status"]): r["count"] for r in counts},
                                     [lag for r in counts for lag in r["lags"]], time.monotonic() - started)
         outcomes.unpersist()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from datetime import timedelta
@@ -33,3 +34,30 @@ def own_config(config: PurgerConfig, tmp: Path, name: str, **stream) -> PurgerCo
     })
     prepare(own, partitions=2)
     return own
+
+
+def toml(raw: dict, prefix: str = "") -> str:
+    """Enough TOML for a configuration: tables of strings, numbers, booleans and lists of strings."""
+    lines, tables = [], []
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            tables.append(toml(value, f"{prefix}{key}."))
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        else:  # str, int, float, list of str: JSON spells them as TOML does
+            lines.append(f"{key} = {json.dumps(value)}")
+    head = [f"[{prefix[:-1]}]"] if prefix and lines else []
+    return "\n".join([*head, *lines, "", *tables])
+
+
+def write_config(config: PurgerConfig, path: Path) -> Path:
+    """The configuration as a TOML file, for a purger in another process."""
+    def plain(value):
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items() if v is not None}
+        if isinstance(value, timedelta):
+            return value.total_seconds()
+        return value
+
+    path.write_text(toml(plain(config.model_dump())))
+    return path

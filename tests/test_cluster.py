@@ -23,7 +23,7 @@ from purger.config import load_config
 from purger.platform import Platform
 from purger.stack import prepare
 from sinks.ledger import Ledger
-from tests.configs import free_port
+from tests.configs import free_port, toml
 from tests.test_purge_stream import ago
 
 pytestmark = pytest.mark.integration
@@ -38,20 +38,6 @@ def cluster():
     yield cluster
     if started_here:
         cluster.down()
-
-
-def _toml(raw: dict, prefix: str = "") -> str:
-    """Enough TOML for a configuration: tables of strings, numbers, booleans and lists of strings."""
-    lines, tables = [], []
-    for key, value in raw.items():
-        if isinstance(value, dict):
-            tables.append(_toml(value, f"{prefix}{key}."))
-        elif isinstance(value, bool):
-            lines.append(f"{key} = {'true' if value else 'false'}")
-        else:  # str, int, float, list of str: JSON spells them as TOML does
-            lines.append(f"{key} = {json.dumps(value)}")
-    head = [f"[{prefix[:-1]}]"] if prefix and lines else []
-    return "\n".join([*head, *lines, "", *tables])
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +63,7 @@ def job_config_path(servers, run_id, tmp_path_factory) -> Path:
         "metrics": {"port": 0},  # no endpoint: another purger on this machine may have the port
     }
     path = base / "purger.toml"
-    path.write_text(_toml(raw))
+    path.write_text(toml(raw))
     prepare(load_config(path), partitions=2)
     return path
 

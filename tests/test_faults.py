@@ -1,22 +1,28 @@
 """Faults and bad input on the real servers: what was lost is counted, and must be zero.
 
-The races run a bounded number of attempts in CI; ``PURGER_FAULT_ATTEMPTS`` sets another (the full
-form in RELIABILITY.md uses 20000). Each prints its counts as a ``RELIABILITY`` line.
+The races run a bounded number of attempts in CI (2000 each) and the kill test two random kills
+besides its failpoints; ``PURGER_FAULT_ATTEMPTS`` and ``PURGER_FAULT_RANDOM_KILLS`` set more (``make
+faults-full``). Each test prints its counts as a ``RELIABILITY`` line (``pytest -s``).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer
 from pyspark.sql import functions as F
+from tenacity import Retrying, stop_after_delay, wait_fixed
 
 from purger.connections import cassandra_session
 from purger.platform import Platform
@@ -24,14 +30,16 @@ from sinks.cassandra import PURGED, SKIPPED, MessageDeleter
 from sinks.ledger import Ledger
 from sinks.purge import purge_partition
 from streams.rules import Retention
-from tests.configs import own_config
+from tests.configs import own_config, write_config
 from tests.faults import bad_records
 from tests.test_purge_stream import ago, now, wait_for
 from tests.test_sinks import candidate, unreferenced_payload
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[1]
 ATTEMPTS = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "2000"))
+RANDOM_KILLS = int(os.environ.get("PURGER_FAULT_RANDOM_KILLS", "2"))
 
 
 def reliability(fault: str, **counts) -> None:
@@ -194,3 +202,162 @@ def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, conf
                 **{"_".join(k).replace(" ", "_"): v for k, v in outcomes.items()})
     assert wrongly_deleted == [] and left_behind == []
     assert outcomes[("linked", "kept")] and outcomes[("link refused", "purged")], outcomes
+
+
+# --- kill -9 anywhere, then restart ---------------------------------------------------------------
+
+FAILPOINTS = ("after_message_delete", "after_blob_delete", "before_ledger_write", "after_ledger_write")
+
+
+def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, config, tmp_path_factory):
+    """The purger runs as its own process (`python -m purger.job`). It is killed with SIGKILL at each
+    failpoint (right after a row's delete, between one data centre's blob and the next, before and after
+    the ledger write) and at random moments, and restarted from its checkpoint each time. The end state
+    must be that of a run without kills: eligible rows, payload rows and blobs gone, live ones intact, and
+    exactly one `purged` ledger record per deletion."""
+    tmp = tmp_path_factory.mktemp("kills")
+    own = own_config(config, tmp, "kills")
+    own = own.model_copy(update={"metrics": own.metrics.model_copy(update={"port": 0})})
+    config_file = write_config(own, tmp / "purger.toml")
+    platform = Platform(own)
+    eligible: list[str] = []
+    live: list[str] = []
+    rng = random.Random(5)
+
+    def more_work(n: int = 3) -> None:
+        for _ in range(n):
+            m = f"kill-{uuid.uuid4().hex[:8]}"
+            platform.enqueue(m, f"p-{m}", at=ago(own.retention.deleted_ttl))
+            platform.delete(m, at=ago(own.retention.deleted_ttl))
+            eligible.append(m)
+        m = f"kill-live-{uuid.uuid4().hex[:8]}"
+        platform.enqueue(m, f"p-{m}", extract_count=1)
+        live.append(m)
+        platform.flush()
+
+    def start(**env: str) -> subprocess.Popen:
+        log = open(tmp / "purger.log", "ab")
+        return subprocess.Popen([sys.executable, "-m", "purger.job", "--config", str(config_file)],
+                                cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    kills = Counter()
+    try:
+        for point in FAILPOINTS:
+            more_work()
+            marker = tmp / f"{point}.fired"
+            process = start(PURGER_FAILPOINT=point, PURGER_FAILPOINT_MARKER=str(marker))
+            try:
+                assert process.wait(timeout=240) == -signal.SIGKILL and marker.exists(), point
+            finally:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+            kills[point] += 1
+        for _ in range(RANDOM_KILLS):  # and anywhere: at a random moment of a run
+            more_work()
+            process = start()
+            time.sleep(rng.uniform(10, 25))
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            kills["random moment"] += 1
+
+        process = start()
+        try:
+            wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in eligible),
+                     timeout_s=240, what="every eligible row and payload after the restarts")
+            time.sleep(5)  # the last batch's ledger write
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=120)
+        wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
+        records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, own.ledger).records()
+                          .where(F.col("status") == "purged").collect())
+        expected = {("message", m, None) for m in eligible}
+        expected |= {("payload", f"p-{m}", dc) for m in eligible for dc in (None, "dc1", "dc2")}
+        missing, doubled = expected - set(records), {k for k, n in records.items() if n > 1}
+        reliability("kill -9 and restart", injected=sum(kills.values()), survived=sum(kills.values()),
+                    wrongly_deleted=len(wrongly_deleted), left_behind=0, ledger_missing=len(missing),
+                    ledger_doubled=len(doubled), **{k.replace(" ", "_"): v for k, v in kills.items()})
+        assert wrongly_deleted == []
+        assert not missing and not doubled and set(records) == expected
+    finally:
+        platform.close()
+
+
+# --- servers going away ------------------------------------------------------------------------------
+
+def test_cassandra_down_for_30s_and_a_kafka_restart_lose_nothing(spark, config, servers, tmp_path_factory):
+    """Cassandra is stopped for 30 s while candidates are being purged, then the Kafka broker is
+    restarted. The sink records the failed attempts as errors and retries them; a query that fails is
+    restarted from its checkpoint, as a supervisor would. At the end every eligible object is gone once,
+    in the ledger once, and every live one is intact."""
+    if servers != "local":
+        pytest.skip("stopping and starting servers needs the local stack")
+    from purger.stack import LocalStack
+    from streams.query import start_purger
+
+    stack = LocalStack(log=lambda _: None)
+    own = own_config(config, tmp_path_factory.mktemp("outages"), "outages")
+    platform = Platform(own)
+    eligible: list[str] = []
+    live: list[str] = []
+
+    def more_work(n: int = 4) -> None:
+        def write() -> None:
+            for _ in range(n):
+                m = f"outage-{uuid.uuid4().hex[:8]}"
+                platform.enqueue(m, f"p-{m}", at=ago(own.retention.deleted_ttl))
+                platform.delete(m, at=ago(own.retention.deleted_ttl))
+                eligible.append(m)
+            m = f"outage-live-{uuid.uuid4().hex[:8]}"
+            platform.enqueue(m, f"p-{m}", extract_count=1)
+            live.append(m)
+            platform.flush()
+        # The platform's own session reconnects after an outage; until then it cannot write.
+        Retrying(stop=stop_after_delay(120), wait=wait_fixed(2), reraise=True)(write)
+
+    running = start_purger(spark, own)
+    restarts = 0
+
+    def supervised(condition):
+        def check() -> bool:
+            nonlocal running, restarts
+            if not running.query.isActive:
+                running.stop()
+                running, restarts = start_purger(spark, own), restarts + 1
+            return condition()
+        return check
+
+    try:
+        more_work()
+        wait_for(supervised(lambda: running.sink.totals[("message", "purged")] >= 1), timeout_s=120,
+                 what="the first deletions")
+        more_work(8)
+        stack.stop("cassandra")
+        time.sleep(30)
+        stack.start("cassandra")
+        more_work()
+        stack.stop("kafka")
+        time.sleep(10)
+        stack.start("kafka")
+        more_work()
+        wait_for(supervised(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}")
+                                        for m in eligible)),
+                 timeout_s=420, what="every eligible object after the outages")
+        time.sleep(5)  # the last batch's ledger write
+    finally:
+        running.stop()
+    errors = running.sink.totals[("message", "error")] + running.sink.totals[("payload", "error")]
+    wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
+    records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, own.ledger).records()
+                      .where(F.col("status") == "purged").collect())
+    expected = {("message", m, None) for m in eligible}
+    expected |= {("payload", f"p-{m}", dc) for m in eligible for dc in (None, "dc1", "dc2")}
+    missing, doubled = expected - set(records), {k for k, n in records.items() if n > 1}
+    error_records = Ledger(spark, own.ledger).records().where(F.col("status") == "error").count()
+    reliability("cassandra down 30 s, kafka restarted", injected=2, survived=2, query_restarts=restarts,
+                error_outcomes=error_records, wrongly_deleted=len(wrongly_deleted), left_behind=0,
+                ledger_missing=len(missing), ledger_doubled=len(doubled))
+    platform.close()
+    assert wrongly_deleted == [] and not missing and not doubled and set(records) == expected
+    assert errors or error_records or restarts, "the outage was not seen by the purger"
