@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`. Both install what they need first.
 PYTHON ?= python3
 
-.PHONY: install demo test stack-up stack-down
+.PHONY: install demo test faults faults-full stack-up stack-down
 
 install:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test]'
@@ -14,6 +14,16 @@ demo: install
 # when nothing answers and stops it afterwards (see tests/conftest.py).
 test: install
 	$(PYTHON) -m pytest
+
+# The fault suite (RELIABILITY.md), bounded as in CI; faults-full injects ten times more.
+FAULT_TESTS = tests/test_faults.py tests/test_operations.py::test_the_ledger_holds_one_record_per_deletion_across_forced_retries \
+	tests/test_purge_stream.py::test_a_failing_data_centre_is_retried_until_done \
+	tests/test_sinks.py::test_one_data_centre_failing_does_not_hold_the_others_back
+faults: install
+	$(PYTHON) -m pytest -s $(FAULT_TESTS)
+
+faults-full: install
+	PURGER_FAULT_ATTEMPTS=20000 PURGER_FAULT_RANDOM_KILLS=10 $(PYTHON) -m pytest -s $(FAULT_TESTS)
 
 stack-up: install
 	purger stack up
