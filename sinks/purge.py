@@ -214,7 +214,10 @@ def _purge_payload(c: Row, clients: _Clients, outcome: Outcome, retry: bool) -> 
         for dc in sorted(set(c.dcs or ()) - set(row["dcs"] or ())):
             yield outcome(dc=dc, status=PURGED, reason=EARLIER_ATTEMPT, deleted_at_ms=now_ms())
     failed = False
-    for dc, error in clients.stores.delete(c.id, sorted(row["dcs"] or ())).items():
+    for dc in sorted(row["dcs"] or ()):
+        # One data centre at a time, its progress in the row at once: a slow or failing store after it
+        # does not hold back the record of what is done.
+        error = clients.stores.delete(c.id, [dc])[dc]
         if error is None:
             clients.payloads.deleted_from(c.id, dc)
             failpoint("after_blob_delete")

@@ -183,6 +183,9 @@ def test_a_failing_data_centre_is_retried_until_done(purger, platform, config, d
         platform.dequeue(m, 0, at=ago(config.retention.expired_ttl + config.retention.payload_grace))
         platform.flush()
         wait_for(lambda: not platform.blob_exists(p, "dc1"), what="dc1's blob, while dc2 fails")
+        # dc1's progress is in the row, and dc2 stays to do while it fails.
+        wait_for(lambda: (lambda row: row["state"] == "deleting" and row["dcs"] == {"dc2"})(platform.payload_row(p)),
+                 timeout_s=30, what="the payload row to keep only dc2 to do")
         time.sleep(5)  # a few retries fail
         row = platform.payload_row(p)
         assert row["state"] == "deleting" and row["dcs"] == {"dc2"}
