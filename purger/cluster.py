@@ -389,7 +389,7 @@ class Submission:
         except FileNotFoundError:
             return "(no log)"
 
-    def stop(self, timeout_s: float = 120) -> int:
+    def stop(self, timeout_s: float = 180) -> int:
         """Stop the job cleanly: SIGTERM to the Python driver, which (``purger.job``) stops the query
         between micro-batches, as Ctrl-C stops `purger run`, and exits; spark-submit's JVM then ends
         the application. Escalates to SIGTERM, then SIGKILL, on the whole process group if that takes

@@ -45,7 +45,7 @@ class RunningPurger:
     metrics: PurgerMetrics
     release: Callable[[], None]  # the listener and the metrics endpoint
 
-    def stop(self, wait_for_batch_s: float = 30) -> None:
+    def stop(self, wait_for_batch_s: float = 90) -> None:
         """Stop between micro-batches when one ends within ``wait_for_batch_s``.
 
         Interrupting a batch inside the Python state server makes Spark log an error storm;
