@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import typer
 
@@ -27,6 +27,7 @@ cluster_app = typer.Typer(help="A Spark standalone cluster on 127.0.0.1: a maste
                           no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
+T = TypeVar("T")
 ConfigOption = typer.Option(None, "--config", "-c", help="TOML configuration file (defaults apply without one).")
 
 
@@ -38,14 +39,26 @@ def _config(path: Optional[Path]):
         raise typer.Exit(2) from None
 
 
-def _stack_up(settings: PurgerConfig) -> None:
-    from purger.stack import LocalStack, StackError
+def _or_exit(action: Callable[[], T]) -> T:
+    """Run ``action``; a server that would not start or answer exits 1 with the reason (it names the address)."""
+    from purger.stack import StackError
 
     try:
-        LocalStack().up(settings)
+        return action()
     except StackError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(1) from None
+
+
+def _echo_status(statuses: dict[str, str]) -> None:
+    for name, state in statuses.items():
+        typer.echo(f"{name:14} {state}")
+
+
+def _stack_up(settings: PurgerConfig) -> None:
+    from purger.stack import LocalStack
+
+    _or_exit(lambda: LocalStack().up(settings))
 
 
 @stack_app.command("up")
@@ -67,8 +80,7 @@ def stack_status() -> None:
     """Say which servers are running."""
     from purger.stack import LocalStack
 
-    for name, state in LocalStack().status().items():
-        typer.echo(f"{name:10} {state}")
+    _echo_status(LocalStack().status())
 
 
 def _run(settings: PurgerConfig, start) -> None:
@@ -231,13 +243,8 @@ def pending(
 def cluster_up() -> None:
     """Start the master and two workers (spark-class from the pyspark install); wait until both workers join."""
     from purger.cluster import SparkCluster
-    from purger.stack import StackError
 
-    try:
-        SparkCluster().up()
-    except StackError as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(1) from None
+    _or_exit(lambda: SparkCluster().up())
 
 
 @cluster_app.command("down")
@@ -250,25 +257,19 @@ def cluster_down() -> None:
 
 @cluster_app.command("status")
 def cluster_status() -> None:
+    """Say which of the cluster's processes are running."""
     from purger.cluster import SparkCluster
 
-    for name, state in SparkCluster().status().items():
-        typer.echo(f"{name:10} {state}")
+    _echo_status(SparkCluster().status())
 
 
 @app.command("submit")
 def submit(config: Optional[Path] = ConfigOption, dry_run: bool = DryRunOption) -> None:
     """Run the job with spark-submit on the local cluster (`purger cluster up`) until Ctrl-C."""
     from purger.cluster import run_submission
-    from purger.stack import StackError
 
     _config(config)  # a mistake in the file is reported before anything starts
-    try:
-        code = run_submission(config, job_args=["--dry-run"] if dry_run else [])
-    except StackError as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(1) from None
-    raise typer.Exit(code)
+    raise typer.Exit(_or_exit(lambda: run_submission(config, job_args=["--dry-run"] if dry_run else [])))
 
 
 @app.command("demo")

@@ -50,6 +50,11 @@ LAG_PERCENTILES = (0.5, 0.95, 0.99)
 ALL_DCS = "all"  # the report's data centre for outcomes on Cassandra rows
 
 
+def lag_seconds() -> Column:
+    """Purge lag of an outcome row (``sinks.purge.OUTCOME_SCHEMA``): deleted-at minus eligible-at, seconds."""
+    return (F.col("deleted_at_ms") - F.col("eligible_at_ms")) / 1000
+
+
 def _timestamp(ms_column: str) -> Column:
     return F.timestamp_millis(F.col(ms_column))
 
@@ -86,7 +91,7 @@ class Ledger:
             _timestamp("eligible_at_ms").alias("eligible_at"),
             _timestamp("decided_at_ms").alias("decided_at"),
             _timestamp("deleted_at_ms").alias("deleted_at"),
-            ((F.col("deleted_at_ms") - F.col("eligible_at_ms")) / 1000).alias("lag_s"),
+            lag_seconds().alias("lag_s"),
             "batch_id",
             F.lit(query_id).alias("query_id"),
             "worker",

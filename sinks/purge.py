@@ -54,7 +54,7 @@ from sinks.cassandra import (
     ALREADY_GONE, LIVE, PURGED, SKIPPED, WOULD_DELETE, MessageDeleter, PayloadRows, epoch_ms, now_ms,
 )
 from sinks.control import Reports
-from sinks.ledger import Ledger
+from sinks.ledger import Ledger, lag_seconds
 from sinks.objects import PayloadStores
 from sinks.throttle import Pacer, per_task_rate
 from streams.processor import DEAD_LETTER, MESSAGE, PAYLOAD
@@ -287,6 +287,7 @@ class PurgeSink:
         self.metrics = metrics or PurgerMetrics()
         self.query_id: str | None = None
         self._bound = threading.Event()
+        self._ledger: Ledger | None = None  # made at the first batch, which brings the session
 
     def bind(self, query_id: str) -> None:
         """The query's id (kept in its checkpoint, so the same after a restart) names its ledger writes."""
@@ -307,13 +308,14 @@ class PurgeSink:
             candidates.rdd.mapPartitions(lambda rows: purge_partition(rows, config, batch_id, rate, retried)),
             OUTCOME_SCHEMA,
         ).localCheckpoint(eager=True)
-        lag_s = (F.col("deleted_at_ms") - F.col("eligible_at_ms")) / 1000
         counts = outcomes.groupBy("kind", "status").agg(
-            F.count(F.lit(1)).alias("count"), F.collect_list(F.when(F.col("status") == PURGED, lag_s)).alias("lags")
+            F.count(F.lit(1)).alias("count"),
+            F.collect_list(F.when(F.col("status") == PURGED, lag_seconds())).alias("lags"),
         ).collect()
         if counts:
+            self._ledger = self._ledger or Ledger(spark, config.ledger)
             failpoint("before_ledger_write")
-            Ledger(spark, config.ledger).append(outcomes, self.query_id, batch_id)
+            self._ledger.append(outcomes, self.query_id, batch_id)
             failpoint("after_ledger_write")
             self.metrics.batch_done({(r["kind"], r["status"]): r["count"] for r in counts},
                                     [lag for r in counts for lag in r["lags"]], time.monotonic() - started)

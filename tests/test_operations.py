@@ -266,4 +266,7 @@ def test_the_ledger_on_s3a_takes_a_batch_once(spark, config):
     records = ledger.records().collect()
     assert len(records) == 6
     assert {r["lag_s"] for r in records} == {5.0}
-    Report(spark, ledger_config.model_copy(update={"report_path": f"{prefix}/report"})).refresh(now().date())
+    report = Report(spark, ledger_config.model_copy(update={"report_path": f"{prefix}/report"}))
+    report.refresh(now().date())
+    [row] = report.rows(now().date())
+    assert (row["kind"], row["dc"], row["candidates"], row["purged"]) == ("message", "all", 6, 6)
