@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`. Both install what they need first.
 PYTHON ?= python3
 
-.PHONY: install demo test faults faults-full stack-up stack-down
+.PHONY: install demo test faults faults-full bench bench-10m stack-up stack-down
 
 install:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test]'
@@ -24,6 +24,17 @@ faults: install
 
 faults-full: install
 	PURGER_FAULT_ATTEMPTS=20000 PURGER_FAULT_RANDOM_KILLS=10 $(PYTHON) -m pytest -s $(FAULT_TESTS)
+
+# Benchmarks (BENCHMARKS.md): each prints its figures beside a baseline measured in the same run.
+bench: install
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	$(PYTHON) -m bench.stateful --messages 100000
+	$(PYTHON) -m bench.deletes --messages 20000
+	$(PYTHON) -m bench.lag --rate 20 --seconds 300
+	$(PYTHON) -m bench.state_scale --objects 1000000
+
+bench-10m: install
+	$(PYTHON) -m bench.state_scale --objects 10000000
 
 stack-up: install
 	purger stack up

@@ -278,7 +278,8 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     from rich.console import Console
     from rich.table import Table
 
-    from purger.demo import SCENARIOS, run_demo
+    from purger.demo import run_demo
+    from purger.workload import SCENARIOS, is_purged
 
     _stack_up(load_config())
     report = run_demo(messages=messages)
@@ -287,7 +288,7 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     table.add_column("expected", justify="right")
     table.add_column("observed", justify="right")
     for name, (expected, observed) in report.scenarios.items():
-        outcome = "purged" if SCENARIOS[name][1] else "kept"
+        outcome = "purged" if is_purged(name) else "kept"
         table.add_row(f"{name}: messages {outcome}", str(expected), str(observed))
     table.add_row("payloads purged (row and every blob)", str(report.payloads_expected_gone), str(report.payloads_gone))
     table.add_row("payloads kept (still referred to)", str(report.payloads_expected_kept), str(report.payloads_kept))

@@ -17,34 +17,21 @@ Example::
 
 from __future__ import annotations
 
-import random
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from purger.config import PurgerConfig, build_config
-from purger.platform import INLINE_LIMIT, Platform, now
+from purger.platform import Platform
+from purger.workload import SCENARIOS, Workload, is_purged, play
 from purger.stack import prepare
 from sinks.ledger import Report
-
-# scenario: (share of messages, purged?)
-SCENARIOS = {
-    "expired by counter": (0.30, True),
-    "counter revived": (0.10, False),
-    "expired by date": (0.10, True),
-    "date moved": (0.05, False),
-    "incomplete upload": (0.10, True),
-    "upload completed": (0.05, False),
-    "deleted": (0.10, True),
-    "live": (0.20, False),
-}
-
 
 @dataclass
 class DemoReport:
@@ -93,28 +80,6 @@ def demo_config(run: str) -> PurgerConfig:
     )
 
 
-def _play(platform: Platform, scenario: str, message: str, payload: str, size: int, shared: bool) -> str:
-    """Write one message through its scenario; return the payload id it got."""
-    soon = now() + timedelta(seconds=5)
-    counter = 2 if scenario in ("expired by counter", "counter revived", "live") else None
-    until = soon if scenario in ("expired by date", "date moved") else None
-    complete = scenario not in ("incomplete upload", "upload completed")
-    payload = platform.enqueue(message, payload, extract_count=counter, extract_until=until, complete=complete,
-                               size=size, shared=shared)
-    if scenario in ("expired by counter", "counter revived"):
-        platform.dequeue(message, 1)
-        platform.dequeue(message, 0)
-    if scenario == "counter revived":
-        platform.set_counter(message, 1)
-    elif scenario == "date moved":
-        platform.set_extract_until(message, soon + timedelta(days=30))
-    elif scenario == "upload completed":
-        platform.upload_complete(message)
-    elif scenario == "deleted":
-        platform.delete(message)
-    return payload
-
-
 def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> DemoReport:
     from purger.spark import spark_session
     from streams.query import start_purger
@@ -128,25 +93,18 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
     running = start_purger(spark, config)
     platform = Platform(config)
     report = DemoReport()
-    chooser = random.Random(seed)
-    names, weights = list(SCENARIOS), [share for share, _ in SCENARIOS.values()]
     scenario_of: dict[str, str] = {}
     payload_of: dict[str, str] = {}
     stored: set[str] = set()  # payloads kept in the object stores
     try:
-        for i in tqdm(range(messages), desc="platform", unit="msg"):
-            message = f"{run}-m{i:05d}"
-            scenario_of[message] = chooser.choices(names, weights)[0]
-            # One message in five shares the payload of the one before (when that one is not inline).
-            shared = i > 0 and chooser.random() < 0.2
-            payload = payload_of[f"{run}-m{i - 1:05d}"] if shared else f"{run}-p{i:05d}"
-            size = 200 if chooser.random() < 0.1 and not shared else 32 * 1024
-            payload_of[message] = _play(platform, scenario_of[message], message, payload, size, shared)
-            if size >= INLINE_LIMIT:
-                stored.add(payload_of[message])
+        for plan in tqdm(list(Workload(seed=seed).plans(run, messages)), desc="platform", unit="msg"):
+            scenario_of[plan.message] = plan.scenario
+            payload_of[plan.message] = play(platform, plan)
+            if plan.stored:
+                stored.add(payload_of[plan.message])
         platform.flush()
 
-        purged = {m for m, s in scenario_of.items() if SCENARIOS[s][1]}
+        purged = {m for m, s in scenario_of.items() if is_purged(s)}
         referrers: dict[str, set[str]] = {}
         for m, p in payload_of.items():
             referrers.setdefault(p, set()).add(m)
@@ -165,7 +123,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
         time.sleep(3 * config.stream.trigger_interval.total_seconds())
         for name in SCENARIOS:
             members = [m for m, s in scenario_of.items() if s == name]
-            if SCENARIOS[name][1]:
+            if is_purged(name):
                 report.scenarios[name] = (len(members), sum(platform.row(m) is None for m in members))
             else:
                 report.scenarios[name] = (len(members), sum(platform.row(m) is not None for m in members))

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -30,6 +31,7 @@ INLINE_LIMIT = 10 * 1024  # payloads under 10 KiB live in the message row (SPEC 
 
 
 _last_moment = datetime.min.replace(tzinfo=timezone.utc)
+_clock_lock = threading.Lock()
 
 
 def now() -> datetime:
@@ -37,17 +39,25 @@ def now() -> datetime:
 
     A platform's successive changes to one message must carry increasing event times.
     """
-    global _last_moment  # one clock for every Platform in the process
-    _last_moment = max(datetime.now(timezone.utc), _last_moment + timedelta(milliseconds=1))
-    return _last_moment
+    global _last_moment  # one clock for every Platform and thread in the process
+    with _clock_lock:
+        _last_moment = max(datetime.now(timezone.utc), _last_moment + timedelta(milliseconds=1))
+        return _last_moment
 
 
 class Platform:
-    def __init__(self, config: PurgerConfig) -> None:
+    """The platform's writes, with events. With ``events_only`` it emits the same events but writes no
+    rows or blobs: for benchmarks of the stateful stage, which never reads them."""
+
+    def __init__(self, config: PurgerConfig, events_only: bool = False) -> None:
         self.config = config
+        self.events_only = events_only
+        self.producer = kafka_producer(config.kafka, acks="all", linger_ms=5)
+        self._held = threading.local()  # events held by ``holding``, per thread
+        if events_only:
+            return
         self.session = cassandra_session(config.cassandra, config.cassandra.keyspace)
         self.stores = {dc: s3_client(store) for dc, store in config.stores.items()}
-        self.producer = kafka_producer(config.kafka, acks="all", linger_ms=5)
         tables = config.cassandra
         self._messages, self._refs, self._payloads = (
             tables.messages_table, tables.payload_refs_table, tables.payloads_table)
@@ -73,14 +83,15 @@ class Platform:
         self._select_payload = self.session.prepare(f"SELECT * FROM {self._payloads} WHERE payload_id = ?")
         self._select_refs = self.session.prepare(f"SELECT message_id FROM {self._refs} WHERE payload_id = ?")
         self._updates: dict[str, Any] = {}
-        self._held: list[tuple[bytes, bytes]] | None = None
+        self._updates_lock = threading.Lock()
 
     def emit(self, event_type: str, message_id: str, at: datetime, **fields: Any) -> None:
         event = {"event_id": str(uuid.uuid4()), "type": event_type, "event_time": format_timestamp(at), "message_id": message_id}
         event.update(fields)
         record = (message_id.encode(), json.dumps(event).encode())
-        if self._held is not None:
-            self._held.append(record)
+        held = getattr(self._held, "events", None)
+        if held is not None:
+            held.append(record)
         else:
             self.send([record])
 
@@ -94,11 +105,11 @@ class Platform:
                 platform.set_counter("m1", 1)
             platform.send(events * 2)  # late, and twice
         """
-        self._held = []
+        self._held.events = []
         try:
-            yield self._held
+            yield self._held.events
         finally:
-            self._held = None
+            self._held.events = None
 
     def send(self, records: Iterable[tuple[bytes, bytes]]) -> None:
         """Produce (key, value) records to the events topic."""
@@ -106,13 +117,16 @@ class Platform:
             self.producer.send(self.config.kafka.topics[0], key=key, value=value)
 
     def _update(self, message_id: str, at: datetime, **columns: Any) -> None:
+        if self.events_only:
+            return
         names = sorted(columns)
         statement_key = ",".join(names)
-        if statement_key not in self._updates:
-            assignments = ", ".join(f"{name} = ?" for name in names)
-            self._updates[statement_key] = self.session.prepare(
-                f"UPDATE {self._messages} SET {assignments}, updated_at = ? WHERE message_id = ?"
-            )
+        with self._updates_lock:
+            if statement_key not in self._updates:
+                assignments = ", ".join(f"{name} = ?" for name in names)
+                self._updates[statement_key] = self.session.prepare(
+                    f"UPDATE {self._messages} SET {assignments}, updated_at = ? WHERE message_id = ?"
+                )
         self.session.execute(self._updates[statement_key], (*(columns[n] for n in names), at, message_id))
 
     def link(self, message_id: str, payload_id: str, at: datetime | None = None) -> bool:
@@ -120,6 +134,8 @@ class Platform:
 
         Returns False when the payload is being purged: the caller must store a new payload instead.
         """
+        if self.events_only:
+            return True
         self.session.execute(self._insert_ref, (payload_id, message_id))
         if self.session.execute(self._touch_payload, (at or now(), payload_id)).was_applied:
             return True
@@ -146,27 +162,34 @@ class Platform:
         at = at or now()
         dcs = sorted(dcs)
         inline = size < INLINE_LIMIT
-        body = (message_id.encode() * (size // max(len(message_id), 1) + 1))[:size]
         if shared and not inline and not self.link(message_id, payload_id, at):
             payload_id = f"{payload_id}.{message_id}"
             shared = False
-        if not shared and not inline:
-            for dc in dcs:
-                self.stores[dc].put_object(Bucket=self.config.stores[dc].bucket, Key=payload_key(payload_id), Body=body)
-            self.session.execute(self._insert_payload, (payload_id, size, set(dcs), at, at))
-        if not shared:
-            self.session.execute(self._insert_ref, (payload_id, message_id))
-        self.session.execute(
-            self._insert_message,
-            (message_id, mailbox, payload_id, size, body if inline else None, extract_count, extract_until,
-             complete, at, at),
-        )
+        if not self.events_only:
+            body = (message_id.encode() * (size // max(len(message_id), 1) + 1))[:size]
+            self._store(message_id, payload_id, mailbox, size, body if inline else None, extract_count,
+                        extract_until, complete, dcs, at, blob=None if shared or inline else body, shared=shared)
         self.emit(
             "enqueue", message_id, at, mailbox=mailbox, payload_id=payload_id, payload_size=size, inline=inline,
             extract_count=extract_count, extract_until=extract_until and format_timestamp(extract_until),
             complete=complete, dcs=dcs,
         )
         return payload_id
+
+    def _store(self, message_id: str, payload_id: str, mailbox: str, size: int, inline_payload: bytes | None,
+               extract_count: int | None, extract_until: datetime | None, complete: bool, dcs: list[str],
+               at: datetime, blob: bytes | None, shared: bool) -> None:
+        """The writes of an enqueue: the blob in each data centre and its payload row, the reference, the row."""
+        if blob is not None:
+            for dc in dcs:
+                self.stores[dc].put_object(Bucket=self.config.stores[dc].bucket, Key=payload_key(payload_id), Body=blob)
+            self.session.execute(self._insert_payload, (payload_id, size, set(dcs), at, at))
+        if not shared:
+            self.session.execute(self._insert_ref, (payload_id, message_id))
+        self.session.execute(
+            self._insert_message,
+            (message_id, mailbox, payload_id, size, inline_payload, extract_count, extract_until, complete, at, at),
+        )
 
     def dequeue(self, message_id: str, extract_count: int, at: datetime | None = None) -> None:
         """A client extracted the message; the counter's new value is absolute."""
@@ -228,4 +251,5 @@ class Platform:
 
     def close(self) -> None:
         self.producer.close()
-        self.session.cluster.shutdown()
+        if not self.events_only:
+            self.session.cluster.shutdown()

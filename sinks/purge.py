@@ -38,6 +38,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -56,7 +57,7 @@ from sinks.cassandra import (
 from sinks.control import Reports
 from sinks.ledger import Ledger, lag_seconds
 from sinks.objects import PayloadStores
-from sinks.throttle import Pacer, per_task_rate
+from sinks.throttle import Pacer, bounded_map, per_task_rate
 from streams.processor import DEAD_LETTER, MESSAGE, PAYLOAD
 from streams.rules import PAYLOAD as PAYLOAD_RULE
 from streams.rules import Retention
@@ -244,24 +245,36 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     clients = _clients(config)
     pacer = Pacer(deletions_per_second or config.stream.max_deletions_per_second)
     worker = f"{socket.gethostname()}:{os.getpid()}"
-    for c in candidates:
+
+    def purge_one(c: Row) -> list[tuple]:
         def outcome(status: str, dc: str | None = None, reason: str | None = None,
-                    deleted_at_ms: int | None = None, c: Row = c) -> tuple:
+                    deleted_at_ms: int | None = None) -> tuple:
             return (c.kind, c.id, c.rule, dc, status, reason, c.eligible_at_ms, now_ms(), deleted_at_ms,
                     batch_id, worker)
 
         if c.kind == DEAD_LETTER:
             clients.reports.dead_letter(c.key, c.value, c.reason, c.topic, c.partition, c.offset)
-            yield outcome(DEAD_LETTERED, reason=c.reason)
-            continue
-        pacer.wait()
+            return [outcome(DEAD_LETTERED, reason=c.reason)]
+        outcomes: list[tuple] = []
         purge = _purge_message if c.kind == MESSAGE else _purge_payload
         try:
-            yield from purge(c, clients, outcome, retry)
+            outcomes.extend(purge(c, clients, outcome, retry))
         except Exception as error:  # Cassandra unavailable, timeouts: this candidate only, retried later
             log.warning("purge of %s %s failed, retrying in %d ms: %s", c.kind, c.id, clients.retry_ms, error)
-            yield outcome(ERROR, reason=f"{type(error).__name__}: {error}")
+            outcomes.append(outcome(ERROR, reason=f"{type(error).__name__}: {error}"))
             clients.reports.recheck(c.kind, c.id, c.rule, now_ms() + clients.retry_ms)
+        return outcomes
+
+    def paced(c: Row) -> Row:
+        if c.kind != DEAD_LETTER:
+            pacer.wait()
+        return c
+
+    # Each candidate is a short chain of round trips (a lightweight transaction alone takes four):
+    # ``delete_concurrency`` of them in flight per task keep Cassandra and the stores busy.
+    with ThreadPoolExecutor(config.stream.delete_concurrency, thread_name_prefix="purge") as pool:
+        for outcomes in bounded_map(pool, purge_one, map(paced, candidates), config.stream.delete_concurrency):
+            yield from outcomes
     # The batch commits only after every report is in Kafka.
     clients.reports.flush()
 

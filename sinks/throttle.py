@@ -1,4 +1,5 @@
-"""A cap on deletions per second that holds across partitions. Plain Python.
+"""How fast a task purges: a cap on deletions per second that holds across partitions, and a bounded
+number of purges in flight. Plain Python.
 
 Each task of a batch paces its own deletions at ``cap / tasks_at_once``, where
 ``tasks_at_once`` is how many of the batch's tasks can run at the same time
@@ -16,7 +17,12 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections import deque
+from concurrent.futures import Executor, Future
+from typing import Callable, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def per_task_rate(cap_per_second: float, partitions: int, cores: int) -> float:
@@ -46,3 +52,21 @@ class Pacer:
         elif self.next_at > now:
             self.sleep(self.next_at - now)
         self.next_at += self.interval_s
+
+
+def bounded_map(pool: Executor, function: Callable[[T], R], items: Iterable[T], in_flight: int) -> Iterator[R]:
+    """``pool.map`` that reads ``items`` lazily, with at most ``in_flight`` calls pending, so a partition's
+    candidates are not all pulled into memory (nor past the pacer) first. Results come in order.
+
+    >>> from concurrent.futures import ThreadPoolExecutor
+    >>> with ThreadPoolExecutor(4) as pool:
+    ...     list(bounded_map(pool, lambda x: x * x, range(5), in_flight=2))
+    [0, 1, 4, 9, 16]
+    """
+    pending: deque[Future[R]] = deque()
+    for item in items:
+        if len(pending) >= in_flight:
+            yield pending.popleft().result()
+        pending.append(pool.submit(function, item))
+    while pending:
+        yield pending.popleft().result()

@@ -160,8 +160,10 @@ class PurgeProcessor(StatefulProcessor):
             return
         if kind not in STORED:
             return  # clock ticks: they only move the watermark
-        stored, value = STORED[kind], self.stored[kind]
-        state, schedule = stored.from_row(value.get()) if value.exists() else (None, Schedule())
+        stored = STORED[kind]
+        # get() alone (None when absent): each state call is a round trip to the JVM's state server.
+        row = self.stored[kind].get()
+        state, schedule = stored.from_row(row) if row is not None else (None, Schedule())
         events = []
         for r in rows:
             if r.type == RECHECK:
@@ -176,9 +178,10 @@ class PurgeProcessor(StatefulProcessor):
     ) -> Iterator[Row]:
         kind, object_id = key
         stored, value = STORED[kind], self.stored[kind]
-        if not value.exists():
+        row = value.get()
+        if row is None:
             return
-        state, schedule = stored.from_row(value.get())
+        state, schedule = stored.from_row(row)
         schedule = replace(schedule, timer_ms=None)  # Spark removed the timer that fired
         emitted, kept = on_timer(schedule, stored.eligible(state, self.retention),
                                  timerValues.getCurrentWatermarkInMs(), self.linger_ms)
@@ -211,7 +214,7 @@ class PurgeProcessor(StatefulProcessor):
         pass
 
 
-def _routed(events: DataFrame) -> DataFrame:
+def routed(events: DataFrame) -> DataFrame:
     """One row per (record, object it is about), keyed by ``kind`` and ``id``, with the watermark column."""
     t = F.col("type")
     object_kind: Column = (
@@ -233,8 +236,7 @@ def _routed(events: DataFrame) -> DataFrame:
         F.struct(F.lit(PAYLOAD).alias("kind"), F.col("payload_id").alias("id"), F.lit(LINK).alias("type")),
     )
     targets = F.filter(F.array(itself, link), lambda target: target.isNotNull())
-    routed = events.withColumn("target", F.explode(targets))
-    return routed.select(
+    return events.withColumn("target", F.explode(targets)).select(
         F.col("target.kind").alias("kind"),
         F.col("target.id").alias("id"),
         F.col("target.type").alias("type"),
@@ -252,7 +254,7 @@ def purge_candidates(events: DataFrame, retention: Retention, watermark_delay_ms
     """Parsed records in (``streams.events.parse_events``), ``OUTPUT_SCHEMA`` rows out: purge candidates
     as objects come due, and bad records as dead letters."""
     return (
-        _routed(events)
+        routed(events)
         .withWatermark("watermark_time", f"{watermark_delay_ms} milliseconds")
         .groupBy("kind", "id")
         .transformWithState(

@@ -88,6 +88,8 @@ def test_a_dry_run_has_a_checkpoint_of_its_own():
 def test_operations_keys_are_checked():
     with pytest.raises(ConfigError, match="stream.max_deletions_per_second"):
         build_config({"stream": {"max_deletions_per_second": 0}})
+    with pytest.raises(ConfigError, match="stream.delete_concurrency: Input should be less than or equal to 256"):
+        build_config({"stream": {"delete_concurrency": 1000}})
     with pytest.raises(ConfigError, match="ledger.s3.endpont: unknown key"):
         build_config({"ledger": {"s3": {"endpont": "http://x"}}})
     with pytest.raises(ConfigError, match="metrics.port"):

@@ -1,0 +1,233 @@
+"""What the benchmarks share: a run's configuration and servers, timed streaming runs, memory, and results.
+
+Every figure is printed and appended as one JSON line to ``bench/results.jsonl``
+with its baseline (measured in the same run), the ratio, the command and the
+machine, so ``BENCHMARKS.md`` can be written from it.
+
+Example::
+
+    run = BenchRun.start("stateful", retention={"expired_ttl": "10s"})
+    run.record("stateful stage", 12_000, "events/s", baseline=("native aggregation", 20_000), target=0.8)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as host
+import shlex
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from kafka import KafkaConsumer, TopicPartition
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from purger.config import PurgerConfig, build_config
+from purger.connections import kafka_producer
+from purger.stack import LocalStack
+from streams.clock import tick
+
+RESULTS = Path(__file__).parent / "results.jsonl"
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), host.processor())
+    memory_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                         if line.startswith("MemTotal")))
+    return f"{os.cpu_count()} cores ({model}), {memory_kb / 2**20:.0f} GiB, local[2]"
+
+
+@dataclass
+class BenchRun:
+    name: str
+    run: str
+    config: PurgerConfig
+    work: Path
+
+    @classmethod
+    def start(cls, name: str, **sections: dict[str, Any]) -> "BenchRun":
+        """A configuration of its own (topics, checkpoint, ledger), the local stack up, its topics made."""
+        run = f"{name}-{uuid.uuid4().hex[:6]}"
+        work = Path(tempfile.mkdtemp(prefix=f"purger-bench-{run}-"))
+        raw: dict[str, Any] = {
+            "kafka": {"topics": [f"bench.{run}.events"], "control_topic": f"bench.{run}.control",
+                      "dead_letter_topic": f"bench.{run}.dead-letter"},
+            "stream": {"query_name": f"bench-{run}", "checkpoint": str(work / "checkpoint")},
+            "ledger": {"path": str(work / "ledger" / "records"), "report_path": str(work / "ledger" / "report")},
+            "metrics": {"port": 0},
+        }
+        for section, values in sections.items():
+            raw.setdefault(section, {}).update(values)
+        config = build_config(raw)
+        LocalStack(log=lambda line: print(f"stack: {line}")).up(config)
+        return cls(name, run, config, work)
+
+    def spark(self) -> SparkSession:
+        from purger.spark import spark_session
+
+        spark = spark_session(self.config.stream, app_name=f"bench-{self.name}")
+        spark.sparkContext.setLogLevel("ERROR")
+        # Every batch's progress, for the figures and the plot (Spark keeps the last 100 by default).
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
+        return spark
+
+    def record(self, figure: str, value: float, unit: str, baseline: tuple[str, float] | None = None,
+               target: str | None = None, **details: Any) -> None:
+        """Print a figure (with its baseline and ratio) and append it to the results file."""
+        entry: dict[str, Any] = {
+            "bench": self.name, "figure": figure, "value": round(value, 3), "unit": unit,
+            "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+            "command": shlex.join(["python", "-m", f"bench.{self.name}", *sys.argv[1:]]), **details,
+        }
+        line = f"{figure}: {value:,.1f} {unit}"
+        if baseline is not None:
+            entry["baseline"], entry["baseline_value"] = baseline[0], round(baseline[1], 3)
+            entry["ratio"] = round(value / baseline[1], 3) if baseline[1] else None
+            line += f"   baseline {baseline[0]}: {baseline[1]:,.1f} {unit}, ratio {entry['ratio']}"
+        if target is not None:
+            entry["target"] = target
+            line += f"   (target {target})"
+        print(line, flush=True)
+        with RESULTS.open("a") as results:
+            results.write(json.dumps(entry) + "\n")
+
+
+def topic_end_offsets(config: PurgerConfig, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers)
+    try:
+        partitions = [TopicPartition(t, p) for t in topics or config.kafka.topics
+                      for p in sorted(consumer.partitions_for_topic(t) or ())]
+        return {(tp.topic, tp.partition): offset for tp, offset in consumer.end_offsets(partitions).items()}
+    finally:
+        consumer.close()
+
+
+def read_all_with_kafka_python(config: PurgerConfig) -> tuple[int, float]:
+    """Baseline: a plain kafka-python read of the events topics from the earliest offset; (records, seconds)."""
+    ends = topic_end_offsets(config)
+    total = sum(ends.values())
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers, auto_offset_reset="earliest",
+                             enable_auto_commit=False, max_poll_records=5000, fetch_max_bytes=64 * 2**20)
+    consumer.assign([TopicPartition(t, p) for t, p in ends])
+    consumer.seek_to_beginning()
+    read = 0
+    started = time.perf_counter()
+    try:
+        while read < total:
+            for records in consumer.poll(timeout_ms=1000).values():
+                read += len(records)
+        return read, time.perf_counter() - started
+    finally:
+        consumer.close()
+
+
+@contextmanager
+def ticking(config: PurgerConfig, interval_s: float = 1.0) -> Iterator[None]:
+    """Clock ticks on the control topic every ``interval_s`` whatever the query's progress (unlike the
+    purger's clock, which waits until the query has caught up), so timers fire while a backlog is read."""
+    producer = kafka_producer(config.kafka)
+    stopped = threading.Event()
+
+    def run() -> None:
+        while not stopped.wait(interval_s):
+            producer.send(config.kafka.control_topic, tick())
+            producer.flush()
+
+    thread = threading.Thread(target=run, name="bench-clock", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join()
+        producer.close()
+
+
+def read_to(query: StreamingQuery, ends: dict[tuple[str, int], int], timeout_s: float = 7200,
+            also: Callable[[], bool] = lambda: True) -> float:
+    """Wait until the query's batches have read up to ``ends`` on every events partition (and ``also``
+    holds); return the seconds since the query started, by its progress's own timestamps."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if query.exception() is not None:
+            raise RuntimeError(f"query failed: {query.exception()}")
+        progress = [json.loads(p.json) for p in query.recentProgress]
+        if progress and _reached(progress[-1], ends) and also():
+            first = epoch_s(progress[0]["timestamp"])
+            last = progress[-1]
+            return epoch_s(last["timestamp"]) + last["durationMs"].get("triggerExecution", 0) / 1000 - first
+        time.sleep(0.5)
+    raise TimeoutError(f"the query did not read up to {ends} in {timeout_s} s")
+
+
+def _reached(progress: dict, ends: dict[tuple[str, int], int]) -> bool:
+    read: dict[tuple[str, int], int] = {}
+    for source in progress.get("sources", []):
+        for topic, offsets in (source.get("endOffset") or {}).items():
+            for partition, offset in offsets.items():
+                read[(topic, int(partition))] = offset
+    return all(read.get(p, 0) >= end for p, end in ends.items())
+
+
+def epoch_s(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+
+
+def process_tree_rss_mb(root_pid: int | None = None) -> dict[str, float]:
+    """Resident memory of this process and its descendants (the driver's JVM, Python workers), in MiB,
+    summed by command name (java, python)."""
+    root = root_pid or os.getpid()
+    children: dict[int, list[int]] = {}
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(status.parent.name))
+        except (OSError, IndexError):
+            continue
+    totals: dict[str, float] = {}
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, []))
+        try:
+            text = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        name = next(l.split()[1] for l in text.splitlines() if l.startswith("Name:"))
+        rss = next((int(l.split()[1]) for l in text.splitlines() if l.startswith("VmRSS:")), 0)
+        kind = "java" if name == "java" else "python" if name.startswith("python") else name
+        totals[kind] = totals.get(kind, 0.0) + rss / 1024
+    return totals
+
+
+class PeakMemory:
+    """Samples ``process_tree_rss_mb`` every second in a thread; ``peak`` is the largest sum seen."""
+
+    def __init__(self) -> None:
+        self.peak: dict[str, float] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(1.0):
+            sample = process_tree_rss_mb()
+            if sum(sample.values()) > sum(self.peak.values()):
+                self.peak = sample

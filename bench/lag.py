@@ -1,0 +1,126 @@
+"""Purge lag (deletion time minus eligibility time) at the default trigger, and throughput over a run, plotted.
+
+    python -m bench.lag --rate 20 --seconds 300
+
+The platform plays the default workload (rows, blobs in two data centres,
+shared and inline payloads, 5% of messages with late events, 5% sent twice) at
+``--rate`` messages per second while the purger runs with the default stream
+settings (5 s trigger, 10 s watermark delay, 5 s clock) and retention periods
+shortened to seconds. Once the platform stops, the run waits until every
+eligible message is purged, then reads the ledger: lag percentiles per kind
+and, per 10 s of the run, events in, deletions and lag, plotted to
+``bench/lag.png``. The baseline for the lag is what the settings alone make
+inevitable: the watermark delay plus one trigger interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from pyspark.sql import functions as F
+
+from bench.common import BenchRun, epoch_s
+from purger.platform import Platform
+from purger.workload import Workload, is_purged, play_all
+from sinks.ledger import Ledger
+from streams.query import start_purger
+
+PLOT = Path(__file__).parent / "lag.png"
+BUCKET_S = 10
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rate", type=float, default=20, help="messages per second")
+    parser.add_argument("--seconds", type=float, default=300)
+    args = parser.parse_args()
+    run = BenchRun.start("lag", retention={"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
+                                           "payload_grace": "5s"})
+    config = run.config
+    spark = run.spark()
+    running = start_purger(spark, config)
+    platform = Platform(config)
+    expected = 0
+    counted = threading.Lock()
+
+    def played(plan, payload) -> None:
+        nonlocal expected
+        if is_purged(plan.scenario):
+            with counted:
+                expected += 1
+
+    started = time.time()
+    try:
+        messages = int(args.rate * args.seconds)
+        workload = Workload(late_share=0.05, duplicate_share=0.05)
+        play_all(platform, workload.plans(run.run, messages), rate=args.rate, on_played=played)
+        played_s = time.time() - started
+        deadline = time.monotonic() + 300
+        while running.sink.totals[("message", "purged")] < expected and time.monotonic() < deadline:
+            time.sleep(1)
+        time.sleep(30)  # the payloads of the last messages: released, then their grace
+        progress = [json.loads(p.json) for p in running.query.recentProgress]
+    finally:
+        running.stop()
+        platform.close()
+    run.record("workload generator (rows, blobs, events)", messages / played_s, "messages/s", messages=messages)
+
+    records = (Ledger(spark, config.ledger).records()
+               .where((F.col("status") == "purged") & F.col("dc").isNull())
+               .select("kind", "lag_s", F.col("deleted_at").cast("double").alias("deleted_s")).collect())
+    purged_messages = sum(r["kind"] == "message" for r in records)
+    if purged_messages < expected:
+        raise RuntimeError(f"{purged_messages} of {expected} eligible messages purged")
+    floor = config.stream.watermark_delay.total_seconds() + config.stream.trigger_interval.total_seconds()
+    for kind in ("message", "payload"):
+        lags = np.array([r["lag_s"] for r in records if r["kind"] == kind])
+        for p in (50, 99):
+            run.record(f"purge lag p{p}, {kind}s", float(np.percentile(lags, p)), "s",
+                       baseline=("watermark delay + trigger interval", floor),
+                       target="p99 < 30 s" if p == 99 else None, deletions=len(lags), rate=args.rate)
+    plot(records, progress, started, floor)
+
+
+def plot(records, progress: list[dict], started: float, floor: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    end = max(r["deleted_s"] for r in records)
+    edges = np.arange(started, end + BUCKET_S, BUCKET_S)
+    middles = (edges[:-1] - started + BUCKET_S / 2)
+    deleted = np.array([r["deleted_s"] for r in records])
+    lags = np.array([r["lag_s"] for r in records])
+    deletions = np.histogram(deleted, edges)[0] / BUCKET_S
+    p50, p99 = ([np.percentile(lags[(deleted >= a) & (deleted < b)], q) if ((deleted >= a) & (deleted < b)).any()
+                 else np.nan for a, b in zip(edges[:-1], edges[1:])] for q in (50, 99))
+    batch_at = np.array([epoch_s(p["timestamp"]) for p in progress])
+    batch_rows = np.array([p["numInputRows"] for p in progress])
+    events_in = np.array([batch_rows[(batch_at >= a) & (batch_at < b)].sum() for a, b in zip(edges[:-1], edges[1:])])
+
+    figure, (rates, lag) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+    rates.plot(middles, events_in / BUCKET_S, label="events read (per s)")
+    rates.plot(middles, deletions, label="purges: messages and payloads (per s)")
+    rates.set_ylabel("per second")
+    rates.legend()
+    rates.set_title("Purger under a steady workload: throughput and purge lag per 10 s")
+    lag.plot(middles, p50, label="lag p50")
+    lag.plot(middles, p99, label="lag p99")
+    lag.axhline(floor, linestyle=":", color="grey", label="watermark delay + trigger")
+    lag.axhline(30, linestyle="--", color="red", label="target p99")
+    lag.set_ylabel("seconds")
+    lag.set_xlabel("seconds into the run")
+    lag.legend()
+    figure.tight_layout()
+    figure.savefig(PLOT, dpi=100)
+    print(f"plot: {PLOT}")
+
+
+if __name__ == "__main__":
+    main()

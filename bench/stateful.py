@@ -1,0 +1,125 @@
+"""Events per second through the stateful stage and through a replay, beside their ceilings.
+
+    python -m bench.stateful --messages 100000
+
+Over one topic holding the default workload's events (without rows or blobs: the
+stateful stage never reads them), in this order:
+
+1. a plain kafka-python read of the topic (the ceiling of any Kafka reader here);
+2. a native Spark aggregation over the same routed rows, with the same source,
+   parsing and state store: a count and the latest event time per object (the
+   ceiling of the stateful stage);
+3. the stateful stage (parsing, routing, ``transformWithState``) into Spark's
+   noop sink, with a clock tick every second so timers fire as the backlog is
+   read, as they would live;
+4. the whole purger replaying the topic from the earliest offset: the rate at
+   which it reads up to the end, then the time until every candidate was
+   decided (double-checked against Cassandra, and found gone).
+
+Each Spark run starts from a fresh checkpoint, reads ``max_offsets_per_trigger``
+per batch with no trigger interval, and is timed by its progress's timestamps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from bench.common import BenchRun, read_all_with_kafka_python, read_to, ticking, topic_end_offsets
+from purger.platform import Platform
+from purger.workload import Workload, play
+from streams.events import parse_events
+from streams.processor import purge_candidates, routed
+from streams.query import start_purger
+from streams.rules import Retention
+from streams.source import read_records
+
+RETENTION = {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s", "payload_grace": "2s"}
+
+
+def produce(run: BenchRun, messages: int) -> tuple[int, float]:
+    """The workload's events, 5% late and 5% twice; (events, seconds)."""
+    platform = Platform(run.config, events_only=True)
+    workload = Workload(late_share=0.05, duplicate_share=0.05)
+    started = time.perf_counter()
+    held = []
+    for plan in workload.plans(run.run, messages):
+        with platform.holding() as events:
+            play(platform, plan)
+        events = events * 2 if plan.duplicated else events
+        if plan.late:
+            held.extend(events)  # sent after all the others
+        else:
+            platform.send(events)
+    platform.send(held)
+    platform.close()
+    return sum(topic_end_offsets(run.config).values()), time.perf_counter() - started
+
+
+def timed(run: BenchRun, name: str, outputs: DataFrame, output_mode: str) -> float:
+    """Run ``outputs`` into the noop sink from a fresh checkpoint until it has read the whole topic."""
+    ends = topic_end_offsets(run.config)
+    query = (outputs.writeStream.queryName(f"{run.run}-{name}").format("noop").outputMode(output_mode)
+             .option("checkpointLocation", str(run.work / f"checkpoint-{name}")).start())
+    try:
+        with ticking(run.config):
+            return read_to(query, ends)
+    finally:
+        query.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    args = parser.parse_args()
+    run = BenchRun.start("stateful", retention=RETENTION)
+    config = run.config
+    events, seconds = produce(run, args.messages)
+    run.record("workload generator (events only)", events / seconds, "events/s", events=events)
+
+    read, seconds = read_all_with_kafka_python(config)
+    kafka_rate = read / seconds
+    run.record("plain Kafka read (kafka-python)", kafka_rate, "events/s", events=read)
+
+    spark = run.spark()
+    parsed = parse_events(read_records(spark, config.kafka), config.kafka.control_topic)
+    native = routed(parsed).groupBy("kind", "id").agg(F.count(F.lit(1)).alias("events"),
+                                                       F.max("event_time_ms").alias("latest_ms"))
+    native_rate = events / timed(run, "native", native, "update")
+    run.record("native Spark aggregation", native_rate, "events/s", events=events)
+
+    retention = Retention.from_config(config.retention)
+    watermark_ms = int(config.stream.watermark_delay.total_seconds() * 1000)
+    stateful_rate = events / timed(run, "stateful", purge_candidates(parsed, retention, watermark_ms), "append")
+    run.record("stateful stage (transformWithState)", stateful_rate, "events/s",
+               baseline=("native Spark aggregation", native_rate), target=">= 0.8x", events=events)
+
+    running = start_purger(spark, config)
+    try:
+        read_s = read_to(running.query, topic_end_offsets(config))
+        run.record("replay from the earliest offset: read", events / read_s, "events/s",
+                   baseline=("plain Kafka read", kafka_rate), events=events)
+        decided_s = _settled(running, read_s)
+        run.record("replay from the earliest offset: every candidate decided", decided_s, "s", events=events,
+                   outcomes=dict((f"{k}/{s}", n) for (k, s), n in running.sink.totals.items()))
+    finally:
+        running.stop()
+
+
+def _settled(running, read_s: float, quiet_s: float = 15) -> float:
+    """Seconds from the replay's start until its outcomes stopped changing for ``quiet_s``."""
+    started = time.monotonic() - read_s
+    last_total, last_change = -1, time.monotonic()
+    while time.monotonic() - last_change < quiet_s:
+        total = sum(running.sink.totals.values())
+        if total != last_total:
+            last_total, last_change = total, time.monotonic()
+        time.sleep(0.5)
+    return last_change - started
+
+
+if __name__ == "__main__":
+    main()
