@@ -23,12 +23,13 @@ per batch with no trigger interval, and is timed by its progress's timestamps.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from bench.common import BenchRun, read_all_with_kafka_python, read_to, ticking, topic_end_offsets
+from bench.common import BenchRun, epoch_s, read_all_with_kafka_python, read_to, ticking, topic_end_offsets
 from purger.platform import Platform
 from purger.workload import Workload, play
 from streams.events import parse_events
@@ -102,23 +103,28 @@ def main() -> None:
         read_s = read_to(running.query, topic_end_offsets(config))
         run.record("replay from the earliest offset: read", events / read_s, "events/s",
                    baseline=("plain Kafka read", kafka_rate), events=events)
-        decided_s = _settled(running, read_s)
+        decided_s = _decided(running.query)
         run.record("replay from the earliest offset: every candidate decided", decided_s, "s", events=events,
                    outcomes=dict((f"{k}/{s}", n) for (k, s), n in running.sink.totals.items()))
     finally:
         running.stop()
 
 
-def _settled(running, read_s: float, quiet_s: float = 15) -> float:
-    """Seconds from the replay's start until its outcomes stopped changing for ``quiet_s``."""
-    started = time.monotonic() - read_s
-    last_total, last_change = -1, time.monotonic()
-    while time.monotonic() - last_change < quiet_s:
-        total = sum(running.sink.totals.values())
-        if total != last_total:
-            last_total, last_change = total, time.monotonic()
-        time.sleep(0.5)
-    return last_change - started
+def _decided(query, timeout_s: float = 1800) -> float:
+    """Seconds from the replay's start to the end of its last batch with candidates, once a later batch
+    (the clock ticks once the replay has caught up) had none: every candidate is then decided."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        progress = [json.loads(p.json) for p in query.recentProgress]
+        counts = [sum(p.get("observedMetrics", {}).get("purger", {}).get(name, 0)
+                      for name in ("message_candidates", "payload_candidates")) for p in progress]
+        last = max((i for i, n in enumerate(counts) if n), default=None)
+        if last is not None and any(n == 0 for n in counts[last + 1:]):
+            end = progress[last]
+            return (epoch_s(end["timestamp"]) + end["durationMs"]["triggerExecution"] / 1000
+                    - epoch_s(progress[0]["timestamp"]))
+        time.sleep(1)
+    raise TimeoutError(f"the replay's candidates were not all decided in {timeout_s} s")
 
 
 if __name__ == "__main__":

@@ -171,22 +171,29 @@ class PurgeProcessor(StatefulProcessor):
             else:
                 events.append(Event(*(tuple(r[c]) if c == "dcs" and r[c] is not None else r[c] for c in EVENT_COLUMNS)))
         state = stored.fold(state, events) or stored.state_class()
-        self._keep(kind, state, schedule)
+        yield from self._decide(kind, object_id, state, schedule, timerValues.getCurrentWatermarkInMs())
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[Row]:
         kind, object_id = key
-        stored, value = STORED[kind], self.stored[kind]
-        row = value.get()
+        row = self.stored[kind].get()
         if row is None:
             return
-        state, schedule = stored.from_row(row)
+        state, schedule = STORED[kind].from_row(row)
         schedule = replace(schedule, timer_ms=None)  # Spark removed the timer that fired
-        emitted, kept = on_timer(schedule, stored.eligible(state, self.retention),
-                                 timerValues.getCurrentWatermarkInMs(), self.linger_ms)
+        yield from self._decide(kind, object_id, state, schedule, timerValues.getCurrentWatermarkInMs())
+
+    def _decide(self, kind: str, object_id: str, state: Any, schedule: Schedule, watermark_ms: int) -> Iterator[Row]:
+        """Emit the object if the watermark has passed its due time; then keep it with its next timer, or
+        forget it. An object already due when its events arrive (a backlog, a replay) is decided here
+        rather than by a timer that would fire later in this batch: five state calls fewer."""
+        stored = STORED[kind]
+        emitted, kept = on_timer(schedule, stored.eligible(state, self.retention), watermark_ms, self.linger_ms)
         if kept is None:
-            value.clear()
+            if schedule.timer_ms is not None:
+                self.handle.deleteTimer(schedule.timer_ms)
+            self.stored[kind].clear()
             return
         self._keep(kind, state, kept)
         if emitted is not None:
@@ -205,7 +212,6 @@ class PurgeProcessor(StatefulProcessor):
             if schedule.timer_ms is not None:
                 self.handle.deleteTimer(schedule.timer_ms)
             if wanted is not None:
-                # A deadline already behind the watermark fires in this batch's timer pass.
                 self.handle.registerTimer(wanted)
             schedule = replace(schedule, timer_ms=wanted)
         self.stored[kind].update(stored.to_row(state, schedule))
