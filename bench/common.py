@@ -16,6 +16,7 @@ import json
 import os
 import platform as host
 import shlex
+import subprocess
 import sys
 import tempfile
 import threading
@@ -87,7 +88,8 @@ class BenchRun:
         entry: dict[str, Any] = {
             "bench": self.name, "figure": figure, "value": round(value, 3), "unit": unit,
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-            "command": shlex.join(["python", "-m", f"bench.{self.name}", *sys.argv[1:]]), **details,
+            "command": shlex.join(["python", "-m", f"bench.{self.name}", *sys.argv[1:]]), "commit": _commit(),
+            **details,
         }
         line = f"{figure}: {value:,.1f} {unit}"
         if baseline is not None:
@@ -100,6 +102,14 @@ class BenchRun:
         print(line, flush=True)
         with RESULTS.open("a") as results:
             results.write(json.dumps(entry) + "\n")
+
+
+def _commit() -> str:
+    """The code measured: the checked-out commit, marked when the tree has changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain") else "")
 
 
 def topic_end_offsets(config: PurgerConfig, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
@@ -158,14 +168,16 @@ def read_to(query: StreamingQuery, ends: dict[tuple[str, int], int], timeout_s: 
     """Wait until the query's batches have read up to ``ends`` on every events partition (and ``also``
     holds); return the seconds since the query started, by its progress's own timestamps."""
     deadline = time.monotonic() + timeout_s
+    first: dict | None = None
     while time.monotonic() < deadline:
         if query.exception() is not None:
             raise RuntimeError(f"query failed: {query.exception()}")
-        progress = [json.loads(p.json) for p in query.recentProgress]
-        if progress and _reached(progress[-1], ends) and also():
-            first = epoch_s(progress[0]["timestamp"])
-            last = progress[-1]
-            return epoch_s(last["timestamp"]) + last["durationMs"].get("triggerExecution", 0) / 1000 - first
+        if first is None and query.recentProgress:
+            first = json.loads(query.recentProgress[0].json)
+        last = json.loads(query.lastProgress.json) if query.lastProgress else None
+        if first is not None and last is not None and _reached(last, ends) and also():
+            return (epoch_s(last["timestamp"]) + last["durationMs"].get("triggerExecution", 0) / 1000
+                    - epoch_s(first["timestamp"]))
         time.sleep(0.5)
     raise TimeoutError(f"the query did not read up to {ends} in {timeout_s} s")
 

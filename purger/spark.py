@@ -46,6 +46,10 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
+        # Memory for the state does not grow with the objects kept: RocksDB's caches and write buffers
+        # share one bounded pool per executor, and the rest of the state is on disk (BENCHMARKS.md).
+        .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
+        .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", "500")
         .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
         .config("spark.sql.session.timeZone", "UTC")
         # The query's rates, latency, watermark and state sizes in Spark's metrics system, served with
