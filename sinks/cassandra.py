@@ -143,10 +143,9 @@ class MessageDeleter:
             return RowOutcome(WOULD_DELETE, f"due: {due.rule}", payload_id=payload_id, inline=inline)
         return RowOutcome(SKIPPED, _why_kept(state, due), payload_id=payload_id, inline=inline, recheck=due)
 
-    def unreference(self, payload_id: str, message_id: str) -> str | None:
-        """Remove the message's reference to its payload; return another message still referring to it."""
+    def unreference(self, payload_id: str, message_id: str) -> None:
+        """Remove the message's reference to its payload."""
         self.session.execute(self.delete_ref, (payload_id, message_id))
-        return self.referrer(payload_id)
 
     def referrer(self, payload_id: str, other_than: str | None = None) -> str | None:
         """A message referring to the payload (other than ``other_than``), or None."""

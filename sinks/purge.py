@@ -165,8 +165,9 @@ def _purge_message(c: Row, clients: _Clients, outcome: Outcome, retry: bool) -> 
         return
     if row.payload_id is None:
         return
-    other = clients.messages.unreference(row.payload_id, c.id)
-    if other is None and not row.inline:
+    clients.messages.unreference(row.payload_id, c.id)
+    # An inline payload goes with its row; only a stored one is released, when no reference is left.
+    if not row.inline and clients.messages.referrer(row.payload_id) is None:
         clients.reports.released(row.payload_id, c.id, c.eligible_at_ms, now_ms(), list(c.dcs or ()))
 
 
