@@ -24,10 +24,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
+from itertools import count
 from typing import Iterable, Iterator
 
-from purger.platform import INLINE_LIMIT, Platform, now
+from purger.platform import INLINE_LIMIT, Platform
 
 # scenario: (share of messages in the default mix, purged?)
 SCENARIOS: dict[str, tuple[float, bool]] = {
@@ -102,24 +103,28 @@ class Workload:
 def play(platform: Platform, plan: MessagePlan, deadline_in: timedelta = timedelta(seconds=5)) -> str:
     """Write one message through its scenario; return the payload id it got (a shared payload being
     purged is replaced by a new one, see ``Platform.enqueue``)."""
-    soon = now() + deadline_in
-    scenario = plan.scenario
+    # The message's own changes a millisecond apart: increasing, as its events must be, and on the wall
+    # clock however many messages are played per millisecond.
+    start = datetime.now(timezone.utc)
+    moments = (start + timedelta(milliseconds=i) for i in count())
+    soon = start + deadline_in
+    scenario, message = plan.scenario, plan.message
     counter = 2 if scenario in ("expired by counter", "counter revived", "live") else None
     until = soon if scenario in ("expired by date", "date moved") else None
     complete = scenario not in ("incomplete upload", "upload completed")
-    payload = platform.enqueue(plan.message, plan.payload, extract_count=counter, extract_until=until,
-                               complete=complete, size=plan.size, shared=plan.shared)
+    payload = platform.enqueue(message, plan.payload, extract_count=counter, extract_until=until,
+                               complete=complete, size=plan.size, shared=plan.shared, at=next(moments))
     if scenario in ("expired by counter", "counter revived"):
-        platform.dequeue(plan.message, 1)
-        platform.dequeue(plan.message, 0)
+        platform.dequeue(message, 1, at=next(moments))
+        platform.dequeue(message, 0, at=next(moments))
     if scenario == "counter revived":
-        platform.set_counter(plan.message, 1)
+        platform.set_counter(message, 1, at=next(moments))
     elif scenario == "date moved":
-        platform.set_extract_until(plan.message, soon + timedelta(days=30))
+        platform.set_extract_until(message, soon + timedelta(days=30), at=next(moments))
     elif scenario == "upload completed":
-        platform.upload_complete(plan.message)
+        platform.upload_complete(message, at=next(moments))
     elif scenario == "deleted":
-        platform.delete(plan.message)
+        platform.delete(message, at=next(moments))
     return payload
 
 
