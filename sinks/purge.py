@@ -314,14 +314,12 @@ class PurgeSink:
         if not self._bound.wait(timeout=60):
             raise RuntimeError("PurgeSink.bind(query.id) was not called: the ledger cannot name its writes")
         started = time.monotonic()
-        # One task per core: a second wave of tasks would wait for a fresh Python worker and its clients.
-        cores = spark.sparkContext.defaultParallelism
-        work = candidates.rdd.coalesce(cores) if candidates.rdd.getNumPartitions() > cores else candidates.rdd
-        rate = per_task_rate(config.stream.max_deletions_per_second, work.getNumPartitions(), cores)
+        rate = per_task_rate(config.stream.max_deletions_per_second, candidates.rdd.getNumPartitions(),
+                             spark.sparkContext.defaultParallelism)
         retried = not _first_attempt(spark, f"{config.stream.checkpoint_location}/purger-attempts", batch_id)
         # Computed once and kept: computing the outcomes again would run the deletes again.
         outcomes = spark.createDataFrame(
-            work.mapPartitions(lambda rows: purge_partition(rows, config, batch_id, rate, retried)),
+            candidates.rdd.mapPartitions(lambda rows: purge_partition(rows, config, batch_id, rate, retried)),
             OUTCOME_SCHEMA,
         ).localCheckpoint(eager=True)
         counts = outcomes.groupBy("kind", "status").agg(
