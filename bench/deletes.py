@@ -82,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--baseline-concurrency", type=int, default=64)
-    parser.add_argument("--delete-concurrency", type=int, default=32, help="stream.delete_concurrency")
+    parser.add_argument("--delete-concurrency", type=int, default=16, help="stream.delete_concurrency")
     args = parser.parse_args()
     run = BenchRun.start(
         "deletes",

@@ -125,7 +125,7 @@ class StreamConfig(_Section):
     max_deletions_per_second: float = Field(default=1000, gt=0)
     # Candidates purged at once by each task: a conditional delete is four round trips to the
     # replicas, so one at a time leaves Cassandra idle (BENCHMARKS.md).
-    delete_concurrency: int = Field(default=32, gt=0, le=256)
+    delete_concurrency: int = Field(default=16, gt=0, le=256)
     # Decide and record `would_delete` in the ledger, delete nothing. Uses its own checkpoint
     # (`<checkpoint>.dry-run`), so a later real run starts its decisions afresh.
     dry_run: bool = False
