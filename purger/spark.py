@@ -51,6 +51,9 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
         .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
         .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", "500")
         .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
+        # The report's jobs (streams/query.py) share the cores with the micro-batches rather than
+        # holding them until done (first come, first served), which stalled batches for seconds.
+        .config("spark.scheduler.mode", "FAIR")
         .config("spark.sql.session.timeZone", "UTC")
         # The query's rates, latency, watermark and state sizes in Spark's metrics system, served with
         # the executors' metrics for Prometheus on the UI's port (/metrics/prometheus).

@@ -88,17 +88,20 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     sink.bind(query.id)
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
     report = Report(spark, config.ledger)
-    reporting = _every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report")
+    reporting = _every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
+                       lambda: spark.sparkContext.setLocalProperty("spark.scheduler.pool", "purger-report"))
     return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, reporting))
 
 
-def _every(interval_s: float, action: Callable[[], None], name: str) -> Callable[[], None]:
+def _every(interval_s: float, action: Callable[[], None], name: str,
+           setup: Callable[[], None] = lambda: None) -> Callable[[], None]:
     """Run ``action`` every ``interval_s`` in a thread beside the query (Spark takes jobs from
-    several threads), so it never lengthens a micro-batch. Returns ``stop``, which waits for a
-    round under way, so that none is cut off by the session stopping."""
+    several threads), after ``setup`` in that thread, so it never lengthens a micro-batch. Returns
+    ``stop``, which waits for a round under way, so that none is cut off by the session stopping."""
     stopped = threading.Event()
 
     def run() -> None:
+        setup()
         while not stopped.wait(interval_s):
             try:
                 action()
