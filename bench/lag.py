@@ -83,6 +83,14 @@ def main() -> None:
             run.record(f"purge lag p{p}, {kind}s", float(np.percentile(lags, p)), "s",
                        baseline=("watermark delay + trigger interval", floor),
                        target="p99 < 30 s" if p == 99 else None, deletions=len(lags), rate=args.rate)
+    # What the lag is made of: how long the batches took (the sink's part is addBatch).
+    (run.work / "progress.jsonl").write_text("".join(json.dumps(p) + "\n" for p in progress))
+    for part in ("triggerExecution", "addBatch"):
+        durations = np.array([p["durationMs"].get(part, 0) / 1000 for p in progress if p["numInputRows"]])
+        for q in (50, 99):
+            run.record(f"batch duration p{q} ({part})", float(np.percentile(durations, q)), "s",
+                       baseline=("trigger interval", config.stream.trigger_interval.total_seconds()),
+                       batches=len(durations), rate=args.rate)
     plot(records, progress, started, floor)
 
 
