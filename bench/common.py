@@ -109,7 +109,7 @@ def _commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
 
-    return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--", ".", ":!results.jsonl", ":!*.png") else "")
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--", "..", ":!results.jsonl", ":!*.png", ":!*.md") else "")
 
 
 def topic_end_offsets(config: PurgerConfig, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
