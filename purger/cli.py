@@ -279,7 +279,7 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     from rich.table import Table
 
     from purger.demo import run_demo
-    from purger.workload import SCENARIOS, is_purged
+    from purger.workload import is_purged
 
     _stack_up(load_config())
     report = run_demo(messages=messages)
