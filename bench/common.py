@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql import SparkSession
@@ -163,10 +163,8 @@ def ticking(config: PurgerConfig, interval_s: float = 1.0) -> Iterator[None]:
         producer.close()
 
 
-def read_to(query: StreamingQuery, ends: dict[tuple[str, int], int], timeout_s: float = 7200,
-            also: Callable[[], bool] = lambda: True) -> float:
-    """Wait until the query's batches have read up to ``ends`` on every events partition (and ``also``
-    holds); return the seconds since the query started, by its progress's own timestamps."""
+def read_to(query: StreamingQuery, ends: dict[tuple[str, int], int], timeout_s: float = 7200) -> float:
+    """Wait until the query's batches have read up to ``ends`` on every events partition; return the seconds since the query started, by its progress's own timestamps."""
     deadline = time.monotonic() + timeout_s
     first: dict | None = None
     while time.monotonic() < deadline:
@@ -175,7 +173,7 @@ def read_to(query: StreamingQuery, ends: dict[tuple[str, int], int], timeout_s: 
         if first is None and query.recentProgress:
             first = json.loads(query.recentProgress[0].json)
         last = json.loads(query.lastProgress.json) if query.lastProgress else None
-        if first is not None and last is not None and _reached(last, ends) and also():
+        if first is not None and last is not None and _reached(last, ends):
             return (epoch_s(last["timestamp"]) + last["durationMs"].get("triggerExecution", 0) / 1000
                     - epoch_s(first["timestamp"]))
         time.sleep(0.5)

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from bench.common import BenchRun, epoch_s, read_all_with_kafka_python, read_to, ticking, topic_end_offsets
 from purger.platform import Platform
-from purger.workload import Workload, play
+from purger.workload import Workload, played
 from streams.events import parse_events
 from streams.processor import purge_candidates, routed
 from streams.query import start_purger
@@ -48,9 +48,7 @@ def produce(run: BenchRun, messages: int) -> tuple[int, float]:
     started = time.perf_counter()
     held = []
     for plan in workload.plans(run.run, messages):
-        with platform.holding() as events:
-            play(platform, plan)
-        events = events * 2 if plan.duplicated else events
+        _, events = played(platform, plan)
         if plan.late:
             held.extend(events)  # sent after all the others
         else:

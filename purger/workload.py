@@ -128,6 +128,15 @@ def play(platform: Platform, plan: MessagePlan, deadline_in: timedelta = timedel
     return payload
 
 
+def played(platform: Platform, plan: MessagePlan,
+           deadline_in: timedelta = timedelta(seconds=5)) -> tuple[str, list[tuple[bytes, bytes]]]:
+    """``play`` with its events held: the payload id it got, and the events to send (twice when the plan
+    is duplicated), when the caller chooses."""
+    with platform.holding() as events:
+        payload = play(platform, plan, deadline_in)
+    return payload, events * 2 if plan.duplicated else events
+
+
 class _Pace:
     """Starts at most ``rate`` plays per second over all threads (None: as fast as they go)."""
 
@@ -166,12 +175,11 @@ def play_all(platform: Platform, plans: Iterable[MessagePlan], rate: float | Non
             stored[plan.payload].wait()
         pace.wait()
         try:
-            with platform.holding() as events:
-                payloads[plan.message] = got = play(platform, plan, deadline_in)
+            got, sent = played(platform, plan, deadline_in)
+            payloads[plan.message] = got
         finally:
             if not plan.shared:
                 stored[plan.payload].set()
-        sent = events * 2 if plan.duplicated else events
         if plan.late:
             with lock:
                 late.append((time.monotonic() + late_by.total_seconds(), sent))
