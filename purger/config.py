@@ -116,8 +116,7 @@ class StreamConfig(_Section):
     # are never dropped as late (streams/processor.py); a longer delay only purges later.
     watermark_delay: Duration = timedelta(seconds=10)
     # How often an idle stream gets a clock tick (see streams/clock.py).
-    # A tick is a few bytes: a short interval keeps the watermark within a second of the wall clock,
-    # and the purge lag with it (BENCHMARKS.md).
+    # A tick is a few bytes: a short interval keeps the watermark within a second of the wall clock.
     clock_interval: Duration = timedelta(seconds=1)
     # When to try again a purge that failed (a data centre's store or Cassandra did not answer).
     retry_interval: Duration = timedelta(minutes=1)

@@ -51,8 +51,8 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
         .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
         .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", "500")
         .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
-        # The report's jobs (streams/query.py) share the cores with the micro-batches rather than
-        # holding them until done (first come, first served), which stalled batches for seconds.
+        # The report's jobs (streams/query.py) share the cores with the micro-batches, so a batch does
+        # not wait behind a whole report job (first come, first served).
         .config("spark.scheduler.mode", "FAIR")
         .config("spark.sql.session.timeZone", "UTC")
         # The query's rates, latency, watermark and state sizes in Spark's metrics system, served with
