@@ -23,7 +23,7 @@ from sinks.ledger import LAG_PERCENTILES, STATUSES, Ledger, Report
 from sinks.purge import EARLIER_ATTEMPT, OUTCOME_SCHEMA
 from streams.query import start_purger
 from tests.configs import own_config
-from tests.test_purge_stream import ago, now, wait_for, wait_for_watermark
+from tests.test_purge_stream import ago, now, observed, wait_for, wait_for_watermark
 
 pytestmark = pytest.mark.integration
 
@@ -167,12 +167,6 @@ def scrape(config: PurgerConfig) -> dict[str, float]:
             for line in scraped.splitlines() if line and not line.startswith("#")}
 
 
-def observed_message_candidates(query) -> int:
-    """Message candidates in the query's observed metrics, summed over its recent progress."""
-    return sum(p["observedMetrics"]["purger"]["message_candidates"]
-               for p in query.recentProgress if p.get("observedMetrics"))
-
-
 def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platform):
     running = start_purger(spark, ops)
     try:
@@ -183,10 +177,9 @@ def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platfo
         assert samples['purger_outcomes_total{kind="message",status="purged"}'] >= 3
         assert samples["purger_purge_lag_seconds_count"] >= 3
         assert "purger_deletions_per_second" in samples and "purger_processed_rows_per_second" in samples
-        # The listener has seen Spark's progress; the query's own observed metrics are in it. A batch's
-        # progress is posted after its sink returns, so the batch that deleted may not be in it yet.
+        # The listener has seen Spark's progress; the query's own observed metrics are in it.
         wait_for(lambda: scrape(ops)["purger_state_rows"] > 0, what="the listener's state rows")
-        wait_for(lambda: observed_message_candidates(running.query) >= 1, what="the observed candidates")
+        wait_for(lambda: observed(running.query, "message_candidates") >= 1, what="the observed candidates")
         assert running.query.name == ops.stream.query_name
         # Spark's own metrics of the query, for the same scraper, on the UI's port.
         spark_metrics = urllib.request.urlopen(f"{spark.sparkContext.uiWebUrl}/metrics/prometheus",

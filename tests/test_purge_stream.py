@@ -42,6 +42,12 @@ def rows_dropped_as_late(query) -> int:
     return sum(op.get("numRowsDroppedByWatermark", 0) for p in query.recentProgress for op in p["stateOperators"])
 
 
+def observed(query, name: str) -> int:
+    """One of the query's observed metrics, summed over its recent progress. A batch's progress is
+    posted after its sink returns, so wait for it rather than read it once."""
+    return sum(p.observedMetrics["purger"][name] for p in query.recentProgress if "purger" in p.observedMetrics)
+
+
 def now():
     return datetime.now(timezone.utc)
 
@@ -236,6 +242,4 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_causes_no_deletion(purger, 
     wait_for(lambda: platform.row(after) is None, what="a good message sent after the bad records")
     assert platform.row(live) is not None and platform.payload_intact(f"p-{live}")
     assert purger.sink.totals[("dead_letter", "dead_lettered")] >= len(bad)
-    observed = sum(p.observedMetrics["purger"]["dead_lettered"] for p in purger.query.recentProgress
-                   if "purger" in p.observedMetrics)
-    assert observed >= 1, "dead letters are counted in the query's observed metrics"
+    wait_for(lambda: observed(purger.query, "dead_lettered") >= 1, what="dead letters in the observed metrics")
