@@ -12,13 +12,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 import typer
 
 from purger.config import ConfigError, PurgerConfig, load_config
+
+if TYPE_CHECKING:  # the Spark modules load when a command needs them
+    from streams.query import RunningPurger
 
 app = typer.Typer(help="A continuous purger on Spark Structured Streaming.", no_args_is_help=True)
 stack_app = typer.Typer(help="The local stack: Kafka, Cassandra and S3Proxy on 127.0.0.1.", no_args_is_help=True)
@@ -83,23 +89,47 @@ def stack_status() -> None:
     _echo_status(LocalStack().status())
 
 
-def _run(settings: PurgerConfig, start) -> None:
-    """Start the purger with ``start(spark, settings)`` and run it until Ctrl-C."""
+def _run(settings: PurgerConfig, start: Callable[..., RunningPurger]) -> None:
+    """Start the purger with ``start(spark, settings, stop_requested)`` and run it until Ctrl-C or SIGTERM
+    (which set ``stop_requested``); the query then stops between micro-batches."""
     from purger.spark import spark_session
 
     spark = spark_session(settings.stream)
-    running = start(spark, settings)
+    stop_requested = _set_on_signals(signal.SIGINT, signal.SIGTERM)  # after the session: PySpark sets its own
+    running = start(spark, settings, stop_requested)
     typer.echo(f"purger running: query {settings.stream.query_name!r}, checkpoint "
                f"{settings.stream.checkpoint_location}, ledger {settings.ledger.path}, "
                f"Spark UI {spark.sparkContext.uiWebUrl}"
                + (f", metrics http://127.0.0.1:{settings.metrics.port}/metrics" if settings.metrics.port else "")
                + (" (dry run: nothing is deleted)" if settings.stream.dry_run else ""))
     try:
-        running.query.awaitTermination()
-    except KeyboardInterrupt:
-        typer.echo("stopping")
+        # The signal handler only sets the event; short waits let this loop see it.
+        while not stop_requested.is_set() and not running.query.awaitTermination(1):
+            pass
     finally:
+        if stop_requested.is_set():
+            typer.echo("stopping")
         running.stop()
+
+
+def _set_on_signals(*signals: signal.Signals) -> threading.Event:
+    """An event that the first of ``signals`` sets; a second one ends the process at once.
+
+    The handler only sets the event. Raising KeyboardInterrupt instead (Python's default for
+    SIGINT, and PySpark's handler) lands inside whatever py4j call the main thread is in; py4j
+    then shuts that connection down, and in the kill test the stop that followed found the JVM
+    no longer answering, in the middle of a batch whose ledger records were then lost."""
+    requested = threading.Event()
+
+    def handler(signum: int, frame) -> None:
+        if requested.is_set():
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        requested.set()
+
+    for each in signals:
+        signal.signal(each, handler)
+    return requested
 
 
 DryRunOption = typer.Option(False, "--dry-run", help="Decide and record would_delete in the ledger; delete nothing.")
@@ -122,7 +152,7 @@ def run(
     """Run the purge job until interrupted (Ctrl-C stops it cleanly)."""
     from streams.query import start_purger
 
-    _run(_with_dry_run(_config(config), dry_run), lambda spark, s: start_purger(spark, s, starting_offsets))
+    _run(_with_dry_run(_config(config), dry_run), lambda spark, s, _: start_purger(spark, s, starting_offsets))
 
 
 def _moment(value: str) -> Optional[int]:
@@ -150,11 +180,11 @@ def replay(
     since_ms = _moment(since)
     settings = _with_dry_run(_config(config), dry_run)
 
-    def start(spark, s):
+    def start(spark, s, stop_requested):
         running, to_read = start_replay(spark, s, since_ms)
         typer.echo(f"replaying {to_read.total} events from {since}")
-        follow(running.query, to_read)
-        typer.echo("caught up; running on")
+        if follow(running.query, to_read, stop=stop_requested):
+            typer.echo("caught up; running on")
         return running
 
     _run(settings, start)

@@ -7,31 +7,19 @@ that calls ``main`` from the ``--py-files`` zip. Without spark-submit the same t
 The session it builds (``purger.spark.spark_session``) keeps the master and jars that
 spark-submit was given; the deletions run on the executors (``sinks.purge``).
 
-SIGTERM stops the job as Ctrl-C stops ``purger run``: the query stops between micro-batches
-and the process exits 0, after which spark-submit ends the application. (SIGINT is not
-usable for that in a PySpark driver: the SparkContext's own SIGINT handler calls into the
-JVM while the main thread is blocked in a call to it, and the stop ends in a Py4JError.)
+SIGTERM stops the job as Ctrl-C stops ``purger run`` (``purger.cli``): the query stops
+between micro-batches and the process exits 0, after which spark-submit ends the application.
 """
 
 from __future__ import annotations
 
-import signal
 import sys
-
-
-def _interrupt_on_sigterm() -> None:
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run ``purger run`` with ``argv`` (default: this process's arguments)."""
     from purger.cli import app
 
-    _interrupt_on_sigterm()
     app(args=["run", *(sys.argv[1:] if argv is None else argv)], prog_name="purger job")
 
 

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -95,11 +96,14 @@ def start_replay(spark: SparkSession, config: PurgerConfig, since_ms: int | None
 
 
 def follow(query: StreamingQuery, to_read: Backlog, show: bool = True, poll_s: float = 1.0,
-           timeout_s: float | None = None) -> None:
-    """Wait until the query has read the backlog and caught up, with a progress bar when ``show``."""
+           timeout_s: float | None = None, stop: threading.Event | None = None) -> bool:
+    """Wait until the query has read the backlog and caught up, with a progress bar when ``show``.
+    Returns True then, or False as soon as ``stop`` is set."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with tqdm(total=to_read.total, unit="events", desc="replay", disable=not show) as bar:
         while query.isActive:
+            if stop is not None and stop.is_set():
+                return False
             last = query.lastProgress
             # The progress's own JSON: its dict view gives offsets as Python reprs.
             progress = json.loads(last.json) if last is not None else {}
@@ -109,7 +113,7 @@ def follow(query: StreamingQuery, to_read: Backlog, show: bool = True, poll_s: f
             read = to_read.done(ends)
             bar.update(read - bar.n)  # a disabled bar keeps no count, hence `read`
             if read >= to_read.total and caught_up(query):
-                return
+                return True
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the replay read {read} of {to_read.total} events in {timeout_s}s")
             time.sleep(poll_s)

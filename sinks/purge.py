@@ -293,6 +293,10 @@ def _first_attempt(spark: SparkSession, directory: str, batch_id: int, keep: int
     return True
 
 
+class SinkClosed(RuntimeError):
+    """A batch reached the sink after the purger began to stop."""
+
+
 class PurgeSink:
     """The ``foreachBatch`` function: purge on the executors, then the ledger and the metrics on the driver."""
 
@@ -302,17 +306,35 @@ class PurgeSink:
         self.query_id: str | None = None
         self._bound = threading.Event()
         self._ledger: Ledger | None = None  # made at the first batch, which brings the session
+        self._gate = threading.Lock()  # held while a batch deletes and records
+        self._closed = False
 
     def bind(self, query_id: str) -> None:
         """The query's id (kept in its checkpoint, so the same after a restart) names its ledger writes."""
         self.query_id = query_id
         self._bound.set()
 
+    def close(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the batch under way to delete and record, then refuse the next
+        ones. A query stopped between its deletions and its ledger write leaves them unrecorded until
+        the batch runs again at the next start; a refused batch has deleted nothing."""
+        finished = self._gate.acquire(timeout=timeout_s)
+        self._closed = True
+        if finished:
+            self._gate.release()
+
     def __call__(self, candidates: DataFrame, batch_id: int) -> None:
-        spark = candidates.sparkSession
-        config = self.config
         if not self._bound.wait(timeout=60):
             raise RuntimeError("PurgeSink.bind(query.id) was not called: the ledger cannot name its writes")
+        with self._gate:
+            if self._closed:
+                raise SinkClosed(f"the purger is stopping: batch {batch_id} runs again from the checkpoint "
+                                 "at the next start")
+            self._purge(candidates, batch_id)
+
+    def _purge(self, candidates: DataFrame, batch_id: int) -> None:
+        spark = candidates.sparkSession
+        config = self.config
         started = time.monotonic()
         rate = per_task_rate(config.stream.max_deletions_per_second, candidates.rdd.getNumPartitions(),
                              spark.sparkContext.defaultParallelism)

@@ -46,15 +46,18 @@ class RunningPurger:
     release: Callable[[], None]  # the listener and the metrics endpoint
 
     def stop(self, wait_for_batch_s: float = 90) -> None:
-        """Stop between micro-batches when one ends within ``wait_for_batch_s``.
+        """Stop between micro-batches when one ends within ``wait_for_batch_s``; in any case not
+        while the sink deletes and records (unless that takes longer than ``wait_for_batch_s``).
 
-        Interrupting a batch inside the Python state server makes Spark log an error storm;
+        Interrupting a batch inside the Python state server makes Spark log an error storm, and
+        one that has deleted but not written its ledger records leaves them to the next start;
         the work itself is safe either way, since the batch is redone from the checkpoint.
         """
         self.clock.stop()
         deadline = time.monotonic() + wait_for_batch_s
         while self.query.isActive and self.query.status["isTriggerActive"] and time.monotonic() < deadline:
             time.sleep(0.05)
+        self.sink.close(wait_for_batch_s)
         self.query.stop()
         self.release()
 
