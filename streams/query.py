@@ -23,7 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 from purger.config import PurgerConfig
 from purger.metrics import PurgerMetrics
 from sinks.ledger import Report
-from sinks.purge import PurgeSink
+from sinks.purge import PurgeSink, SinkClosed
 from streams.clock import Clock
 from streams.events import parse_events
 from streams.processor import DEAD_LETTER, MESSAGE, PAYLOAD, purge_candidates
@@ -44,6 +44,20 @@ class RunningPurger:
     clock: Clock
     metrics: PurgerMetrics
     release: Callable[[], None]  # the listener and the metrics endpoint
+
+    @property
+    def failure(self) -> Exception | None:
+        """The query's exception if it failed. A batch that reached the sink in the moment between
+        ``stop`` closing the sink and stopping the query is refused (``SinkClosed``) and ends the query
+        with that exception; it deleted nothing and runs again at the next start, so it is no failure.
+
+        Example::
+
+            running.stop()
+            assert running.failure is None
+        """
+        error = self.query.exception()
+        return None if error is None or SinkClosed.__name__ in str(error) else error
 
     def stop(self, wait_for_batch_s: float = 90) -> None:
         """Stop between micro-batches when one ends within ``wait_for_batch_s``; in any case not

@@ -221,6 +221,36 @@ def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_p
         platform.close()
 
 
+def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark, config, tmp_path_factory):
+    """The stop's gate: once ``stop`` has closed the sink, a batch that still reaches it is refused. The
+    query ends, which is no failure; nothing was deleted and the next start purges the batch's objects."""
+    own = own_config(config, tmp_path_factory.mktemp("closed"), "closed")
+    platform = Platform(own)
+    try:
+        messages = [f"closed-{uuid.uuid4().hex[:6]}-{i}" for i in range(2)]
+        for m in messages:
+            platform.enqueue(m, f"p-{m}")
+            platform.delete(m, at=ago(own.retention.deleted_ttl))
+        platform.flush()
+        running = start_purger(spark, own)
+        try:
+            running.sink.close(timeout_s=60)
+            wait_for(lambda: not running.query.isActive, what="the query to end at the closed sink")
+        finally:
+            running.stop()
+        assert running.query.exception() is not None and running.failure is None
+        assert all(platform.row(m) is not None and platform.payload_intact(f"p-{m}") for m in messages)
+        again = start_purger(spark, own)
+        try:
+            wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in messages),
+                     what="the refused batch's objects, at the next start")
+        finally:
+            again.stop()
+        assert again.failure is None
+    finally:
+        platform.close()
+
+
 def test_a_replay_from_earliest_reaches_the_same_end_state(spark, ops, ops_platform):
     """Everything the module sent, replayed into a fresh checkpoint: the same rows and payloads remain,
     and the replay deletes nothing (what was eligible is gone already)."""

@@ -95,7 +95,7 @@ def scheduled(spark, pending_config):
         wait_for(lambda: _processed_since(running.query, sent), what="the reports to be processed")
     finally:
         running.stop()
-    assert running.query.exception() is None
+    assert running.failure is None
 
     expected = {
         ("message", ids["deleted"]): ("deleted", t0 + HOUR / 2, f"p-{ids['deleted']}"),

@@ -61,7 +61,7 @@ def purger(spark, config):
     running = start_purger(spark, config)
     yield running
     running.stop()
-    assert running.query.exception() is None
+    assert running.failure is None
 
 
 def test_every_rule_purges_the_eligible_and_keeps_the_revived_whatever_the_order(purger, platform, config):
