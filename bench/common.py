@@ -164,7 +164,8 @@ def ticking(config: PurgerConfig, interval_s: float = 1.0) -> Iterator[None]:
 
 
 def read_to(query: StreamingQuery, ends: dict[tuple[str, int], int], timeout_s: float = 7200) -> float:
-    """Wait until the query's batches have read up to ``ends`` on every events partition; return the seconds since the query started, by its progress's own timestamps."""
+    """Wait until the query's batches have read up to ``ends`` on every events partition; return the
+    seconds since the query started, by its progress's own timestamps."""
     deadline = time.monotonic() + timeout_s
     first: dict | None = None
     while time.monotonic() < deadline:

@@ -46,13 +46,16 @@ def ops_platform(ops):
 SENT: dict[str, bool] = {}
 
 
-def deletable(platform: Platform, config: PurgerConfig, n: int, tag: str) -> list[str]:
-    """``n`` messages deleted by the platform long enough ago, each with a payload in both data centres."""
+def deletable(platform: Platform, config: PurgerConfig, n: int, tag: str,
+              sent: dict[str, bool] | None = SENT) -> list[str]:
+    """``n`` messages deleted by the platform long enough ago, each with a payload in both data centres;
+    noted in ``sent`` (None for a test on topics of its own, which the replay does not read)."""
     ids = [f"{tag}-{uuid.uuid4().hex[:6]}-{i}" for i in range(n)]
     for m in ids:
         platform.enqueue(m, f"p-{m}")
         platform.delete(m, at=ago(config.retention.deleted_ttl))
-        SENT[m] = False
+        if sent is not None:
+            sent[m] = False
     platform.flush()
     return ids
 
@@ -193,10 +196,7 @@ def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_p
     dry = own_config(config, tmp_path_factory.mktemp("dry"), "dry", dry_run=True)
     platform = Platform(dry)
     try:
-        messages = [f"dry-{uuid.uuid4().hex[:6]}-{i}" for i in range(4)]
-        for m in messages:
-            platform.enqueue(m, f"p-{m}")
-            platform.delete(m, at=ago(dry.retention.deleted_ttl))
+        messages = deletable(platform, dry, 4, "dry", sent=None)
         live = f"dry-live-{uuid.uuid4().hex[:6]}"
         platform.enqueue(live, f"p-{live}", extract_count=2)
         platform.flush()
@@ -227,11 +227,7 @@ def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark
     own = own_config(config, tmp_path_factory.mktemp("closed"), "closed")
     platform = Platform(own)
     try:
-        messages = [f"closed-{uuid.uuid4().hex[:6]}-{i}" for i in range(2)]
-        for m in messages:
-            platform.enqueue(m, f"p-{m}")
-            platform.delete(m, at=ago(own.retention.deleted_ttl))
-        platform.flush()
+        messages = deletable(platform, own, 2, "closed", sent=None)
         running = start_purger(spark, own)
         try:
             running.sink.close(timeout_s=60)
