@@ -32,8 +32,8 @@ from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from purger.config import PurgerConfig, build_config
-from purger.connections import kafka_producer
+from core.config import PurgerConfig, build_config
+from connectors import kafka_producer
 from purger.stack import LocalStack
 from streams.clock import tick
 

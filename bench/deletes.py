@@ -28,7 +28,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 from pyspark.sql import functions as F
 
 from bench.common import BenchRun
-from purger.connections import cassandra_session
+from connectors import cassandra_session
 from purger.platform import Platform
 from purger.stack import prepare
 from purger.workload import EXPIRED_ONLY, Workload, play_all

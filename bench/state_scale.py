@@ -31,7 +31,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.common import BenchRun, PeakMemory, read_to, ticking, topic_end_offsets
-from purger.config import PurgerConfig
+from core.config import PurgerConfig
 from purger.platform import Platform
 from purger.workload import LIVE_ONLY, Workload, play
 from streams.events import parse_events

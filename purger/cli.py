@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 import typer
 
-from purger.config import ConfigError, PurgerConfig, load_config
+from core.config import ConfigError, PurgerConfig, load_config
 
 if TYPE_CHECKING:  # the Spark modules load when a command needs them
     from streams.query import RunningPurger

@@ -316,7 +316,7 @@ def submit_command(
     is the configuration's ``stream.driver_memory`` unless given. The configuration is read here
     first, so a mistake in it is reported before anything starts.
     """
-    from purger.config import load_config
+    from core.config import load_config
 
     config = load_config(config_path)
     conf = {

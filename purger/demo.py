@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from purger.config import PurgerConfig, build_config
+from core.config import PurgerConfig, build_config
 from purger.platform import Platform
 from purger.workload import SCENARIOS, Workload, is_purged, play
 from purger.stack import prepare

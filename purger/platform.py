@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Iterator
 
-from purger.config import PurgerConfig
-from purger.connections import cassandra_session, kafka_producer, s3_client
+from core.config import PurgerConfig
+from connectors import cassandra_session, kafka_producer, s3_client
 from sinks.objects import payload_key
 from streams.events import format_timestamp
 

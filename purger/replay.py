@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from tqdm import tqdm
 
-from purger.config import ConfigError, KafkaConfig, PurgerConfig
+from core.config import ConfigError, KafkaConfig, PurgerConfig
 from streams.clock import caught_up
 from streams.query import RunningPurger, start_purger
 

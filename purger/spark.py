@@ -14,7 +14,7 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from purger.artifacts import spark_connector_jars
-from purger.config import StreamConfig
+from core.config import StreamConfig
 
 
 def _submitted() -> bool:

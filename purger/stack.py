@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from purger import artifacts
-from purger.config import PurgerConfig, build_config
+from core.config import PurgerConfig, build_config
 
 KAFKA_PORT = 9092
 KAFKA_CONTROLLER_PORT = 9093
@@ -288,7 +288,7 @@ authorizer: AllowAllAuthorizer
 
 
 def _cassandra_ready() -> None:
-    from purger.connections import cassandra_session
+    from connectors import cassandra_session
 
     session = cassandra_session(build_config({}).cassandra)
     try:
@@ -299,7 +299,7 @@ def _cassandra_ready() -> None:
 
 def create_schema(config: PurgerConfig) -> None:
     """Create the keyspace and tables of SPEC section 3 if they do not exist."""
-    from purger.connections import cassandra_session
+    from connectors import cassandra_session
 
     cql = resources.files("purger").joinpath("schema.cql").read_text()
     cql = "\n".join(line for line in cql.splitlines() if not line.lstrip().startswith("--"))
@@ -336,14 +336,14 @@ def _configure_s3proxy(home: Path) -> list[str]:
 
 
 def _s3_ready() -> None:
-    from purger.connections import s3_client
+    from connectors import s3_client
 
     s3_client(build_config({}).stores["dc1"]).list_buckets()
 
 
 def create_buckets(config: PurgerConfig) -> None:
     """Create one bucket per configured data centre if it does not exist."""
-    from purger.connections import s3_client
+    from connectors import s3_client
 
     for store in config.stores.values():
         client = s3_client(store)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from cassandra import ConsistencyLevel
 
-from purger.config import CassandraConfig
+from core.config import CassandraConfig
 from streams.events import format_epoch_ms
 from streams.rules import MESSAGE_RULES, Eligibility, Retention, eligibility
 from streams.state import MessageState

@@ -28,8 +28,8 @@ from __future__ import annotations
 import json
 import uuid
 
-from purger.config import KafkaConfig
-from purger.connections import kafka_producer
+from core.config import KafkaConfig
+from connectors import kafka_producer
 from streams.events import RECHECK, format_epoch_ms
 from streams.state import RELEASED
 

@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
-from purger.config import LedgerConfig
+from core.config import LedgerConfig
 
 # Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.
 _CONFLICTS = (ConcurrentAppendException, ConcurrentDeleteReadException, ConcurrentWriteException,

@@ -11,8 +11,8 @@ Example::
 
 from __future__ import annotations
 
-from purger.config import ObjectStoreConfig
-from purger.connections import s3_client
+from core.config import ObjectStoreConfig
+from connectors import s3_client
 
 
 def payload_key(payload_id: str) -> str:

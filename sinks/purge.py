@@ -48,8 +48,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from purger.config import PurgerConfig
-from purger.connections import cassandra_session
+from core.config import PurgerConfig
+from connectors import cassandra_session
 from purger.metrics import PurgerMetrics
 from sinks.cassandra import (
     ALREADY_GONE, LIVE, PURGED, SKIPPED, WOULD_DELETE, MessageDeleter, PayloadRows, epoch_ms, now_ms,

@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 
 from pyspark.sql.streaming import StreamingQuery
 
-from purger.config import KafkaConfig
-from purger.connections import kafka_producer
+from core.config import KafkaConfig
+from connectors import kafka_producer
 from streams.events import CLOCK, format_timestamp
 
 

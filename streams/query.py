@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from purger.config import PurgerConfig
+from core.config import PurgerConfig
 from purger.metrics import PurgerMetrics
 from sinks.ledger import Report
 from sinks.purge import PurgeSink, SinkClosed

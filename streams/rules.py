@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from purger.config import RetentionConfig
+from core.config import RetentionConfig
 from streams.state import MessageState, PayloadState
 
 EXPIRED_BY_COUNTER = "expired_by_counter"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
-from purger.config import KafkaConfig
+from core.config import KafkaConfig
 
 
 def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_offsets: str,

@@ -8,7 +8,7 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-from purger.config import MetricsConfig, PurgerConfig
+from core.config import MetricsConfig, PurgerConfig
 from purger.stack import prepare
 
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from purger.config import PurgerConfig, build_config
+from core.config import PurgerConfig, build_config
 from purger.stack import LocalStack, prepare
 from tests.faults import TcpProxy
 

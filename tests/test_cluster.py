@@ -19,7 +19,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from purger.cluster import PACKAGES_ZIP, SparkCluster, master_state, submit, worker_state
-from purger.config import load_config
+from core.config import load_config
 from purger.platform import Platform
 from purger.stack import prepare
 from sinks.ledger import Ledger

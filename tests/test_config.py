@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from purger.config import ConfigError, build_config, load_config, parse_duration
+from core.config import ConfigError, build_config, load_config, parse_duration
 
 
 def test_defaults_are_the_specs():

@@ -24,7 +24,7 @@ from kafka import KafkaConsumer
 from pyspark.sql import functions as F
 from tenacity import Retrying, stop_after_delay, wait_fixed
 
-from purger.connections import cassandra_session
+from connectors import cassandra_session
 from purger.platform import Platform
 from sinks.cassandra import PURGED, SKIPPED, MessageDeleter
 from sinks.ledger import Ledger

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
-from purger.config import PurgerConfig, S3Endpoint
+from core.config import PurgerConfig, S3Endpoint
 from purger.platform import Platform
 from purger.replay import follow, start_replay
 from sinks.ledger import LAG_PERCENTILES, STATUSES, Ledger, Report

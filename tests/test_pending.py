@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pyspark.sql import functions as F
 
-from purger.config import RetentionConfig
+from core.config import RetentionConfig
 from purger.platform import Platform
 from purger.stack import prepare
 from sinks.control import Reports

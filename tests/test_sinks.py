@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pyspark.sql import Row
 
-from purger.connections import cassandra_session
+from connectors import cassandra_session
 from sinks.cassandra import ALREADY_GONE, DELETING, PURGED, SKIPPED, MessageDeleter
 from sinks.objects import PayloadStores
 from sinks.purge import ERROR, purge_partition

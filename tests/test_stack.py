@@ -3,7 +3,7 @@
 import pytest
 from kafka.admin import KafkaAdminClient
 
-from purger.connections import cassandra_session, s3_client
+from connectors import cassandra_session, s3_client
 from purger.stack import LocalStack
 
 pytestmark = pytest.mark.integration

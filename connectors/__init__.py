@@ -2,8 +2,8 @@
 
 Example::
 
-    from purger.config import load_config
-    from purger.connections import cassandra_session, s3_client
+    from core.config import load_config
+    from connectors import cassandra_session, s3_client
     config = load_config()
     session = cassandra_session(config.cassandra)
     s3 = s3_client(config.stores["dc1"])
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from purger.config import CassandraConfig, KafkaConfig, ObjectStoreConfig
+from core.config import CassandraConfig, KafkaConfig, ObjectStoreConfig
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session

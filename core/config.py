@@ -8,7 +8,7 @@ real deployment.
 
 Example::
 
-    from purger.config import load_config
+    from core.config import load_config
     config = load_config("purger.toml")
     config.retention.expired_ttl  # datetime.timedelta(days=30)
 """

@@ -1,0 +1,245 @@
+"""The policy interface (SPEC 7.4): all the engine knows about a kind of object.
+
+A policy is one kind of purge (``mailbox``, ``rule_events``, ``users``,
+``units_of_work``, or one of a user's own). It says:
+
+- its events: their fields (``EventField``) and types (``EventType``: which
+  object each is about, by which id field, with which required fields);
+- per kind of object (``ObjectKind``): the state kept per object and how
+  events fold into it (any order and duplicates give the same state), and its
+  eligibility, from the rules (``Rule``: an event-time deadline beside the CQL
+  check the row must pass at delete time);
+- its delete-time half (``Purger``), built on each executor from the shared
+  ``Resources``: the double-checked deletes in its order of deletion, the
+  blobs if any, one ``Outcome`` per decision;
+- its configuration section (``settings_model``, a pydantic model) and the
+  tables and columns it reads (for ``purger setup``).
+
+The engine keys state by ``(kind, id)``; every kind belongs to exactly one
+policy, so the kind names the policy as well as the object.
+
+Example::
+
+    from policies import load_policy
+    policy = load_policy("rule_events", {"enabled": True})
+    kind = policy.kinds[0]
+    state = kind.fold(None, [event])
+    kind.eligibility(state)   # Eligibility(rule='rule_event_complete', eligible_at_ms=...)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any, Callable, ClassVar, Generic, Iterable, Iterator, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+S = TypeVar("S")
+
+# The Spark type an event field is read as. A timestamp is ISO-8601 UTC text in the record and reaches
+# the state as epoch milliseconds in ``<name>_ms``.
+FieldType = Literal["string", "long", "boolean", "strings", "timestamp"]
+
+
+@dataclass(frozen=True)
+class EventField:
+    name: str
+    type: FieldType
+    # An identifier: at most MAX_ID_LENGTH characters (Cassandra keys stay small).
+    identifier: bool = False
+    # A count or a size: never negative.
+    non_negative: bool = False
+
+
+@dataclass(frozen=True)
+class Link:
+    """An event that also concerns another object: it reaches that object as ``as_type``, keyed by
+    ``id_field``, unless the boolean field ``unless`` is true (an enqueue links its message to a payload
+    kept in the object stores, not to an inline one)."""
+
+    kind: str
+    id_field: str
+    as_type: str
+    unless: str | None = None
+
+
+@dataclass(frozen=True)
+class EventType:
+    name: str
+    kind: str  # the kind of object it is about
+    id_field: str  # the field holding that object's id; the record key
+    required: tuple[str, ...] = ()  # fields it must carry beyond event_id, type, event_time and the id
+    links: tuple[Link, ...] = ()
+    # Written by the purger's own sink: accepted on the control topic only, so no producer of the events
+    # topics can steer the purger.
+    control: bool = False
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    rule: str
+    eligible_at_ms: int
+
+
+@dataclass(frozen=True)
+class Rule(Generic[S]):
+    """One row of a policy's rule table: when the retention period started, in event time, and the CQL
+    condition the row must satisfy at delete time, where ``?`` is the wall clock minus ``period_ms``."""
+
+    name: str
+    period_ms: int
+    started_at: Callable[[S], int | None]
+    check: str
+
+    def eligible_at(self, state: S) -> int | None:
+        start = self.started_at(state)
+        return None if start is None else start + self.period_ms
+
+
+def earliest(rules: Iterable[Rule[S]], state: S | None) -> Eligibility | None:
+    """The earliest rule under which the object becomes eligible, or None if none applies."""
+    if state is None:
+        return None
+    found = [Eligibility(rule.name, at) for rule in rules if (at := rule.eligible_at(state)) is not None]
+    return min(found, key=lambda e: (e.eligible_at_ms, e.rule), default=None)
+
+
+class ObjectKind(ABC, Generic[S]):
+    """One kind of object with state: what the stateful stage keeps per object and when it is due.
+
+    ``state_class`` is a frozen dataclass whose fields all have defaults, typed ``str``, ``int``,
+    ``bool`` or ``tuple[str, ...]`` (optionally ``| None``): the engine derives the state store's
+    schema from it. ``event_class`` is a frozen dataclass the engine builds from each event's fields
+    by name (``event_id``, ``type``, ``event_time_ms``, then any event field, a timestamp as
+    ``<name>_ms``, a list as a tuple).
+    """
+
+    name: ClassVar[str]
+    state_class: ClassVar[type]
+    event_class: ClassVar[type]
+
+    @abstractmethod
+    def fold(self, state: S | None, events: list[Any]) -> S:
+        """Fold a batch of the object's events into its state; order and duplicates do not matter."""
+
+    @abstractmethod
+    def eligibility(self, state: S) -> Eligibility | None:
+        """When the object becomes eligible, in event time, and under which rule; None: not by its events."""
+
+    def hint(self, object_id: str, state: S) -> dict[str, Any]:
+        """What the delete-time half needs to know of the state (JSON-able), carried with a candidate."""
+        return {}
+
+
+# --- the delete-time half ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An object the stream found due: what the sink hands to the policy's ``Purger``."""
+
+    kind: str
+    id: str
+    rule: str
+    eligible_at_ms: int
+    hint: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One decision of the sink: a deletion (``purged``) or why not. ``kind`` and ``id`` default to the
+    candidate's; a dependent deleted with it (a blob, a child row) names its own."""
+
+    status: str
+    reason: str | None = None
+    dc: str | None = None
+    deleted_at_ms: int | None = None
+    kind: str | None = None
+    id: str | None = None
+
+
+class Control(ABC):
+    """The sink's reports back to the stateful stage (``streams.control``)."""
+
+    @abstractmethod
+    def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
+        """Look at the object again once the watermark passes ``at_ms``."""
+
+    @abstractmethod
+    def report(self, event_type: str, object_id: str, event_time_ms: int, **fields: Any) -> None:
+        """Send one of a policy's own control events (``EventType.control``) about ``object_id``."""
+
+
+@dataclass
+class Resources:
+    """What an executor shares between the policies' purgers: made once per process."""
+
+    session: Any  # cassandra.cluster.Session
+    keyspace: str
+    stores: Any  # sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}
+    control: Control
+    retry_ms: int  # when to try again after a store or Cassandra failed
+    dry_run: bool  # decide and record would_delete; delete nothing
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The run of a batch a candidate is purged in."""
+
+    # A retried batch or task: an object found gone was deleted by the attempt that failed, whose
+    # outcomes were lost with it, so it is recorded as purged now.
+    retry: bool
+    # Fault injection for the kill tests (``sinks.attempts.failpoint``).
+    failpoint: Callable[[str], None] = lambda name: None
+
+
+class Purger(ABC):
+    """A policy's delete-time half, one per executor process."""
+
+    @abstractmethod
+    def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
+        """Double-check the candidate against its row and delete it, dependents first; yield outcomes."""
+
+
+class Settings(BaseModel):
+    """A policy's configuration section, ``[policies.<name>]``; a policy's own model adds its keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    # A policy of one's own: the module that defines it (``module.path`` or ``module.path:ClassName``).
+    module: str | None = None
+    # Topics of its own, read besides ``kafka.topics``.
+    topics: list[str] = []
+
+
+class Policy(ABC):
+    """A kind of purge. Subclasses set the class attributes and build their kinds from ``settings``."""
+
+    name: ClassVar[str]
+    settings_model: ClassVar[type[Settings]] = Settings
+    event_fields: ClassVar[tuple[EventField, ...]]
+    event_types: ClassVar[tuple[EventType, ...]]
+    # table -> the columns the purger reads or conditions on (``purger setup`` checks they exist).
+    tables: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # The reference schema of those tables (CQL, ``{keyspace}`` for the keyspace), for the local stack
+    # and the tests; on a real platform the tables are the platform's own.
+    schema: ClassVar[str] = ""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @property
+    @abstractmethod
+    def kinds(self) -> tuple[ObjectKind, ...]:
+        """Its kinds of object, each with state and one timer per object."""
+
+    @abstractmethod
+    def purger(self, resources: Resources) -> Purger:
+        """Its delete-time half on an executor (prepare statements here, once)."""
+
+    def report_fields(self, day: date) -> dict[str, str]:
+        """Extra fields of its rows in the daily report for ``day`` (e.g. the payment store's)."""
+        return {}
