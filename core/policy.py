@@ -51,6 +51,8 @@ class EventField:
     identifier: bool = False
     # A count or a size: never negative.
     non_negative: bool = False
+    # The values a string field may take (empty: any).
+    choices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
