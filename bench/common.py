@@ -6,7 +6,7 @@ machine, so ``BENCHMARKS.md`` can be written from it.
 
 Example::
 
-    run = BenchRun.start("stateful", retention={"expired_ttl": "10s"})
+    run = BenchRun.start("stateful", policies={"mailbox": {"expired_ttl": "10s"}})
     run.record("stateful stage", 12_000, "events/s", baseline=("native aggregation", 20_000), target=0.8)
 """
 
@@ -34,7 +34,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from core.config import PurgerConfig, build_config
 from connectors import kafka_producer
-from purger.stack import LocalStack
+from devstack.stack import LocalStack
 from streams.clock import tick
 
 RESULTS = Path(__file__).parent / "results.jsonl"

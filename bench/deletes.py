@@ -29,12 +29,13 @@ from pyspark.sql import functions as F
 
 from bench.common import BenchRun
 from connectors import cassandra_session
-from purger.platform import Platform
-from purger.stack import prepare
-from purger.workload import EXPIRED_ONLY, Workload, play_all
+from simulation.mailbox import Platform
+from devstack.stack import prepare
+from simulation.workload import EXPIRED_ONLY, Workload, play_all
 from sinks.ledger import Ledger
-from streams.query import start_purger
-from streams.rules import EXPIRED_BY_COUNTER, MESSAGE_RULES
+from purger.running import start_purger
+from policies import policy_set
+from policies.mailbox.rules import EXPIRED_BY_COUNTER
 
 EXPIRED_TTL = timedelta(seconds=5)
 
@@ -60,9 +61,11 @@ def plain_driver_loop(run: BenchRun, messages: dict[str, str], concurrency: int,
     ``references`` also each message's reference row (the purger's statements for an inline payload)."""
     cassandra = run.config.cassandra
     session = cassandra_session(cassandra, cassandra.keyspace)
-    rule = MESSAGE_RULES[EXPIRED_BY_COUNTER]
-    delete = session.prepare(f"DELETE FROM {cassandra.messages_table} WHERE message_id = ? IF {rule.check}")
-    delete_ref = session.prepare(f"DELETE FROM {cassandra.payload_refs_table} WHERE payload_id = ? AND message_id = ?")
+    mailbox = policy_set(run.config).policy_of("message")
+    rule = mailbox.retention.message_rules[EXPIRED_BY_COUNTER]
+    delete = session.prepare(f"DELETE FROM {mailbox.settings.messages_table} WHERE message_id = ? IF {rule.check}")
+    delete_ref = session.prepare(
+        f"DELETE FROM {mailbox.settings.payload_refs_table} WHERE payload_id = ? AND message_id = ?")
     cutoff = datetime.now(timezone.utc) - EXPIRED_TTL
     started = time.perf_counter()
     results = execute_concurrent_with_args(session, delete, [(m, cutoff) for m in messages],
@@ -86,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     run = BenchRun.start(
         "deletes",
-        retention={"expired_ttl": f"{EXPIRED_TTL.total_seconds():.0f}s"},
+        policies={"mailbox": {"expired_ttl": f"{EXPIRED_TTL.total_seconds():.0f}s"}},
         stream={"trigger_interval": "1s", "watermark_delay": "2s", "clock_interval": "1s",
                 "max_deletions_per_second": 1_000_000, "delete_concurrency": args.delete_concurrency},
     )

@@ -25,10 +25,10 @@ import numpy as np
 from pyspark.sql import functions as F
 
 from bench.common import BenchRun, epoch_s
-from purger.platform import Platform
-from purger.workload import Workload, is_purged, play_all
+from simulation.mailbox import Platform
+from simulation.workload import Workload, is_purged, play_all
 from sinks.ledger import Ledger
-from streams.query import start_purger
+from purger.running import start_purger
 
 PLOT = Path(__file__).parent / "lag.png"
 BUCKET_S = 10
@@ -39,8 +39,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20, help="messages per second")
     parser.add_argument("--seconds", type=float, default=300)
     args = parser.parse_args()
-    run = BenchRun.start("lag", retention={"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
-                                           "payload_grace": "5s"})
+    run = BenchRun.start("lag", policies={"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s",
+                                                      "deleted_ttl": "0s", "payload_grace": "5s"}})
     config = run.config
     spark = run.spark()
     running = start_purger(spark, config)

@@ -32,12 +32,9 @@ from tqdm import tqdm
 
 from bench.common import BenchRun, PeakMemory, read_to, ticking, topic_end_offsets
 from core.config import PurgerConfig
-from purger.platform import Platform
-from purger.workload import LIVE_ONLY, Workload, play
-from streams.events import parse_events
-from streams.processor import purge_candidates
-from streams.rules import Retention
-from streams.source import read_records
+from simulation.mailbox import Platform
+from simulation.workload import LIVE_ONLY, Workload, play
+from streams.candidates import candidates_stream
 
 QUERY = "state-scale"
 
@@ -54,10 +51,7 @@ def emit_live(run: BenchRun, objects: int, prefix: str) -> float:
 
 
 def start_query(spark, config: PurgerConfig, checkpoint: Path):
-    parsed = parse_events(read_records(spark, config.kafka), config.kafka.control_topic)
-    watermark_ms = int(config.stream.watermark_delay.total_seconds() * 1000)
-    candidates = purge_candidates(parsed, Retention.from_config(config.retention), watermark_ms)
-    return (candidates.writeStream.queryName(QUERY).format("noop").outputMode("append")
+    return (candidates_stream(spark, config).writeStream.queryName(QUERY).format("noop").outputMode("append")
             .option("checkpointLocation", str(checkpoint)).start())
 
 

@@ -30,12 +30,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from bench.common import BenchRun, epoch_s, read_all_with_kafka_python, read_to, ticking, topic_end_offsets
-from purger.platform import Platform
-from purger.workload import Workload, played
-from streams.events import parse_events
-from streams.processor import purge_candidates, routed
-from streams.query import start_purger
-from streams.rules import Retention
+from simulation.mailbox import Platform
+from simulation.workload import Workload, played
+from policies import policy_set
+from streams.candidates import candidates_stream
+from streams.parse import parse_events
+from streams.processor import routed
+from purger.running import start_purger
 from streams.source import read_records
 
 RETENTION = {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s", "payload_grace": "2s"}
@@ -74,7 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
     args = parser.parse_args()
-    run = BenchRun.start("stateful", retention=RETENTION)
+    run = BenchRun.start("stateful", policies={"mailbox": RETENTION})
     config = run.config
     events, seconds = produce(run, args.messages)
     run.record("workload generator (events only)", events / seconds, "events/s", events=events)
@@ -84,15 +85,14 @@ def main() -> None:
     run.record("plain Kafka read (kafka-python)", kafka_rate, "events/s", events=read)
 
     spark = run.spark()
-    parsed = parse_events(read_records(spark, config.kafka), config.kafka.control_topic)
-    native = routed(parsed).groupBy("kind", "id").agg(F.count(F.lit(1)).alias("events"),
+    policies = policy_set(config)
+    parsed = parse_events(read_records(spark, config), config.kafka.control_topic, policies)
+    native = routed(parsed, policies).groupBy("kind", "id").agg(F.count(F.lit(1)).alias("events"),
                                                        F.max("event_time_ms").alias("latest_ms"))
     native_rate = events / timed(run, "native", native, "update")
     run.record("native Spark aggregation", native_rate, "events/s", events=events)
 
-    retention = Retention.from_config(config.retention)
-    watermark_ms = int(config.stream.watermark_delay.total_seconds() * 1000)
-    stateful_rate = events / timed(run, "stateful", purge_candidates(parsed, retention, watermark_ms), "append")
+    stateful_rate = events / timed(run, "stateful", candidates_stream(spark, config), "append")
     run.record("stateful stage (transformWithState)", stateful_rate, "events/s",
                baseline=("native Spark aggregation", native_rate), target=">= 0.8x", events=events)
 

@@ -10,7 +10,7 @@ Example::
 
     from core.config import load_config
     config = load_config("purger.toml")
-    config.retention.expired_ttl  # datetime.timedelta(days=30)
+    config.stream.trigger_interval  # datetime.timedelta(seconds=5)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -72,9 +72,6 @@ class CassandraConfig(_Section):
     hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1"], min_length=1)
     port: int = Field(default=9042, gt=0, lt=65536)
     keyspace: str = "mailbox"
-    messages_table: str = "messages"
-    payload_refs_table: str = "payload_refs"
-    payloads_table: str = "payloads"
     username: str | None = None
     password: str | None = None
 
@@ -88,24 +85,6 @@ class S3Endpoint(_Section):
 
 class ObjectStoreConfig(S3Endpoint):
     bucket: str
-
-
-class RetentionConfig(_Section):
-    """The periods of SPEC section 4, with the spec's defaults."""
-
-    expired_ttl: Duration = timedelta(days=30)
-    incomplete_ttl: Duration = timedelta(days=2)
-    deleted_ttl: Duration = timedelta(0)
-    payload_grace: Duration = timedelta(hours=12)
-
-    @field_validator("payload_grace")
-    @classmethod
-    def _grace_covers_clock_skew(cls, grace: timedelta) -> timedelta:
-        # The writer contract (README) relies on the grace exceeding the clock skew between writers
-        # and the purger: a link made within it is never mistaken for an old one.
-        if grace < timedelta(seconds=1):
-            raise ValueError("must be at least 1s, and more than the clock skew between hosts")
-        return grace
 
 
 class StreamConfig(_Section):
@@ -163,7 +142,9 @@ class PurgerConfig(_Section):
     cassandra: CassandraConfig = Field(default_factory=CassandraConfig)
     # One object store per data centre, keyed by the data-centre name used in events' `dcs`.
     stores: dict[str, ObjectStoreConfig] = Field(default_factory=_default_stores)
-    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    # One section per policy, [policies.<name>] (SPEC section 7): validated by the policy's own
+    # settings model (``policies.load_policy``). mailbox is enabled unless it says otherwise.
+    policies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     stream: StreamConfig = Field(default_factory=StreamConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
@@ -210,15 +191,23 @@ def _explain(error: ValidationError) -> str:
 
 
 def build_config(raw: dict[str, Any] | None = None) -> PurgerConfig:
-    """Validate a configuration given as nested dictionaries (the shape of the TOML file).
+    """Validate a configuration given as nested dictionaries (the shape of the TOML file), the
+    policies' sections included.
 
-    >>> build_config({"retention": {"expired_ttl": "5s"}}).retention.expired_ttl
+    >>> build_config({"stream": {"trigger_interval": "5s"}}).stream.trigger_interval
     datetime.timedelta(seconds=5)
     """
+    from policies import PolicyError, policy_set
+
     try:
-        return PurgerConfig.model_validate(_environment_overrides(dict(raw or {})))
+        config = PurgerConfig.model_validate(_environment_overrides(dict(raw or {})))
+        policy_set(config)
     except ValidationError as error:
         raise ConfigError(_explain(error)) from None
+    except PolicyError as error:
+        lines = "\n".join(f"  {line}" for line in str(error).splitlines())
+        raise ConfigError(f"invalid purger configuration:\n{lines}") from None
+    return config
 
 
 def load_config(path: str | Path | None = None) -> PurgerConfig:

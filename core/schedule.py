@@ -1,6 +1,6 @@
 """When the stateful stage looks at an object again: its one timer, rechecks and forgetting. Plain Python.
 
-An object is due when its own eligibility (``streams.rules``) has come, or when
+An object is due when its own eligibility (its policy's rules) has come, or when
 the purge sink asked for a recheck (the double-check kept it, or a data centre
 failed, and the row says when to look again). When the watermark passes the due
 time the object becomes a purge candidate. Candidates may be redundant (the
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from streams.rules import Eligibility
+from core.policy import Eligibility
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ fetches again.
 
 Example::
 
-    from purger.artifacts import SPARK_CONNECTORS, fetch
+    from devstack.artifacts import SPARK_CONNECTORS, fetch
     jars = fetch(SPARK_CONNECTORS)  # list of jar paths
 """
 

@@ -3,17 +3,16 @@
 ``SparkCluster`` starts a master and two workers with ``spark-class`` from the pyspark
 install, bound to 127.0.0.1, small (1 core and 1g per worker, 256m daemon heaps), with
 logs and work directories under the local stack's runtime directory. Like the stack
-(``purger.stack``, whose process handling it reuses) it records process ids, so ``down``
+(``devstack.stack``, whose process handling it reuses) it records process ids, so ``down``
 stops exactly what ``up`` started, the executors included.
 
 ``submit`` runs the job with ``spark-submit`` against that master the way it would run on
-a real cluster: the connector jars with ``--jars``, the packages ``purger``, ``streams`` and
-``sinks`` zipped and shipped with ``--py-files``, so executors import the code the driver
-sent. The driver runs the same code path as ``purger run`` (``purger.job``).
+a real cluster: the connector jars with ``--jars``, the product's packages (``PACKAGES``) zipped
+and shipped with ``--py-files``, so executors import the code the driver sent. The driver runs the same code path as ``purger run`` (``purger.job``).
 
 Example::
 
-    from purger.cluster import SparkCluster, submit
+    from devstack.cluster import SparkCluster, submit
     cluster = SparkCluster()
     cluster.up()                                   # idempotent, like the stack's
     submission = submit("purger.toml", log_file="submit.log")
@@ -40,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from purger import artifacts
-from purger.stack import LocalStack, Server, StackError, _port_open
+from devstack import artifacts
+from devstack.stack import Processes, Server, StackError, _port_open
 
 HOST = "127.0.0.1"
 # Clear of the stack (Kafka 9092/9093, Cassandra 9042/7000/7199, S3Proxy 9000) and of the
@@ -61,7 +60,7 @@ EXECUTOR_MEMORY = "512m"  # one executor per worker, within WORKER_MEMORY
 
 ENTRY_SCRIPT = "purger_job.py"
 PACKAGES_ZIP = "purger-packages.zip"
-PACKAGES = ("purger", "streams", "sinks")
+PACKAGES = ("core", "connectors", "policies", "purger", "streams", "sinks")
 
 
 class ClusterError(StackError):
@@ -200,18 +199,16 @@ _PORTS = {
 }
 
 
-class SparkCluster(LocalStack):
-    """The master and two workers. ``down``, ``status`` and ``running`` are the stack's."""
+class SparkCluster:
+    """The master and two workers, as processes of their own (``devstack.stack.Processes``)."""
 
     def __init__(self, log: Callable[[str], None] = print) -> None:
-        super().__init__(SERVERS, log)
+        self.processes = Processes(SERVERS, log)
+        self.log = log
 
-    def up(self, config=None, timeout_s: float = 120) -> None:  # noqa: ARG002
-        """Start the daemons that are not running; wait until the master has both workers ALIVE.
-
-        ``config`` is ignored (the cluster needs none); it keeps the stack's signature.
-        """
-        for server in self.servers:
+    def up(self, timeout_s: float = 120) -> None:
+        """Start the daemons that are not running; wait until the master has both workers ALIVE."""
+        for server in self.processes.servers:
             self._start(server)
         deadline = time.monotonic() + timeout_s
         alive: list[dict] = []
@@ -228,7 +225,7 @@ class SparkCluster(LocalStack):
         raise ClusterError(
             f"the Spark master at {MASTER_URL} lists {len(alive)} ALIVE workers of {len(WORKER_PORTS)} "
             f"after {timeout_s:.0f}s (see {MASTER_WEBUI}/json{f'; last error: {error}' if error else ''}); "
-            "logs: " + ", ".join(str(s.log_file) for s in self.servers)
+            "logs: " + ", ".join(str(s.log_file) for s in self.processes.servers)
         )
 
     def _start(self, server: Server) -> None:
@@ -247,20 +244,18 @@ class SparkCluster(LocalStack):
         local = server.home / "local"  # a worker's executors' scratch space (shuffle, RocksDB copies)
         local.mkdir()
         command = [str(spark_home() / "bin" / "spark-class"), server.main_class, *server.configure(server.home)]
-        env = _spark_env(SPARK_DAEMON_MEMORY=server.heap, SPARK_LOCAL_DIRS=str(local))
-        with open(server.log_file, "ab") as log:
-            process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=server.home, env=env, start_new_session=True,
-            )
-        # spark-class execs the JVM, so this pid is the daemon's; its executors share its process group.
-        server.pid_file.write_text(str(process.pid))
-        self.log(f"{server.name}: started (pid {process.pid}), waiting for {server.address}")
-        self._wait(server, process)
+        # spark-class execs the JVM, so the pid is the daemon's; its executors share its process group.
+        self.processes.launch(server, command, _spark_env(SPARK_DAEMON_MEMORY=server.heap, SPARK_LOCAL_DIRS=str(local)))
+
+    def down(self) -> None:
+        self.processes.stop_all()
+
+    def running(self) -> bool:
+        return self.processes.running()
 
     def status(self) -> dict[str, str]:
-        result = super().status()
-        if self.servers[0].pid():
+        result = self.processes.status()
+        if self.processes.servers[0].pid():
             try:
                 result["workers"] = f"{len(alive_workers())} ALIVE at {MASTER_URL}, UI {MASTER_WEBUI}"
             except OSError as error:
@@ -272,7 +267,7 @@ class SparkCluster(LocalStack):
 
 
 def package_zip(target: Path | None = None) -> Path:
-    """Zip the packages ``purger``, ``streams`` and ``sinks`` for ``--py-files``, from where they are imported."""
+    """Zip the product's packages (``PACKAGES``) for ``--py-files``, from where they are imported."""
     import importlib
 
     target = target or submit_dir() / PACKAGES_ZIP
@@ -289,11 +284,10 @@ def package_zip(target: Path | None = None) -> Path:
 
 
 def entry_script(target: Path | None = None) -> Path:
-    """The file spark-submit runs. Not purger/job.py itself: Python would put purger/ first on the
-    path, where purger/platform.py hides the standard library's ``platform``."""
+    """The file spark-submit runs: it imports ``purger.job`` from the zip, as the executors do."""
     target = target or submit_dir() / ENTRY_SCRIPT
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = "# Written by purger.cluster: `purger run` in a driver started by spark-submit.\nfrom purger.job import main\n\nmain()\n"
+    text = "# Written by devstack.cluster: `purger run` in a driver started by spark-submit.\nfrom purger.job import main\n\nmain()\n"
     if not target.exists() or target.read_text() != text:
         target.write_text(text)
     return target

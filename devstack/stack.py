@@ -8,7 +8,7 @@ bucket per data centre. Process ids are recorded, so ``down`` stops exactly what
 
 Example::
 
-    from purger.stack import LocalStack
+    from devstack.stack import LocalStack
     stack = LocalStack()
     stack.up()       # idempotent: servers already running are left alone
     stack.status()   # {'kafka': 'running (pid 1234) on 127.0.0.1:9092', ...}
@@ -26,12 +26,12 @@ import subprocess
 import time
 import uuid
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from purger import artifacts
+from devstack import artifacts
 from core.config import PurgerConfig, build_config
+from policies import events_topics, policy_set
 
 KAFKA_PORT = 9092
 KAFKA_CONTROLLER_PORT = 9093
@@ -164,17 +164,17 @@ def _kafka_ready() -> None:
     bootstrap = f"127.0.0.1:{KAFKA_PORT}"
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
     try:
-        admin.create_topics([NewTopic("purger.stack.probe", 1, 1)])
+        admin.create_topics([NewTopic("devstack.stack.probe", 1, 1)])
     except TopicAlreadyExistsError:
         pass
     finally:
         admin.close()
     marker = uuid.uuid4().hex.encode()
     producer = KafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    producer.send("purger.stack.probe", marker).get(timeout=10)
+    producer.send("devstack.stack.probe", marker).get(timeout=10)
     producer.close()
     consumer = KafkaConsumer(
-        "purger.stack.probe", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+        "devstack.stack.probe", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
         consumer_timeout_ms=10000, enable_auto_commit=False,
     )
     try:
@@ -195,7 +195,7 @@ def create_topics(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS
         kafka = config.kafka
         wanted = [
             NewTopic(topic, partitions, 1)
-            for topic in [*kafka.topics, kafka.control_topic, kafka.dead_letter_topic]
+            for topic in [*events_topics(config), kafka.control_topic, kafka.dead_letter_topic]
             if topic not in existing
         ]
         if wanted:
@@ -298,16 +298,19 @@ def _cassandra_ready() -> None:
 
 
 def create_schema(config: PurgerConfig) -> None:
-    """Create the keyspace and tables of SPEC section 3 if they do not exist."""
+    """Create the keyspace and the enabled policies' reference tables (SPEC sections 3 and 7) if they do
+    not exist; a real platform already has them."""
     from connectors import cassandra_session
 
-    cql = resources.files("purger").joinpath("schema.cql").read_text()
-    cql = "\n".join(line for line in cql.splitlines() if not line.lstrip().startswith("--"))
+    keyspace = config.cassandra.keyspace
     session = cassandra_session(config.cassandra)
     try:
-        for statement in cql.format(keyspace=config.cassandra.keyspace).split(";"):
-            if statement.strip():
-                session.execute(statement, timeout=60)
+        session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} "
+                        "WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}", timeout=60)
+        for policy in policy_set(config).policies:
+            for statement in policy.schema.format(keyspace=keyspace).split(";"):
+                if statement.strip():
+                    session.execute(statement, timeout=60)
     finally:
         session.cluster.shutdown()
 
@@ -369,35 +372,104 @@ SERVERS = [
 ]
 
 
+class Processes:
+    """Server processes started by pid: launch one and wait until it answers, stop it, say how each is.
+    The local stack and the Spark cluster each keep one (composed, not inherited)."""
+
+    def __init__(self, servers: list[Server], log: Callable[[str], None] = print) -> None:
+        self.servers = servers
+        self.log = log
+
+    def named(self, name: str) -> Server:
+        for server in self.servers:
+            if server.name == name:
+                return server
+        raise StackError(f"no server named {name!r}; there are {', '.join(s.name for s in self.servers)}")
+
+    def launch(self, server: Server, command: list[str], env: dict[str, str] | None = None) -> None:
+        """Start ``command`` as ``server`` in a session of its own, record its pid, wait until it answers."""
+        with open(server.log_file, "ab") as log:
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=server.home, env=env, start_new_session=True,
+            )
+        server.pid_file.write_text(str(process.pid))
+        self.log(f"{server.name}: started (pid {process.pid}), waiting for {server.address}")
+        deadline = time.monotonic() + server.start_timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise StackError(
+                    f"{server.name} on {server.address} exited with code {process.returncode}; "
+                    f"last lines of {server.log_file}:\n{server.log_tail()}"
+                )
+            try:
+                server.ready()
+                self.log(f"{server.name}: answering on {server.address}")
+                return
+            except Exception as error:  # not up yet: any client error means "try again"
+                last_error = error
+                time.sleep(2)
+        self.stop(server)
+        raise StackError(
+            f"{server.name} did not answer on {server.address} within {server.start_timeout:.0f}s "
+            f"(last error: {last_error}); last lines of {server.log_file}:\n{server.log_tail()}"
+        )
+
+    def stop(self, server: Server) -> None:
+        """Stop the server's process group, by its recorded pid (never by name)."""
+        pid = server.pid()
+        if pid is None:
+            server.pid_file.unlink(missing_ok=True)
+            return
+        self.log(f"{server.name}: stopping pid {pid}")
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(60):
+            if server.pid() is None or _zombie(pid):
+                break
+            time.sleep(0.5)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+        server.pid_file.unlink(missing_ok=True)
+
+    def stop_all(self) -> None:
+        for server in reversed(self.servers):
+            self.stop(server)
+
+    def status(self) -> dict[str, str]:
+        result = {}
+        for server in self.servers:
+            pid = server.pid()
+            result[server.name] = f"running (pid {pid}) on {server.address}" if pid else "stopped"
+        return result
+
+    def running(self) -> bool:
+        return all(server.pid() for server in self.servers)
+
+
 class LocalStack:
     """Starts, checks and stops the local servers. See the module docstring."""
 
     def __init__(self, servers: list[Server] | None = None, log: Callable[[str], None] = print) -> None:
-        self.servers = servers if servers is not None else SERVERS
+        self.processes = Processes(servers if servers is not None else SERVERS, log)
         self.log = log
 
     def up(self, config: PurgerConfig | None = None) -> None:
         """Start every server that is not running, wait for each, then create topics, schema, buckets."""
         config = config or build_config({})
         artifacts.spark_connector_jars()  # so the first Spark session starts without a download
-        for server in self.servers:
+        for server in self.processes.servers:
             self._start(server)
         self.log("creating topics, keyspace and buckets")
         prepare(config)
 
     def stop(self, name: str) -> None:
         """Stop one server, keeping its data (fault tests: a server going away)."""
-        self._stop(self._named(name))
+        self.processes.stop(self.processes.named(name))
 
     def start(self, name: str) -> None:
         """Start one server again on the data it had."""
-        self._start(self._named(name), fresh=False)
-
-    def _named(self, name: str) -> Server:
-        for server in self.servers:
-            if server.name == name:
-                return server
-        raise StackError(f"no server named {name!r}; the stack has {', '.join(s.name for s in self.servers)}")
+        self._start(self.processes.named(name), fresh=False)
 
     def _start(self, server: Server, fresh: bool = True) -> None:
         if pid := server.pid():
@@ -417,70 +489,20 @@ class LocalStack:
         server.home.mkdir(parents=True, exist_ok=True)
         extra = server.configure(server.home)
         jvm_args, program_args = (extra[: extra.index("--")], extra[extra.index("--") + 1:]) if "--" in extra else (extra, [])
-        command = [
+        self.processes.launch(server, [
             _java(), f"-Xms{server.heap}", f"-Xmx{server.heap}", "-XX:+ExitOnOutOfMemoryError",
             *jvm_args, "-cp", str(server.bundle.directory / "*"), server.main_class, *program_args,
-        ]
-        with open(server.log_file, "ab") as log:
-            process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=server.home, start_new_session=True,
-            )
-        server.pid_file.write_text(str(process.pid))
-        self.log(f"{server.name}: started (pid {process.pid}), waiting for {server.address}")
-        self._wait(server, process)
-
-    def _wait(self, server: Server, process: subprocess.Popen) -> None:
-        deadline = time.monotonic() + server.start_timeout
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise StackError(
-                    f"{server.name} on {server.address} exited with code {process.returncode}; "
-                    f"last lines of {server.log_file}:\n{server.log_tail()}"
-                )
-            try:
-                server.ready()
-                self.log(f"{server.name}: answering on {server.address}")
-                return
-            except Exception as error:  # not up yet: any client error means "try again"
-                last_error = error
-                time.sleep(2)
-        self._stop(server)
-        raise StackError(
-            f"{server.name} did not answer on {server.address} within {server.start_timeout:.0f}s "
-            f"(last error: {last_error}); last lines of {server.log_file}:\n{server.log_tail()}"
-        )
+        ])
 
     def down(self) -> None:
         """Stop the servers this stack started, by their recorded process ids."""
-        for server in reversed(self.servers):
-            self._stop(server)
-
-    def _stop(self, server: Server) -> None:
-        pid = server.pid()
-        if pid is None:
-            server.pid_file.unlink(missing_ok=True)
-            return
-        self.log(f"{server.name}: stopping pid {pid}")
-        os.killpg(pid, signal.SIGTERM)
-        for _ in range(60):
-            if server.pid() is None or _zombie(pid):
-                break
-            time.sleep(0.5)
-        else:
-            os.killpg(pid, signal.SIGKILL)
-        server.pid_file.unlink(missing_ok=True)
+        self.processes.stop_all()
 
     def status(self) -> dict[str, str]:
-        result = {}
-        for server in self.servers:
-            pid = server.pid()
-            result[server.name] = f"running (pid {pid}) on {server.address}" if pid else "stopped"
-        return result
+        return self.processes.status()
 
     def running(self) -> bool:
-        return all(server.pid() for server in self.servers)
+        return self.processes.running()
 
 
 def _zombie(pid: int) -> bool:

@@ -10,11 +10,17 @@ Example::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import json
+from datetime import timedelta
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from core.policy import Policy
+from core.policy import Policy, PolicySet
+
+if TYPE_CHECKING:
+    from core.config import PurgerConfig
 
 BUILT_IN = {
     "mailbox": "policies.mailbox:MailboxPolicy",
@@ -67,3 +73,40 @@ def load_policy(name: str, raw: dict[str, Any]) -> Policy:
             lines.append(f"policies.{name}.{key}: {message}" if key else f"policies.{name}: {message}")
         raise PolicyError("\n".join(lines)) from None
     return cls(settings)
+
+
+def _sections(raw: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every built-in policy (mailbox enabled by default, the others not), then one's own."""
+    return {**{name: {} for name in BUILT_IN}, **raw}
+
+
+@lru_cache(maxsize=8)
+def _built(sections_json: str) -> PolicySet:
+    sections = json.loads(sections_json)
+    enabled, ignored = [], set()
+    for name, raw in sections.items():
+        policy = load_policy(name, raw)
+        if policy.settings.enabled:
+            enabled.append(policy)
+        elif name in BUILT_IN:
+            ignored.update(t.name for t in policy.event_types)
+    try:
+        return PolicySet(enabled, ignored)
+    except ValueError as error:
+        raise PolicyError(str(error)) from None
+
+
+def policy_set(config: "PurgerConfig") -> PolicySet:
+    """The configuration's enabled policies (built once per process and configuration)."""
+    return _built(json.dumps(_sections(config.policies), sort_keys=True, default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    """A section's value as its TOML would give it: a duration as seconds."""
+    return value.total_seconds() if isinstance(value, timedelta) else str(value)
+
+
+def events_topics(config: "PurgerConfig") -> list[str]:
+    """``kafka.topics`` and the enabled policies' own topics."""
+    own = [t for p in policy_set(config).policies for t in p.settings.topics]
+    return list(dict.fromkeys([*config.kafka.topics, *own]))

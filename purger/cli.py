@@ -24,7 +24,7 @@ import typer
 from core.config import ConfigError, PurgerConfig, load_config
 
 if TYPE_CHECKING:  # the Spark modules load when a command needs them
-    from streams.query import RunningPurger
+    from purger.running import RunningPurger
 
 app = typer.Typer(help="A continuous purger on Spark Structured Streaming.", no_args_is_help=True)
 stack_app = typer.Typer(help="The local stack: Kafka, Cassandra and S3Proxy on 127.0.0.1.", no_args_is_help=True)
@@ -47,7 +47,7 @@ def _config(path: Optional[Path]):
 
 def _or_exit(action: Callable[[], T]) -> T:
     """Run ``action``; a server that would not start or answer exits 1 with the reason (it names the address)."""
-    from purger.stack import StackError
+    from devstack.stack import StackError
 
     try:
         return action()
@@ -62,7 +62,7 @@ def _echo_status(statuses: dict[str, str]) -> None:
 
 
 def _stack_up(settings: PurgerConfig) -> None:
-    from purger.stack import LocalStack
+    from devstack.stack import LocalStack
 
     _or_exit(lambda: LocalStack().up(settings))
 
@@ -76,7 +76,7 @@ def stack_up(config: Optional[Path] = ConfigOption) -> None:
 @stack_app.command("down")
 def stack_down() -> None:
     """Stop the servers that `stack up` started."""
-    from purger.stack import LocalStack
+    from devstack.stack import LocalStack
 
     LocalStack().down()
 
@@ -84,7 +84,7 @@ def stack_down() -> None:
 @stack_app.command("status")
 def stack_status() -> None:
     """Say which servers are running."""
-    from purger.stack import LocalStack
+    from devstack.stack import LocalStack
 
     _echo_status(LocalStack().status())
 
@@ -150,7 +150,7 @@ def run(
     ),
 ) -> None:
     """Run the purge job until interrupted (Ctrl-C stops it cleanly)."""
-    from streams.query import start_purger
+    from purger.running import start_purger
 
     _run(_with_dry_run(_config(config), dry_run), lambda spark, s, _: start_purger(spark, s, starting_offsets))
 
@@ -198,6 +198,7 @@ def report(
     """Bring a day's purge report up to date from the ledger and print it."""
     from rich.console import Console
 
+    from policies import policy_set
     from purger.spark import spark_session
     from sinks.ledger import Report
 
@@ -206,7 +207,8 @@ def report(
     except ValueError:
         raise typer.BadParameter(f"--date {day!r}: write a day as YYYY-MM-DD") from None
     settings = _config(config)
-    purge_report = Report(spark_session(settings.stream, app_name="purger-report"), settings.ledger)
+    purge_report = Report(spark_session(settings.stream, app_name="purger-report"), settings.ledger,
+                          policy_set(settings))
     purge_report.refresh(when)
     rows = purge_report.rows(when)
     title = f"Purge report {when.isoformat()} (UTC), from {settings.ledger.path}"
@@ -218,7 +220,7 @@ def _report_table(rows: list, title: str):
     data centre, a line per figure, so it fits a terminal."""
     from rich.table import Table
 
-    from sinks.ledger import STATUSES
+    from core.vocabulary import STATUSES
 
     def shown(value) -> str:
         if value is None:
@@ -234,10 +236,12 @@ def _report_table(rows: list, title: str):
     table = Table(title=title)
     table.add_column("")
     for r in rows:
-        table.add_column(f"{r['kind']} {r['dc']}", justify="right")
+        table.add_column(f"{r['policy']}: {r['kind']} {r['dc']}", justify="right")
     for figure in ("candidates", *STATUSES, "skipped_by_reason", "lag_p50_s", "lag_p95_s", "lag_p99_s",
                    "started_at", "finished_at", "duration_s"):
         table.add_row(figure.replace("_", " "), *(shown(r[figure]) for r in rows))
+    for name in sorted({k for r in rows for k in (r["policy_fields"] or {})}):
+        table.add_row(name.replace("_", " "), *(shown((r["policy_fields"] or {}).get(name)) for r in rows))
     return table
 
 
@@ -251,28 +255,28 @@ def pending(
     from rich.console import Console
     from rich.table import Table
 
+    from policies import policy_set
     from purger.spark import spark_session
     from streams.pending import pending_purges
-    from streams.rules import Retention
 
     settings = _config(config)
     until = datetime.now(timezone.utc) + timedelta(hours=hours)
     spark = spark_session(settings.stream, app_name="purger-pending")
     rows = pending_purges(spark, settings.stream.checkpoint_location, until,
-                          Retention.from_config(settings.retention)).limit(limit).collect()
+                          policy_set(settings)).limit(limit).collect()
     table = Table(title=f"Due within {hours:g} h, from {settings.stream.checkpoint_location} "
                         f"(purged about stream.watermark_delay after due)")
-    for column in ("due (UTC)", "kind", "id", "rule", "payload"):
+    for column in ("due (UTC)", "kind", "id", "rule", "hint"):
         table.add_column(column)
     for r in rows:
-        table.add_row(f"{r['due_at']:%Y-%m-%d %H:%M:%S}", r["kind"], r["id"], r["rule"], r["payload_id"] or "-")
+        table.add_row(f"{r['due_at']:%Y-%m-%d %H:%M:%S}", r["kind"], r["id"], r["rule"], r["hint"] or "-")
     Console().print(table if rows else f"nothing due within {hours:g} h")
 
 
 @cluster_app.command("up")
 def cluster_up() -> None:
     """Start the master and two workers (spark-class from the pyspark install); wait until both workers join."""
-    from purger.cluster import SparkCluster
+    from devstack.cluster import SparkCluster
 
     _or_exit(lambda: SparkCluster().up())
 
@@ -280,7 +284,7 @@ def cluster_up() -> None:
 @cluster_app.command("down")
 def cluster_down() -> None:
     """Stop the processes `cluster up` started."""
-    from purger.cluster import SparkCluster
+    from devstack.cluster import SparkCluster
 
     SparkCluster().down()
 
@@ -288,7 +292,7 @@ def cluster_down() -> None:
 @cluster_app.command("status")
 def cluster_status() -> None:
     """Say which of the cluster's processes are running."""
-    from purger.cluster import SparkCluster
+    from devstack.cluster import SparkCluster
 
     _echo_status(SparkCluster().status())
 
@@ -296,7 +300,7 @@ def cluster_status() -> None:
 @app.command("submit")
 def submit(config: Optional[Path] = ConfigOption, dry_run: bool = DryRunOption) -> None:
     """Run the job with spark-submit on the local cluster (`purger cluster up`) until Ctrl-C."""
-    from purger.cluster import run_submission
+    from devstack.cluster import run_submission
 
     _config(config)  # a mistake in the file is reported before anything starts
     raise typer.Exit(_or_exit(lambda: run_submission(config, job_args=["--dry-run"] if dry_run else [])))
@@ -308,8 +312,8 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     from rich.console import Console
     from rich.table import Table
 
-    from purger.demo import run_demo
-    from purger.workload import is_purged
+    from simulation.demo import run_demo
+    from simulation.workload import is_purged
 
     _stack_up(load_config())
     report = run_demo(messages=messages)

@@ -1,6 +1,6 @@
 """The purge job as spark-submit runs it: exactly ``purger run``, with the same options.
 
-spark-submit needs a file to run; ``purger.cluster.submit`` writes a small entry script
+spark-submit needs a file to run; ``devstack.cluster.submit`` writes a small entry script
 that calls ``main`` from the ``--py-files`` zip. Without spark-submit the same thing runs as
 ``python -m purger.job --config purger.toml``, which is ``purger run --config purger.toml``.
 

@@ -27,9 +27,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from tqdm import tqdm
 
-from core.config import ConfigError, KafkaConfig, PurgerConfig
+from core.config import ConfigError, PurgerConfig
+from policies import events_topics
 from streams.clock import caught_up
-from streams.query import RunningPurger, start_purger
+from purger.running import RunningPurger, start_purger
 
 
 @dataclass(frozen=True)
@@ -56,11 +57,12 @@ class Backlog:
         return read
 
 
-def backlog(kafka: KafkaConfig, since_ms: int | None) -> Backlog:
+def backlog(config: PurgerConfig, since_ms: int | None) -> Backlog:
     """The events topics' offsets at ``since_ms`` (or their beginning) and their current ends."""
-    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers)
     try:
-        partitions = [TopicPartition(t, p) for t in kafka.topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        partitions = [TopicPartition(t, p) for t in events_topics(config)
+                      for p in sorted(consumer.partitions_for_topic(t) or ())]
         ends = consumer.end_offsets(partitions)
         if since_ms is None:
             starts = consumer.beginning_offsets(partitions)
@@ -90,7 +92,7 @@ def set_aside(checkpoint: str) -> Path | None:
 def start_replay(spark: SparkSession, config: PurgerConfig, since_ms: int | None) -> tuple[RunningPurger, Backlog]:
     """Set the checkpoint aside and start the purger on the events from ``since_ms`` (None: the earliest)."""
     set_aside(config.stream.checkpoint_location)
-    to_read = backlog(config.kafka, since_ms)
+    to_read = backlog(config, since_ms)
     running = start_purger(spark, config, starting_offsets="earliest", starting_timestamp_ms=since_ms)
     return running, to_read
 

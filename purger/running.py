@@ -1,8 +1,9 @@
-"""The purge query, top to bottom: Kafka sources -> parsed events -> stateful stage -> purge sink.
+"""The running purger: the candidates stream (``streams.candidates``) into the purge sink
+(``sinks.sink``), with its clock, its metrics and the daily report beside it.
 
 Example::
 
-    from streams.query import start_purger
+    from purger.running import start_purger
     running = start_purger(spark, config)
     running.query.awaitTermination()
 """
@@ -14,27 +15,19 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
-from datetime import timedelta
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from core.config import PurgerConfig
+from policies import policy_set
 from purger.metrics import PurgerMetrics
 from sinks.ledger import Report
-from sinks.purge import PurgeSink, SinkClosed
+from sinks.sink import PurgeSink, SinkClosed
+from streams.candidates import candidates_stream, ms
 from streams.clock import Clock
-from streams.events import parse_events
-from streams.processor import DEAD_LETTER, MESSAGE, PAYLOAD, purge_candidates
-from streams.rules import Retention
-from streams.source import read_records
 
 log = logging.getLogger(__name__)
-
-
-def _ms(duration: timedelta) -> int:
-    return int(duration.total_seconds() * 1000)
 
 
 @dataclass
@@ -80,31 +73,22 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
                  starting_timestamp_ms: int | None = None) -> RunningPurger:
     """Start the query, its clock, and its metrics (served on ``metrics.port`` unless 0)."""
     stream = config.stream
-    records = read_records(spark, config.kafka, starting_offsets, starting_timestamp_ms)
-    events = parse_events(records, config.kafka.control_topic)
-    outputs = purge_candidates(events, Retention.from_config(config.retention), _ms(stream.watermark_delay))
-    # Per batch, in the query's progress (observedMetrics) and so on the Spark UI's streaming page.
-    outputs = outputs.observe(
-        "purger",
-        *(F.count(F.when(F.col("kind") == kind, True)).alias(name)
-          for kind, name in ((MESSAGE, "message_candidates"), (PAYLOAD, "payload_candidates"),
-                             (DEAD_LETTER, "dead_lettered"))),
-    )
+    candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms)
     metrics = PurgerMetrics()
     listener = metrics.listener(stream.query_name)
     spark.streams.addListener(listener)
     server = metrics.serve(config.metrics.port) if config.metrics.port else None
     sink = PurgeSink(config, metrics)
     query = (
-        outputs.writeStream.queryName(stream.query_name)
+        candidates.writeStream.queryName(stream.query_name)
         .foreachBatch(sink)
         .option("checkpointLocation", stream.checkpoint_location)
-        .trigger(processingTime=f"{_ms(stream.trigger_interval)} milliseconds")
+        .trigger(processingTime=f"{ms(stream.trigger_interval)} milliseconds")
         .start()
     )
     sink.bind(query.id)
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
-    report = Report(spark, config.ledger)
+    report = Report(spark, config.ledger, policy_set(config))
     reporting = _every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
                        lambda: spark.sparkContext.setLocalProperty("spark.scheduler.pool", "purger-report"))
     return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, reporting))

@@ -13,7 +13,7 @@ import os
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from purger.artifacts import spark_connector_jars
+from devstack.artifacts import spark_connector_jars
 from core.config import StreamConfig
 
 

@@ -10,7 +10,7 @@ Cassandra and S3, then the report compares what should have gone with what went.
 
 Example::
 
-    from purger.demo import run_demo
+    from simulation.demo import run_demo
     report = run_demo(messages=200)
     report.ok  # True when exactly the eligible messages and their unshared payloads were purged
 """
@@ -28,9 +28,10 @@ from typing import Any
 from tqdm import tqdm
 
 from core.config import PurgerConfig, build_config
-from purger.platform import Platform
-from purger.workload import SCENARIOS, Workload, is_purged, play
-from purger.stack import prepare
+from simulation.mailbox import Platform
+from simulation.workload import SCENARIOS, Workload, is_purged, play
+from devstack.stack import prepare
+from policies import policy_set
 from sinks.ledger import Report
 
 @dataclass
@@ -67,7 +68,8 @@ def demo_config(run: str) -> PurgerConfig:
                 "control_topic": f"demo.{run}.control",
                 "dead_letter_topic": f"demo.{run}.dead-letter",
             },
-            "retention": {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s", "payload_grace": "2s"},
+            "policies": {"mailbox": {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s",
+                                     "payload_grace": "2s"}},
             "stream": {
                 "query_name": f"purger-demo-{run}",
                 "checkpoint": str(work / "checkpoint"),
@@ -82,7 +84,7 @@ def demo_config(run: str) -> PurgerConfig:
 
 def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> DemoReport:
     from purger.spark import spark_session
-    from streams.query import start_purger
+    from purger.running import start_purger
 
     started = time.monotonic()
     run = uuid.uuid4().hex[:8]
@@ -138,7 +140,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
     finally:
         running.stop()
         platform.close()
-    purge_report = Report(spark, config.ledger)
+    purge_report = Report(spark, config.ledger, policy_set(config))
     purge_report.refresh()
     report.purge_report = purge_report.rows(datetime.now(timezone.utc).date())
     report.seconds = time.monotonic() - started

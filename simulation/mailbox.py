@@ -24,8 +24,9 @@ from typing import Any, Iterable, Iterator
 
 from core.config import PurgerConfig
 from connectors import cassandra_session, kafka_producer, s3_client
-from sinks.objects import payload_key
-from streams.events import format_timestamp
+from core.times import format_timestamp
+from policies import policy_set
+from policies.mailbox.deletes import payload_key
 
 INLINE_LIMIT = 10 * 1024  # payloads under 10 KiB live in the message row (SPEC section 2)
 
@@ -60,7 +61,7 @@ class Platform:
             return
         self.session = cassandra_session(config.cassandra, config.cassandra.keyspace)
         self.stores = {dc: s3_client(store) for dc, store in config.stores.items()}
-        tables = config.cassandra
+        tables = policy_set(config).policy_of("message").settings
         self._messages, self._refs, self._payloads = (
             tables.messages_table, tables.payload_refs_table, tables.payloads_table)
         self._insert_message = self.session.prepare(

@@ -5,7 +5,7 @@ incomplete upload or is deleted, some of those are revived before their
 deadline, and the rest stay live. A share of the messages shares the payload
 of the one before, a share is stored inline, and a share of the messages have
 their events held back and sent late, or sent twice. The demo and the
-benchmarks (``bench/``) play it through ``purger.platform.Platform``, which
+benchmarks (``bench/``) play it through ``simulation.mailbox.Platform``, which
 writes the rows and blobs before it emits the events (or, for the benchmarks
 of the stateful stage alone, only emits the events).
 
@@ -28,7 +28,7 @@ from datetime import datetime, timedelta, timezone
 from itertools import count
 from typing import Iterable, Iterator
 
-from purger.platform import INLINE_LIMIT, Platform
+from simulation.mailbox import INLINE_LIMIT, Platform
 
 # scenario: (share of messages in the default mix, purged?)
 SCENARIOS: dict[str, tuple[float, bool]] = {

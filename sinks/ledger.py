@@ -8,7 +8,7 @@ batch id), and every decision not to delete (``skipped`` with the reason,
 query's id and the batch id (Delta's idempotent writes, ``txnAppId`` and
 ``txnVersion``), so a batch retried after its ledger write adds nothing.
 
-The report has one row per day, object kind and data centre (``all`` for the
+The report has one row per day, policy, object kind and data centre (``all`` for the
 Cassandra rows), computed from that day's ledger records, so its figures are
 counts over the ledger by construction. The running purger rewrites today's rows
 every ``ledger.report_interval``; ``purger report`` rewrites a day's rows, then
@@ -21,7 +21,7 @@ Example::
     ledger = Ledger(spark, config.ledger)
     ledger.append(outcomes, query_id, batch_id)
     ledger.records().where("status = 'purged'").count()
-    Report(spark, config.ledger).refresh(date(2026, 11, 21))
+    Report(spark, config.ledger, policy_set(config)).refresh(date(2026, 11, 21))
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ from pyspark.sql import functions as F
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
 from core.config import LedgerConfig
+from core.policy import PolicySet
+from core.vocabulary import PURGED, SKIPPED, STATUSES
 
 # Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.
 _CONFLICTS = (ConcurrentAppendException, ConcurrentDeleteReadException, ConcurrentWriteException,
               MetadataChangedException, ProtocolChangedException)
 
-# Outcome statuses (sinks.purge and sinks.cassandra), the report's columns of counts.
-STATUSES = ("purged", "would_delete", "already_gone", "skipped", "error", "dead_lettered")
 LAG_PERCENTILES = (0.5, 0.95, 0.99)
 ALL_DCS = "all"  # the report's data centre for outcomes on Cassandra rows
 
@@ -87,7 +87,7 @@ class Ledger:
         >>> Ledger(spark, config.ledger).append(outcomes, query.id, 7)   # a second call adds nothing
         """
         records = outcomes.select(
-            "kind", "id", "rule", "dc", "status", "reason",
+            "policy", "kind", "id", "rule", "dc", "status", "reason",
             _timestamp("eligible_at_ms").alias("eligible_at"),
             _timestamp("decided_at_ms").alias("decided_at"),
             _timestamp("deleted_at_ms").alias("deleted_at"),
@@ -100,6 +100,8 @@ class Ledger:
         (
             records.write.format("delta").mode("append").partitionBy("date")
             .option("txnAppId", query_id).option("txnVersion", batch_id)
+            # A ledger written before the policy column existed takes it on.
+            .option("mergeSchema", "true")
             .save(self.path)
         )
 
@@ -112,28 +114,42 @@ class Ledger:
 
 
 class Report:
-    def __init__(self, spark: SparkSession, ledger: LedgerConfig) -> None:
+    def __init__(self, spark: SparkSession, ledger: LedgerConfig, policies: PolicySet) -> None:
         self.spark = spark
         self.ledger = Ledger(spark, ledger)
         self.path = ledger.report_path
+        self.policies = policies
+
+    def _policy_fields(self, day: date) -> Column:
+        """Each policy's own report fields for the day (``Policy.report_fields``), as a map."""
+        result = F.create_map().cast("map<string,string>")
+        for policy in self.policies.policies:
+            extra = policy.report_fields(day)
+            if extra:
+                literal = F.create_map(*(F.lit(v) for item in sorted(extra.items()) for v in item))
+                result = F.when(F.col("policy") == policy.name, literal).otherwise(result)
+        return result
 
     def compute(self, day: date) -> DataFrame:
-        """A day's report from the ledger: per kind and data centre, counts by status, skips by reason,
-        purge lag percentiles (seconds) and the first and last decision of the day."""
+        """A day's report from the ledger: per policy, kind and data centre, counts by status, skips by
+        reason, purge lag percentiles (seconds), the first and last decision of the day, and the
+        policy's own fields."""
         records = (
             self.ledger.records()
             .where(F.col("date") == F.lit(day))
             .withColumn("dc", F.coalesce("dc", F.lit(ALL_DCS)))
+            # Records written before there were policies are all the mailbox's.
+            .withColumn("policy", F.coalesce("policy", F.lit("mailbox")))
         )
-        group = ["date", "kind", "dc"]
+        group = ["date", "policy", "kind", "dc"]
         by_reason = (
-            records.where(F.col("status") == "skipped")
+            records.where(F.col("status") == SKIPPED)
             .groupBy(*group, F.split("reason", ":").getItem(0).alias("category"))
             .count()
             .groupBy(*group)
             .agg(F.map_from_entries(F.collect_list(F.struct("category", "count"))).alias("skipped_by_reason"))
         )
-        lags = F.percentile(F.when(F.col("status") == "purged", F.col("lag_s")),
+        lags = F.percentile(F.when(F.col("status") == PURGED, F.col("lag_s")),
                             F.array(*(F.lit(p) for p in LAG_PERCENTILES)))
         counts = records.groupBy(*group).agg(
             F.count(F.lit(1)).alias("candidates"),
@@ -150,6 +166,7 @@ class Report:
                 *(F.col("lags").getItem(i).alias(f"lag_p{int(p * 100)}_s") for i, p in enumerate(LAG_PERCENTILES)),
                 "started_at", "finished_at",
                 (F.unix_timestamp("finished_at") - F.unix_timestamp("started_at")).alias("duration_s"),
+                self._policy_fields(day).alias("policy_fields"),
                 F.current_timestamp().alias("updated_at"),
             )
         )
@@ -165,6 +182,8 @@ class Report:
         (
             self.compute(day).write.format("delta").mode("overwrite").partitionBy("date")
             .option("replaceWhere", f"date = '{day.isoformat()}'")
+            # A report written before the policy columns existed takes them on.
+            .option("mergeSchema", "true")
             .save(self.path)
         )
 
@@ -173,5 +192,5 @@ class Report:
             return []
         return (
             self.spark.read.format("delta").load(self.path)
-            .where(F.col("date") == F.lit(day)).orderBy("kind", "dc").collect()
+            .where(F.col("date") == F.lit(day)).orderBy("policy", "kind", "dc").collect()
         )

@@ -1,12 +1,12 @@
-"""Payload blobs in the object store of each data centre: ``payloads/<payload_id>`` in its bucket.
+"""Blobs in the object store of each data centre: one S3 bucket per data centre.
 
 Each data centre is deleted from on its own and reports its own outcome, so one
 store failing does not hold the others back.
 
 Example::
 
-    stores = PayloadStores(config.stores)
-    stores.delete("p1", ["dc1", "dc2"])  # {'dc1': None, 'dc2': None}  (None: deleted)
+    stores = ObjectStores(config.stores)
+    stores.delete("payloads/p1", ["dc1", "dc2"])  # {'dc1': None, 'dc2': None}  (None: deleted)
 """
 
 from __future__ import annotations
@@ -15,11 +15,7 @@ from core.config import ObjectStoreConfig
 from connectors import s3_client
 
 
-def payload_key(payload_id: str) -> str:
-    return f"payloads/{payload_id}"
-
-
-class PayloadStores:
+class ObjectStores:
     """One S3 client per data centre, made on first use."""
 
     def __init__(self, stores: dict[str, ObjectStoreConfig]) -> None:
@@ -31,8 +27,8 @@ class PayloadStores:
             self._clients[dc] = s3_client(self.stores[dc])
         return self._clients[dc]
 
-    def delete(self, payload_id: str, dcs: list[str]) -> dict[str, str | None]:
-        """Delete the payload from each data centre; per data centre None on success, else the error.
+    def delete(self, key: str, dcs: list[str]) -> dict[str, str | None]:
+        """Delete ``key`` from each data centre's bucket; per data centre None on success, else the error.
 
         Deleting a key that is already gone succeeds (S3 semantics), so a retried batch is harmless.
         """
@@ -42,7 +38,7 @@ class PayloadStores:
                 errors[dc] = f"no object store configured for data centre {dc!r}"
                 continue
             try:
-                self._client(dc).delete_object(Bucket=self.stores[dc].bucket, Key=payload_key(payload_id))
+                self._client(dc).delete_object(Bucket=self.stores[dc].bucket, Key=key)
                 errors[dc] = None
             except Exception as error:  # botocore raises many kinds; each is this DC's failure
                 errors[dc] = f"{self.stores[dc].endpoint}: {error}"

@@ -16,22 +16,13 @@ Example::
 
 from __future__ import annotations
 
-import json
 import threading
-import uuid
-from datetime import datetime, timezone
 
 from pyspark.sql.streaming import StreamingQuery
 
 from core.config import KafkaConfig
 from connectors import kafka_producer
-from streams.events import CLOCK, format_timestamp
-
-
-def tick() -> bytes:
-    """A clock event stamped with the wall clock."""
-    stamp = format_timestamp(datetime.now(timezone.utc))
-    return json.dumps({"event_id": f"clock-{uuid.uuid4()}", "type": CLOCK, "event_time": stamp}).encode()
+from streams.control import tick
 
 
 def caught_up(query: StreamingQuery) -> bool:

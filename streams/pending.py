@@ -7,62 +7,63 @@ operator are joined:
 
 - the registered timers (``readRegisteredTimers``): ``key`` (kind, id) and
   ``expiration_timestamp_ms``, one per object, since the processor keeps one timer an object;
-- the object's value state (``stateVarName`` ``message`` or ``payload``): ``key`` and ``value``,
-  a struct laid out as ``streams.processor._Stored.schema`` and decoded by ``STORED[kind].from_row``.
+- the object's value state (``stateVarName``: the kind's name, e.g. ``message``): ``key`` and ``value``,
+  a struct laid out as ``streams.processor._Stored.schema`` and decoded by its ``from_row``.
 
-A timer is a purge only when ``streams.schedule.on_timer`` would emit something at it: the end of
+A timer is a purge only when ``core.schedule.on_timer`` would emit something at it: the end of
 a linger after a purge (when the state is forgotten) is not listed.
 
 Example::
 
     from datetime import datetime, timedelta, timezone
+    from policies import policy_set
     from streams.pending import pending_purges
-    from streams.rules import Retention
     until = datetime.now(timezone.utc) + timedelta(hours=24)
-    pending_purges(spark, "checkpoints/purger", until, Retention.from_config(config.retention)).show()
-    # kind     id   rule                due_at               payload_id
-    # message  m1   expired_by_counter  2026-11-22 09:12:00  p1
+    pending_purges(spark, "checkpoints/purger", until, policy_set(config)).show()
+    # kind     id   rule                due_at               hint
+    # message  m1   expired_by_counter  2026-11-22 09:12:00  {"payload_id": "p1", ...}
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from functools import reduce
 from typing import Callable
 
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType
+from pyspark.sql.types import StringType, StructField, StructType
 
-from streams.processor import MESSAGE, STORED
-from streams.rules import Retention
-from streams.schedule import on_timer
+from core.policy import PolicySet
+from core.schedule import on_timer
+from streams.processor import _Stored, stored_kinds
 
 
-def _rule_at(kind: str, retention: Retention) -> Callable[[Row, int], str | None]:
-    """The rule the object's candidate will carry when its timer fires, or None if it fires none."""
-    stored = STORED[kind]
+def _due(stored: _Stored) -> Callable[[Row, int], tuple[str, str] | None]:
+    """The rule the object's candidate will carry when its timer fires, and its hint; None if it fires none."""
 
-    def rule(value: Row, timer_ms: int) -> str | None:
+    def due(value: Row, timer_ms: int) -> tuple[str, str] | None:
         state, schedule = stored.from_row(value)
         # As handleExpiredTimer does, with the watermark just reaching the timer.
-        emitted, _ = on_timer(schedule, stored.eligible(state, retention), watermark_ms=timer_ms, linger_ms=0)
-        return None if emitted is None else emitted.rule
+        emitted, _ = on_timer(schedule, stored.kind.eligibility(state), watermark_ms=timer_ms, linger_ms=0)
+        return None if emitted is None else (emitted.rule, json.dumps(stored.kind.hint("", state)))
 
-    return rule
+    return due
 
 
 def _state(spark: SparkSession, checkpoint: str, option: str, value: str | bool) -> DataFrame:
     return spark.read.format("statestore").option(option, value).load(checkpoint)
 
 
-def pending_purges(spark: SparkSession, checkpoint: str, until: datetime, retention: Retention) -> DataFrame:
+def pending_purges(spark: SparkSession, checkpoint: str, until: datetime, policies: PolicySet) -> DataFrame:
     """One row per object whose timer is due before ``until``, overdue ones included, earliest first:
-    ``kind``, ``id``, ``rule``, ``due_at`` (timestamp) and ``payload_id`` (messages only; null for a payload).
+    ``kind``, ``id``, ``rule``, ``due_at`` (timestamp) and ``hint`` (what the candidate will carry, JSON:
+    a message's ``payload_id``, for example).
 
     ``rule`` is what the purge will be for: a recheck the sink asked for when that is what is due,
-    else the object's own eligibility under ``retention``, which must be the purger's (a different
-    one would name rules the purger does not apply). ``due_at`` is the timer, in event time: the
+    else the object's own eligibility under ``policies``, which must be the purger's (others would
+    name rules the purger does not apply). ``due_at`` is the timer, in event time: the
     object becomes a candidate once the watermark passes it, i.e. about the watermark delay (plus a
     clock interval and a trigger) later in wall-clock time; a stopped purger purges nothing.
 
@@ -81,18 +82,15 @@ def pending_purges(spark: SparkSession, checkpoint: str, until: datetime, retent
                 F.col("expiration_timestamp_ms").alias("timer_ms"))
     )
     per_kind = []
-    for kind in STORED:
+    due_type = StructType([StructField("rule", StringType()), StructField("hint", StringType())])
+    for kind, stored in stored_kinds(policies).items():
         values = _state(spark, checkpoint, "stateVarName", kind).select(
             F.col("key.kind").alias("kind"), F.col("key.id").alias("id"), "value")
         # Nondeterministic only so that the filter on its result is not pushed below it, which would run it twice.
-        rule = F.udf(_rule_at(kind, retention), StringType(), useArrow=False).asNondeterministic()
+        due = F.udf(_due(stored), due_type, useArrow=False).asNondeterministic()
         per_kind.append(
             timers.join(values, ["kind", "id"])
-            .select(
-                "kind", "id",
-                rule("value", "timer_ms").alias("rule"),
-                F.timestamp_millis("timer_ms").alias("due_at"),
-                (F.col("value.payload_id") if kind == MESSAGE else F.lit(None).cast(StringType())).alias("payload_id"),
-            )
+            .select("kind", "id", due("value", "timer_ms").alias("due"), F.timestamp_millis("timer_ms").alias("due_at"))
+            .select("kind", "id", "due.rule", "due_at", "due.hint")
         )
     return reduce(DataFrame.unionByName, per_kind).where(F.col("rule").isNotNull()).orderBy("due_at", "kind", "id")

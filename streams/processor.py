@@ -1,33 +1,39 @@
 """The stateful stage: events keyed by object -> purge candidates and dead letters, with event-time timers.
 
-Every parsed record is routed to the objects it is about, keyed by ``(kind, id)``:
+Every parsed record is routed to the objects it is about, keyed by ``(kind, id)``
+(each kind belongs to one policy, so the kind names the policy too):
 
-- a lifecycle event to its message; an enqueue of a stored payload also to that
-  payload, as a ``link``;
-- the sink's reports from the control topic to the message or payload they name;
+- a policy's event to its object (``EventType.kind`` and ``id_field``), and to
+  the objects it links (``EventType.links``: an enqueue of a stored payload
+  reaches that payload as a ``link``);
+- the sink's reports from the control topic to the object they name
+  (``streams.control``);
 - a bad record to ``dead_letter``, passed through untouched to the sink;
 - a clock tick to ``clock``, where it only moves the watermark.
 
-The watermark is driven by clock ticks alone: lifecycle events carry no
-watermark time, so Spark never drops one as late. However late an event comes,
-it is applied, and the state machine orders it by its ``event_time``. The
-watermark delay is how long after a deadline the purger waits for stragglers.
+The watermark is driven by clock ticks alone: events carry no watermark time,
+so Spark never drops one as late. However late an event comes, it is applied,
+and its kind's fold orders it by its ``event_time``. The watermark delay is how
+long after a deadline the purger waits for stragglers.
 
-Per object the processor keeps its state (``streams.state``) and its schedule
-(``streams.schedule``) in one value state, and one timer.
+Per object the processor keeps its state (the kind's ``state_class``) and its
+schedule (``core.schedule``) in one value state named after the kind, and one
+timer. When the watermark passes the object's due time it is emitted as a
+candidate, with the kind's ``hint`` as JSON.
 
 Example::
 
     from streams.processor import purge_candidates
-    candidates = purge_candidates(events, retention, watermark_delay_ms=10_000)
+    candidates = purge_candidates(events, policies, watermark_delay_ms=10_000)
 """
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
@@ -38,48 +44,23 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    DataType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
+    ArrayType, BinaryType, BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType,
 )
 
-from streams.events import CLOCK, RECHECK
-from streams.rules import Eligibility, Retention, eligibility, payload_eligibility
-from streams.schedule import Schedule, next_timer, on_timer, recheck
-from streams.state import (
-    ENQUEUE,
-    LINK,
-    RELEASED,
-    Event,
-    MessageState,
-    PayloadState,
-    apply_all,
-    apply_all_payload,
-)
-
-MESSAGE = "message"
-PAYLOAD = "payload"
-DEAD_LETTER = "dead_letter"
-
-# The event columns the processor reads, in Event's field order.
-EVENT_COLUMNS = [f.name for f in fields(Event)]
+from core.policy import ObjectKind, PolicySet
+from core.schedule import Schedule, next_timer, on_timer, recheck
+from core.vocabulary import CLOCK, DEAD_LETTER
+from streams.control import RECHECK, control_target
+from streams.parse import timestamp_fields
 
 OUTPUT_SCHEMA = StructType(
     [
-        StructField("kind", StringType(), False),  # message | payload | dead_letter
+        StructField("kind", StringType(), False),  # a policy's kind of object, or dead_letter
         StructField("id", StringType(), False),
         # Candidates
         StructField("rule", StringType()),
         StructField("eligible_at_ms", LongType()),
-        StructField("payload_id", StringType()),
-        StructField("inline", BooleanType()),
-        StructField("dcs", ArrayType(StringType())),
+        StructField("hint", StringType()),  # JSON: what the policy's purger needs of the state
         # Dead letters: the reason and the original record
         StructField("reason", StringType()),
         StructField("key", BinaryType()),
@@ -94,7 +75,7 @@ _OUTPUT_FIELDS = OUTPUT_SCHEMA.fieldNames()
 
 def _spark_type(hint: Any) -> DataType:
     """The Spark type of a state field's annotation (``str | None``, ``int``, ``tuple[str, ...]``)."""
-    if isinstance(hint, types.UnionType):
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         (hint,) = [h for h in typing.get_args(hint) if h is not type(None)]
     if typing.get_origin(hint) is tuple:
         return ArrayType(StringType())
@@ -103,17 +84,16 @@ def _spark_type(hint: Any) -> DataType:
 
 @dataclass(frozen=True)
 class _Stored:
-    """One kind of object as kept in the state store: its state class and schedule, side by side."""
+    """One kind of object as kept in the state store: its state and schedule, side by side in one row."""
 
-    state_class: type
-    fold: Callable[[Any, list[Event]], Any]
-    eligible: Callable[[Any, Retention], Eligibility | None]
+    kind: ObjectKind
 
     @property
     def schema(self) -> StructType:
+        cls = self.kind.state_class
         return StructType(
-            [StructField(f.name, _spark_type(typing.get_type_hints(cls)[f.name]))
-             for cls in (self.state_class, Schedule) for f in fields(cls)]
+            [StructField(f.name, _spark_type(typing.get_type_hints(owner)[f.name]))
+             for owner in (cls, Schedule) for f in fields(owner)]
         )
 
     def to_row(self, state: Any, schedule: Schedule) -> tuple:
@@ -124,16 +104,15 @@ class _Stored:
 
     def from_row(self, row: Any) -> tuple[Any, Schedule]:
         values = list(row)
-        n = len(fields(self.state_class))
-        state_values = [tuple(v or ()) if isinstance(f.default, tuple) else v
-                        for f, v in zip(fields(self.state_class), values[:n])]
-        return self.state_class(*state_values), Schedule(*values[n:])
+        state_fields = fields(self.kind.state_class)
+        n = len(state_fields)
+        state_values = [tuple(v or ()) if isinstance(f.default, tuple) else (tuple(v) if isinstance(v, list) else v)
+                        for f, v in zip(state_fields, values[:n])]
+        return self.kind.state_class(*state_values), Schedule(*values[n:])
 
 
-STORED = {
-    MESSAGE: _Stored(MessageState, apply_all, eligibility),
-    PAYLOAD: _Stored(PayloadState, apply_all_payload, payload_eligibility),
-}
+def stored_kinds(policies: PolicySet) -> dict[str, _Stored]:
+    return {kind.name: _Stored(kind) for kind in policies.kinds}
 
 
 def _output(**values: Any) -> Row:
@@ -143,13 +122,21 @@ def _output(**values: Any) -> Row:
 class PurgeProcessor(StatefulProcessor):
     """Keeps each object's state, schedule and timer. See the module docstring."""
 
-    def __init__(self, retention: Retention, linger_ms: int) -> None:
-        self.retention = retention
+    def __init__(self, policies: PolicySet, linger_ms: int) -> None:
+        self.policies = policies
         self.linger_ms = linger_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.stored = {kind: handle.getValueState(kind, stored.schema) for kind, stored in STORED.items()}
+        self.kinds = stored_kinds(self.policies)
+        self.values = {name: handle.getValueState(name, stored.schema) for name, stored in self.kinds.items()}
+        # Each kind's event class, and how to build it from a routed row.
+        self.event_fields = {name: [f.name for f in fields(stored.kind.event_class)]
+                             for name, stored in self.kinds.items()}
+
+    def _event(self, kind: str, row: Row) -> Any:
+        return self.kinds[kind].kind.event_class(
+            *(tuple(v) if isinstance(v := row[c], list) else v for c in self.event_fields[kind]))
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
         kind, object_id = key
@@ -158,29 +145,29 @@ class PurgeProcessor(StatefulProcessor):
                 yield _output(kind=DEAD_LETTER, id=object_id, reason=r.error, key=r.key, value=r.value,
                               topic=r.topic, partition=r.partition, offset=r.offset)
             return
-        if kind not in STORED:
+        if kind not in self.kinds:
             return  # clock ticks: they only move the watermark
-        stored = STORED[kind]
+        stored = self.kinds[kind]
         # get() alone (None when absent): each state call is a round trip to the JVM's state server.
-        row = self.stored[kind].get()
+        row = self.values[kind].get()
         state, schedule = stored.from_row(row) if row is not None else (None, Schedule())
         events = []
         for r in rows:
             if r.type == RECHECK:
                 schedule = recheck(schedule, r.rule, r.event_time_ms)
             else:
-                events.append(Event(*(tuple(r[c]) if c == "dcs" and r[c] is not None else r[c] for c in EVENT_COLUMNS)))
-        state = stored.fold(state, events) or stored.state_class()
+                events.append(self._event(kind, r))
+        state = stored.kind.fold(state, events)
         yield from self._decide(kind, object_id, state, schedule, timerValues.getCurrentWatermarkInMs())
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[Row]:
         kind, object_id = key
-        row = self.stored[kind].get()
+        row = self.values[kind].get()
         if row is None:
             return
-        state, schedule = STORED[kind].from_row(row)
+        state, schedule = self.kinds[kind].from_row(row)
         schedule = replace(schedule, timer_ms=None)  # Spark removed the timer that fired
         yield from self._decide(kind, object_id, state, schedule, timerValues.getCurrentWatermarkInMs())
 
@@ -188,66 +175,65 @@ class PurgeProcessor(StatefulProcessor):
         """Emit the object if the watermark has passed its due time; then keep it with its next timer, or
         forget it. An object already due when its events arrive (a backlog, a replay) is decided here
         rather than by a timer that would fire later in this batch: five state calls fewer."""
-        stored = STORED[kind]
-        emitted, kept = on_timer(schedule, stored.eligible(state, self.retention), watermark_ms, self.linger_ms)
+        object_kind = self.kinds[kind].kind
+        own = object_kind.eligibility(state)
+        emitted, kept = on_timer(schedule, own, watermark_ms, self.linger_ms)
         if kept is None:
             if schedule.timer_ms is not None:
                 self.handle.deleteTimer(schedule.timer_ms)
-            self.stored[kind].clear()
+            self.values[kind].clear()
             return
-        self._keep(kind, state, kept)
-        if emitted is not None:
-            if kind == MESSAGE:
-                payload = dict(payload_id=state.payload_id, inline=state.inline)
-            else:
-                payload = dict(payload_id=object_id, inline=False)
-            yield _output(kind=kind, id=object_id, rule=emitted.rule, eligible_at_ms=emitted.eligible_at_ms,
-                          dcs=list(state.dcs), **payload)
-
-    def _keep(self, kind: str, state: Any, schedule: Schedule) -> None:
-        """Store the object and move its one timer to where its schedule says."""
-        stored = STORED[kind]
-        wanted = next_timer(schedule, stored.eligible(state, self.retention))
-        if wanted != schedule.timer_ms:
-            if schedule.timer_ms is not None:
-                self.handle.deleteTimer(schedule.timer_ms)
+        wanted = next_timer(kept, own)
+        if wanted != kept.timer_ms:
+            if kept.timer_ms is not None:
+                self.handle.deleteTimer(kept.timer_ms)
             if wanted is not None:
                 self.handle.registerTimer(wanted)
-            schedule = replace(schedule, timer_ms=wanted)
-        self.stored[kind].update(stored.to_row(state, schedule))
+            kept = replace(kept, timer_ms=wanted)
+        self.values[kind].update(self.kinds[kind].to_row(state, kept))
+        if emitted is not None:
+            yield _output(kind=kind, id=object_id, rule=emitted.rule, eligible_at_ms=emitted.eligible_at_ms,
+                          hint=json.dumps(object_kind.hint(object_id, state)))
 
     def close(self) -> None:
         pass
 
 
-def routed(events: DataFrame) -> DataFrame:
-    """One row per (record, object it is about), keyed by ``kind`` and ``id``, with the watermark column."""
+def _targets(policies: PolicySet) -> Column:
+    """Per record, the (kind, id, type) of each object it is about."""
     t = F.col("type")
-    object_kind: Column = (
-        F.when(F.col("error").isNotNull(), F.lit(DEAD_LETTER))
-        .when(t == CLOCK, F.lit(CLOCK))
-        .when(t == RECHECK, F.col("kind"))
-        .when(t == RELEASED, F.lit(PAYLOAD))
-        .otherwise(F.lit(MESSAGE))
-    )
-    object_id: Column = (
-        F.when(F.col("error").isNotNull(), F.concat_ws("/", "topic", F.col("partition").cast("string")))
-        .when(object_kind == PAYLOAD, F.col("payload_id"))
-        .otherwise(F.col("message_id"))
-    )
-    itself = F.struct(object_kind.alias("kind"), object_id.alias("id"), t.alias("type"))
-    # An enqueue of a payload kept in the object stores links a message to it.
-    link = F.when(
-        F.col("error").isNull() & (t == ENQUEUE) & ~F.col("inline"),
-        F.struct(F.lit(PAYLOAD).alias("kind"), F.col("payload_id").alias("id"), F.lit(LINK).alias("type")),
-    )
-    targets = F.filter(F.array(itself, link), lambda target: target.isNotNull())
-    return events.withColumn("target", F.explode(targets)).select(
+    target = lambda kind, object_id, as_type: F.struct(  # noqa: E731
+        kind.alias("kind"), object_id.alias("id"), as_type.alias("type"))
+    bad = F.col("error").isNotNull()
+    control_kind, control_id = control_target(policies)
+    kind, object_id = (F.when(bad, F.lit(DEAD_LETTER)),
+                       F.when(bad, F.concat_ws("/", "topic", F.col("partition").cast("string"))))
+    links = []
+    for event_type in policies.event_types.values():
+        this = t == event_type.name
+        kind, object_id = kind.when(this, F.lit(event_type.kind)), object_id.when(this, F.col(event_type.id_field))
+        for link in event_type.links:
+            linked = ~bad & this & (~F.coalesce(F.col(link.unless), F.lit(False)) if link.unless else F.lit(True))
+            links.append(F.when(linked, target(F.lit(link.kind), F.col(link.id_field), F.lit(link.as_type))))
+    itself = target(kind.otherwise(control_kind), object_id.otherwise(control_id), t)
+    return F.filter(F.array(itself, *links), lambda each: each.isNotNull() & each["kind"].isNotNull())
+
+
+def routed(events: DataFrame, policies: PolicySet) -> DataFrame:
+    """One row per (record, object it is about), keyed by ``kind`` and ``id``, with the watermark column.
+    Events of a built-in policy that is not enabled (``ignored``) are dropped here."""
+    t = F.col("type")
+    event_columns = {"event_id", "event_time_ms", "rule"}
+    event_columns |= {c for f in policies.fields.values()
+                      for c in ([f"{f.name}_ms"] if f.type == "timestamp" else [f.name])}
+    stamps = set(timestamp_fields(policies))
+    event_columns -= stamps
+    return events.where(~F.col("ignored")).withColumn("target", F.explode(_targets(policies))).select(
         F.col("target.kind").alias("kind"),
         F.col("target.id").alias("id"),
         F.col("target.type").alias("type"),
-        *[c for c in EVENT_COLUMNS if c != "type"],
-        "rule", "error", "topic", "partition", "offset",
+        *sorted(event_columns),
+        "error", "topic", "partition", "offset",
         # The original bytes travel with bad records only.
         F.when(F.col("error").isNotNull(), F.col("key")).alias("key"),
         F.when(F.col("error").isNotNull(), F.col("value")).alias("value"),
@@ -256,15 +242,15 @@ def routed(events: DataFrame) -> DataFrame:
     )
 
 
-def purge_candidates(events: DataFrame, retention: Retention, watermark_delay_ms: int) -> DataFrame:
-    """Parsed records in (``streams.events.parse_events``), ``OUTPUT_SCHEMA`` rows out: purge candidates
+def purge_candidates(events: DataFrame, policies: PolicySet, watermark_delay_ms: int) -> DataFrame:
+    """Parsed records in (``streams.parse.parse_events``), ``OUTPUT_SCHEMA`` rows out: purge candidates
     as objects come due, and bad records as dead letters."""
     return (
-        routed(events)
+        routed(events, policies)
         .withWatermark("watermark_time", f"{watermark_delay_ms} milliseconds")
         .groupBy("kind", "id")
         .transformWithState(
-            statefulProcessor=PurgeProcessor(retention, linger_ms=watermark_delay_ms),
+            statefulProcessor=PurgeProcessor(policies, linger_ms=watermark_delay_ms),
             outputStructType=OUTPUT_SCHEMA,
             outputMode="Append",
             timeMode="EventTime",

@@ -2,14 +2,15 @@
 
 Example::
 
-    records = read_records(spark, config.kafka)  # key, value, topic, partition, offset, timestamp
+    records = read_records(spark, config)  # key, value, topic, partition, offset, timestamp
 """
 
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
-from core.config import KafkaConfig
+from core.config import KafkaConfig, PurgerConfig
+from policies import events_topics
 
 
 def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_offsets: str,
@@ -33,7 +34,7 @@ def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_
     )
 
 
-def read_records(spark: SparkSession, kafka: KafkaConfig, starting_offsets: str | None = None,
+def read_records(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
                  starting_timestamp_ms: int | None = None) -> DataFrame:
     """The raw records of the events topics, then of the control topic, as one streaming DataFrame.
 
@@ -43,6 +44,8 @@ def read_records(spark: SparkSession, kafka: KafkaConfig, starting_offsets: str 
     topic starts from its end: a replay rebuilds its rechecks and releases from the events, and old
     clock ticks would only move the watermark ahead of the replay.
     """
-    events = _kafka(spark, kafka, kafka.topics, starting_offsets or kafka.starting_offsets, starting_timestamp_ms)
+    kafka = config.kafka
+    events = _kafka(spark, kafka, events_topics(config), starting_offsets or kafka.starting_offsets,
+                    starting_timestamp_ms)
     control = _kafka(spark, kafka, [kafka.control_topic], "latest")
     return events.unionByName(control)

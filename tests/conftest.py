@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from core.config import PurgerConfig, build_config
-from purger.stack import LocalStack, prepare
-from tests.faults import TcpProxy
+from devstack.stack import LocalStack, prepare
+from tests.support.faults import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDPOINT_VARIABLES = ("PURGER_KAFKA_BOOTSTRAP", "PURGER_CASSANDRA_HOSTS", "PURGER_S3_ENDPOINT")
@@ -79,7 +79,8 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
                 "control_topic": f"test.{run_id}.control",
                 "dead_letter_topic": f"test.{run_id}.dead-letter",
             },
-            "retention": {"expired_ttl": "6s", "incomplete_ttl": "8s", "deleted_ttl": "1s", "payload_grace": "3s"},
+            "policies": {"mailbox": {"expired_ttl": "6s", "incomplete_ttl": "8s", "deleted_ttl": "1s",
+                                     "payload_grace": "3s"}},
             "stream": {
                 "checkpoint": str(tmp_path_factory.mktemp("checkpoint")),
                 "trigger_interval": "1s",
@@ -112,7 +113,7 @@ def spark():
 
 @pytest.fixture(scope="session")
 def platform(config):
-    from purger.platform import Platform
+    from simulation.mailbox import Platform
 
     platform = Platform(config)
     yield platform

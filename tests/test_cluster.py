@@ -1,4 +1,4 @@
-"""The purge job through spark-submit on the local standalone cluster (``purger.cluster``).
+"""The purge job through spark-submit on the local standalone cluster (``devstack.cluster``).
 
 A master and two workers on 127.0.0.1 (1 core each); the job is submitted in client mode with
 the code in a ``--py-files`` zip, so the executors run what the driver shipped. The test
@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from purger.cluster import PACKAGES_ZIP, SparkCluster, master_state, submit, worker_state
+from devstack.cluster import PACKAGES_ZIP, SparkCluster, master_state, submit, worker_state
 from core.config import load_config
-from purger.platform import Platform
-from purger.stack import prepare
+from simulation.mailbox import Platform
+from devstack.stack import prepare
 from sinks.ledger import Ledger
-from tests.configs import free_port, toml
-from tests.test_purge_stream import ago
+from tests.support.configs import free_port, mailbox, toml
+from tests.support.waits import ago
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,8 @@ def job_config_path(servers, run_id, tmp_path_factory) -> Path:
             "control_topic": f"test.{run_id}.cluster.control",
             "dead_letter_topic": f"test.{run_id}.cluster.dead-letter",
         },
-        "retention": {"expired_ttl": "6s", "incomplete_ttl": "8s", "deleted_ttl": "1s", "payload_grace": "3s"},
+        "policies": {"mailbox": {"expired_ttl": "6s", "incomplete_ttl": "8s", "deleted_ttl": "1s",
+                                 "payload_grace": "3s"}},
         "stream": {
             "checkpoint": str(base / "checkpoint"),
             "trigger_interval": "1s",
@@ -76,7 +77,7 @@ def _get(url: str):
 def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(cluster, job_config_path, tmp_path,
                                                                            spark):
     config = load_config(job_config_path)
-    r = config.retention
+    r = mailbox(config)
     run = uuid.uuid4().hex[:6]
     platform = Platform(config)
     eligible: dict[str, str] = {}  # message -> payload

@@ -4,10 +4,11 @@ from pathlib import Path
 import pytest
 
 from core.config import ConfigError, build_config, load_config, parse_duration
+from tests.support.configs import mailbox
 
 
 def test_defaults_are_the_specs():
-    retention = build_config({}).retention
+    retention = mailbox(build_config({}))
     assert retention.expired_ttl == timedelta(days=30)
     assert retention.incomplete_ttl == timedelta(days=2)
     assert retention.deleted_ttl == timedelta(0)
@@ -32,14 +33,14 @@ def test_a_bad_value_names_the_key_and_what_it_accepts():
 
 def test_a_bad_duration_names_the_key_and_the_units():
     with pytest.raises(ConfigError) as error:
-        build_config({"retention": {"expired_ttl": "a month"}})
-    assert "retention.expired_ttl" in str(error.value)
+        build_config({"policies": {"mailbox": {"expired_ttl": "a month"}}})
+    assert "policies.mailbox.expired_ttl" in str(error.value)
     assert "ms, s, m, h or d" in str(error.value)
 
 
 def test_an_unknown_key_is_refused():
-    with pytest.raises(ConfigError, match="retention.expird_ttl: unknown key"):
-        build_config({"retention": {"expird_ttl": "1d"}})
+    with pytest.raises(ConfigError, match="policies.mailbox.expird_ttl: unknown key"):
+        build_config({"policies": {"mailbox": {"expird_ttl": "1d"}}})
 
 
 def test_environment_overrides_endpoints(monkeypatch):
@@ -52,9 +53,9 @@ def test_environment_overrides_endpoints(monkeypatch):
 
 def test_toml_file(tmp_path):
     path = tmp_path / "purger.toml"
-    path.write_text('[retention]\nexpired_ttl = "7d"\n[stores.paris]\nbucket = "blobs-paris"\n')
+    path.write_text('[policies.mailbox]\nexpired_ttl = "7d"\n[stores.paris]\nbucket = "blobs-paris"\n')
     config = load_config(path)
-    assert config.retention.expired_ttl == timedelta(days=7)
+    assert mailbox(config).expired_ttl == timedelta(days=7)
     assert list(config.stores) == ["paris"]
 
 
@@ -70,13 +71,13 @@ def test_the_readme_example_is_a_valid_configuration(tmp_path):
     path = tmp_path / "purger.toml"
     path.write_text(example)
     config = load_config(path)
-    assert config.retention == build_config({}).retention
+    assert mailbox(config) == mailbox(build_config({}))
     assert config.kafka.control_topic == "purger.control" and config.stream.retry_interval == timedelta(minutes=1)
 
 
 def test_a_payload_grace_under_the_clock_skew_is_refused():
-    with pytest.raises(ConfigError, match="retention.payload_grace: .*at least 1s"):
-        build_config({"retention": {"payload_grace": "0s"}})
+    with pytest.raises(ConfigError, match="policies.mailbox.payload_grace: .*at least 1s"):
+        build_config({"policies": {"mailbox": {"payload_grace": "0s"}}})
 
 
 def test_a_dry_run_has_a_checkpoint_of_its_own():

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from streams.events import NO_MESSAGE, parse_events
+from core.config import build_config
+from policies import policy_set
+from streams.parse import parse_events
 
 CONTROL = "purger.control"
 
@@ -24,7 +26,7 @@ def parse(spark, values, topic="mailbox.events"):
         [(None, v, topic, 0, i, None) for i, v in enumerate(values)],
         "key binary, value binary, topic string, partition int, offset long, timestamp timestamp",
     )
-    return parse_events(records, CONTROL).orderBy("offset").collect()
+    return parse_events(records, CONTROL, policy_set(build_config({}))).orderBy("offset").collect()
 
 
 def test_good_events_parse_to_typed_rows(spark):
@@ -45,14 +47,14 @@ RECHECK = (b'{"event_id": "r", "type": "recheck", "event_time": "2026-01-01T08:0
 
 def test_control_events_parse_on_the_control_topic(spark):
     tick, recheck = parse(spark, [TICK, RECHECK], topic=CONTROL)
-    assert tick.error is None and tick.message_id == NO_MESSAGE
+    assert tick.error is None and tick.type == "clock"
     assert recheck.error is None and (recheck.kind, recheck.payload_id, recheck.rule) == ("payload", "p1", "payload")
 
 
 def test_control_events_are_bad_input_on_an_events_topic(spark):
     """So a producer on the events topics cannot steer the purger's schedule."""
     rows = parse(spark, [TICK, RECHECK])
-    assert [r.error for r in rows] == ["missing field message_id", "missing field message_id"]
+    assert [r.error for r in rows] == ["unknown type clock", "unknown type recheck"]
     [row] = parse(spark, [with_("type", "recheck")])
     assert row.error == "unknown type recheck"
 

@@ -25,15 +25,16 @@ from pyspark.sql import functions as F
 from tenacity import Retrying, stop_after_delay, wait_fixed
 
 from connectors import cassandra_session
-from purger.platform import Platform
-from sinks.cassandra import PURGED, SKIPPED, MessageDeleter
+from simulation.mailbox import Platform
+from core.vocabulary import PURGED, SKIPPED
+from policies.mailbox.deletes import MessageDeleter
 from sinks.ledger import Ledger
 from sinks.purge import purge_partition
-from streams.rules import Retention
-from tests.configs import own_config, write_config
-from tests.faults import bad_records
-from tests.test_purge_stream import ago, now, wait_for
-from tests.test_sinks import candidate, unreferenced_payload
+from policies.mailbox.rules import Retention
+from tests.support.configs import mailbox, own_config, write_config
+from tests.support.faults import bad_records
+from tests.support.mailbox import candidate, unreferenced_payload
+from tests.support.waits import ago, now, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +50,7 @@ def reliability(fault: str, **counts) -> None:
 def test_a_corpus_of_bad_input_is_dead_lettered_and_deletes_nothing(spark, config, tmp_path_factory):
     """Over 1,000 malformed records of 16 kinds, naming live messages: every one lands in the dead-letter
     topic with its reason, the stream goes on, and nothing is deleted because of them."""
-    from streams.query import start_purger
+    from purger.running import start_purger
 
     own = own_config(config, tmp_path_factory.mktemp("bad-input"), "bad-input")
     platform = Platform(own)
@@ -61,8 +62,8 @@ def test_a_corpus_of_bad_input_is_dead_lettered_and_deletes_nothing(spark, confi
         corpus = bad_records(live, 1000)
         platform.send([(key, value) for _, key, value in corpus])
         good = f"bad-input-good-{uuid.uuid4().hex[:6]}"
-        platform.enqueue(good, f"p-{good}", at=ago(own.retention.deleted_ttl))
-        platform.delete(good, at=ago(own.retention.deleted_ttl))
+        platform.enqueue(good, f"p-{good}", at=ago(mailbox(own).deleted_ttl))
+        platform.delete(good, at=ago(mailbox(own).deleted_ttl))
         platform.flush()
 
         running = start_purger(spark, own)
@@ -116,16 +117,16 @@ def test_a_revival_racing_the_double_check_is_never_lost(race_platform, config):
     be a lost revival (a live object deleted)."""
     platform = race_platform
     session = cassandra_session(config.cassandra)
-    deleter = MessageDeleter(session, config.cassandra, Retention.from_config(config.retention))
-    revive = session.prepare(f"UPDATE {config.cassandra.keyspace}.{config.cassandra.messages_table} SET extract_count = 1, updated_at = ? "
+    deleter = MessageDeleter(session, config.cassandra.keyspace, mailbox(config), Retention.from_settings(mailbox(config)))
+    revive = session.prepare(f"UPDATE {config.cassandra.keyspace}.{mailbox(config).messages_table} SET extract_count = 1, updated_at = ? "
                              f"WHERE message_id = ? IF EXISTS")
     outcomes: Counter[str] = Counter()
     lost, left = [], []
 
     def attempt(i: int) -> None:
         m = f"race-revive-{uuid.uuid4().hex[:8]}-{i}"
-        platform.enqueue(m, f"p-{m}", size=100, extract_count=1, at=ago(config.retention.expired_ttl))
-        platform.dequeue(m, 0, at=ago(config.retention.expired_ttl))
+        platform.enqueue(m, f"p-{m}", size=100, extract_count=1, at=ago(mailbox(config).expired_ttl))
+        platform.dequeue(m, 0, at=ago(mailbox(config).expired_ttl))
         gate = threading.Barrier(2)
         result: dict[str, object] = {}
 
@@ -213,8 +214,8 @@ def write_work(platform: Platform, prefix: str, n: int, config, eligible: list[s
     """``n`` deleted messages, eligible at once, and one live message; their ids added to the lists."""
     for _ in range(n):
         m = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        platform.enqueue(m, f"p-{m}", at=ago(config.retention.deleted_ttl))
-        platform.delete(m, at=ago(config.retention.deleted_ttl))
+        platform.enqueue(m, f"p-{m}", at=ago(mailbox(config).deleted_ttl))
+        platform.delete(m, at=ago(mailbox(config).deleted_ttl))
         eligible.append(m)
     m = f"{prefix}-live-{uuid.uuid4().hex[:8]}"
     platform.enqueue(m, f"p-{m}", extract_count=1)
@@ -317,8 +318,8 @@ def test_cassandra_down_for_30s_and_a_kafka_restart_lose_nothing(spark, config, 
     in the ledger once, and every live one is intact."""
     if servers != "local":
         pytest.skip("stopping and starting servers needs the local stack")
-    from purger.stack import LocalStack
-    from streams.query import start_purger
+    from devstack.stack import LocalStack
+    from purger.running import start_purger
 
     stack = LocalStack(log=lambda _: None)
     own = own_config(config, tmp_path_factory.mktemp("outages"), "outages")

@@ -17,13 +17,15 @@ import pytest
 from pyspark.sql import functions as F
 
 from core.config import PurgerConfig, S3Endpoint
-from purger.platform import Platform
+from simulation.mailbox import Platform
 from purger.replay import follow, start_replay
-from sinks.ledger import LAG_PERCENTILES, STATUSES, Ledger, Report
-from sinks.purge import EARLIER_ATTEMPT, OUTCOME_SCHEMA
-from streams.query import start_purger
-from tests.configs import own_config
-from tests.test_purge_stream import ago, now, observed, wait_for, wait_for_watermark
+from core.vocabulary import EARLIER_ATTEMPT, STATUSES
+from policies import policy_set
+from sinks.ledger import LAG_PERCENTILES, Ledger, Report
+from sinks.purge import OUTCOME_SCHEMA
+from purger.running import start_purger
+from tests.support.configs import mailbox, own_config
+from tests.support.waits import ago, now, observed, wait_for, wait_for_watermark
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +55,7 @@ def deletable(platform: Platform, config: PurgerConfig, n: int, tag: str,
     ids = [f"{tag}-{uuid.uuid4().hex[:6]}-{i}" for i in range(n)]
     for m in ids:
         platform.enqueue(m, f"p-{m}")
-        platform.delete(m, at=ago(config.retention.deleted_ttl))
+        platform.delete(m, at=ago(mailbox(config).deleted_ttl))
         if sent is not None:
             sent[m] = False
     platform.flush()
@@ -64,7 +66,7 @@ def kept_by_the_double_check(platform: Platform, config: PurgerConfig, tag: str)
     """A `delete` event for a row that is not deleted (say, restored since): the double-check keeps it."""
     m = f"{tag}-{uuid.uuid4().hex[:6]}"
     platform.enqueue(m, f"p-{m}", extract_count=2)
-    platform.emit("delete", m, at=ago(config.retention.deleted_ttl))
+    platform.emit("delete", m, at=ago(mailbox(config).deleted_ttl))
     platform.flush()
     SENT[m] = True
     return m

@@ -11,14 +11,15 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pyspark.sql import functions as F
 
-from core.config import RetentionConfig
-from purger.platform import Platform
-from purger.stack import prepare
-from sinks.control import Reports
+from simulation.mailbox import Platform
+from devstack.stack import prepare
+from connectors import kafka_producer
+from policies import policy_set
+from policies.mailbox.state import RELEASED
+from streams.control import ControlWriter
 from streams.pending import pending_purges
-from streams.query import start_purger
-from streams.rules import Retention
-from tests.test_purge_stream import wait_for
+from purger.running import start_purger
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +35,8 @@ def pending_config(config, tmp_path_factory):
             "control_topic": f"test.{run}.control",
             "dead_letter_topic": f"test.{run}.dead-letter",
         }),
-        "retention": RetentionConfig(expired_ttl=HOUR, incomplete_ttl=2 * HOUR, deleted_ttl=HOUR / 2,
-                                     payload_grace=HOUR * 1.5),
+        "policies": {**config.policies, "mailbox": {
+            "expired_ttl": HOUR, "incomplete_ttl": 2 * HOUR, "deleted_ttl": HOUR / 2, "payload_grace": HOUR * 1.5}},
         "stream": config.stream.model_copy(update={"checkpoint": str(tmp_path_factory.mktemp("pending-checkpoint"))}),
     })
     prepare(own, partitions=2)
@@ -83,11 +84,12 @@ def scheduled(spark, pending_config):
     try:
         wait_for(lambda: _processed_since(running.query, started), what="the events to be processed")
         # The control topic is read from its end, so the reports go after the first batch.
-        reports = Reports(pending_config.kafka)
+        reports = ControlWriter(kafka_producer(pending_config.kafka), pending_config.kafka.control_topic,
+                                policy_set(pending_config))
         try:
             reports.recheck("message", ids["rechecked"], "expired_by_date", at_ms=_epoch_ms(t0 + 0.75 * HOUR))
-            reports.released(f"p-{ids['deleted']}", ids["deleted"], at_ms=_epoch_ms(t0), observed_at_ms=_epoch_ms(t0),
-                             dcs=["dc1", "dc2"])
+            reports.report(RELEASED, f"p-{ids['deleted']}", _epoch_ms(t0), message_id=ids["deleted"],
+                           observed_at_ms=_epoch_ms(t0), dcs=["dc1", "dc2"])
             reports.flush()
         finally:
             reports.producer.close()
@@ -108,9 +110,10 @@ def scheduled(spark, pending_config):
 
 
 def _listing(spark, config, until: datetime) -> list[tuple]:
-    pending = pending_purges(spark, config.stream.checkpoint, until, Retention.from_config(config.retention))
-    assert pending.columns == ["kind", "id", "rule", "due_at", "payload_id"]
-    return [tuple(r) for r in pending.select("kind", "id", "rule", F.unix_millis("due_at"), "payload_id").collect()]
+    pending = pending_purges(spark, config.stream.checkpoint, until, policy_set(config))
+    assert pending.columns == ["kind", "id", "rule", "due_at", "hint"]
+    return [tuple(r) for r in pending.select("kind", "id", "rule", F.unix_millis("due_at"),
+                                             F.get_json_object("hint", "$.payload_id")).collect()]
 
 
 def _assert_lists(listing: list[tuple], expected: dict) -> None:
@@ -139,4 +142,4 @@ def test_a_narrower_window_lists_only_the_earlier_ones(spark, pending_config, sc
 
 def test_until_must_be_timezone_aware(spark, pending_config):
     with pytest.raises(ValueError, match="timezone-aware"):
-        pending_purges(spark, pending_config.stream.checkpoint, datetime.now(), Retention())
+        pending_purges(spark, pending_config.stream.checkpoint, datetime.now(), policy_set(pending_config))

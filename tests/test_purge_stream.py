@@ -13,47 +13,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kafka import KafkaConsumer
 
-from streams.query import start_purger
+from purger.running import start_purger
+from tests.support.configs import mailbox
+from tests.support.waits import ago, now, observed, rows_dropped_as_late, wait_for, wait_for_watermark
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(condition, timeout_s=120, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-def watermark_ms(query) -> int:
-    progress = query.lastProgress
-    stamp = progress and progress["eventTime"].get("watermark")
-    return int(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp() * 1000) if stamp else 0
-
-
-def wait_for_watermark(query, moment: datetime, timeout_s=60):
-    wait_for(lambda: watermark_ms(query) > moment.timestamp() * 1000, timeout_s,
-             what=f"the watermark to pass {moment.isoformat()}")
-
-
-def rows_dropped_as_late(query) -> int:
-    return sum(op.get("numRowsDroppedByWatermark", 0) for p in query.recentProgress for op in p["stateOperators"])
-
-
-def observed(query, name: str) -> int:
-    """One of the query's observed metrics, summed over its recent progress. A batch's progress is
-    posted after its sink returns, so wait for it rather than read it once."""
-    return sum(p.observedMetrics["purger"][name] for p in query.recentProgress if "purger" in p.observedMetrics)
-
-
-def now():
-    return datetime.now(timezone.utc)
-
-
-def ago(period: timedelta) -> datetime:
-    return now() - period - timedelta(seconds=1)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +30,7 @@ def purger(spark, config):
 
 def test_every_rule_purges_the_eligible_and_keeps_the_revived_whatever_the_order(purger, platform, config):
     """SPEC section 4, one row per case; events arrive shuffled and each twice."""
-    r = config.retention
+    r = mailbox(config)
     run = uuid.uuid4().hex[:8]
     far_future = now() + timedelta(days=365)
     cases = {
@@ -119,7 +83,7 @@ def test_every_rule_purges_the_eligible_and_keeps_the_revived_whatever_the_order
 
 
 def test_a_shared_payload_goes_only_with_its_last_message(purger, platform, config):
-    r = config.retention
+    r = mailbox(config)
     first, second, p = (f"shared-{uuid.uuid4().hex[:8]}-{n}" for n in ("a", "b", "p"))
     platform.enqueue(first, p, at=ago(r.expired_ttl))
     assert platform.enqueue(second, p, shared=True) == p
@@ -143,7 +107,7 @@ def test_an_idle_stream_still_purges_on_time(purger, platform, config):
     platform.dequeue(m, 0, at=zero_at)
     platform.flush()
     wait_for(lambda: platform.row(m) is None, what="the expired message on a quiet stream")
-    lag_s = (now() - zero_at - config.retention.expired_ttl).total_seconds()
+    lag_s = (now() - zero_at - mailbox(config).expired_ttl).total_seconds()
     # The watermark delay, a clock interval and a trigger or two, plus the recheck of a row whose
     # updated_at is a few milliseconds after the event time.
     print(f"purge lag on an idle stream: {lag_s:.1f}s")
@@ -160,7 +124,7 @@ def test_late_events_are_applied_not_dropped(purger, platform, config):
     platform.flush()
     with platform.holding() as revival:
         platform.set_counter(m, 1)  # the row is revived now; its event is held back
-    deadline = zero_at + config.retention.expired_ttl
+    deadline = zero_at + mailbox(config).expired_ttl
     wait_for_watermark(purger.query, deadline + timedelta(seconds=2))
     assert platform.row(m)["extract_count"] == 1, "the double-check kept the revived row"
     platform.send(revival)  # far behind the watermark now
@@ -183,10 +147,10 @@ def test_late_events_are_applied_not_dropped(purger, platform, config):
 def test_a_failing_data_centre_is_retried_until_done(purger, platform, config, dc2_proxy):
     m = f"dcfail-{uuid.uuid4().hex[:8]}"
     p = f"p-{m}"
-    platform.enqueue(m, p, at=ago(config.retention.expired_ttl + config.retention.payload_grace))
+    platform.enqueue(m, p, at=ago(mailbox(config).expired_ttl + mailbox(config).payload_grace))
     dc2_proxy.cut()
     try:
-        platform.dequeue(m, 0, at=ago(config.retention.expired_ttl + config.retention.payload_grace))
+        platform.dequeue(m, 0, at=ago(mailbox(config).expired_ttl + mailbox(config).payload_grace))
         platform.flush()
         wait_for(lambda: not platform.blob_exists(p, "dc1"), what="dc1's blob, while dc2 fails")
         # dc1's progress is in the row, and dc2 stays to do while it fails.
@@ -218,8 +182,8 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_causes_no_deletion(purger, 
     ]
     platform.send(bad)
     after = f"dlq-after-{uuid.uuid4().hex[:8]}"
-    platform.enqueue(after, f"p-{after}", at=ago(config.retention.expired_ttl))
-    platform.dequeue(after, 0, at=ago(config.retention.expired_ttl))
+    platform.enqueue(after, f"p-{after}", at=ago(mailbox(config).expired_ttl))
+    platform.dequeue(after, 0, at=ago(mailbox(config).expired_ttl))
     platform.flush()
 
     consumer = KafkaConsumer(config.kafka.dead_letter_topic, bootstrap_servers=config.kafka.bootstrap_servers,

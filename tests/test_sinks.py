@@ -3,17 +3,18 @@
 import random
 import threading
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from pyspark.sql import Row
 
 from connectors import cassandra_session
-from sinks.cassandra import ALREADY_GONE, DELETING, PURGED, SKIPPED, MessageDeleter
-from sinks.objects import PayloadStores
-from sinks.purge import ERROR, purge_partition
-from streams.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD, Retention
+from core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED
+from policies.mailbox.deletes import DELETING, MessageDeleter, payload_key
+from policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD, Retention
+from sinks.objects import ObjectStores
+from tests.support.configs import mailbox
+from tests.support.mailbox import candidate, new_id, purge, unreferenced_payload
+from tests.support.waits import ago
 
 pytestmark = pytest.mark.integration
 
@@ -21,16 +22,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def deleter(config):
     session = cassandra_session(config.cassandra)
-    yield MessageDeleter(session, config.cassandra, Retention.from_config(config.retention))
+    yield MessageDeleter(session, config.cassandra.keyspace, mailbox(config), Retention.from_settings(mailbox(config)))
     session.cluster.shutdown()
-
-
-def ago(period: timedelta) -> datetime:
-    return datetime.now(timezone.utc) - period - timedelta(seconds=2)
-
-
-def new_id(prefix="sink"):
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
 # rule -> (make it eligible, revive it). Each builds on a fresh message `m`.
@@ -64,7 +57,7 @@ REVIVE = {
 @pytest.mark.parametrize("rule", list(ELIGIBLE))
 def test_an_eligible_row_is_deleted_once(platform, deleter, config, rule):
     m = new_id()
-    ELIGIBLE[rule](platform, config.retention, m)
+    ELIGIBLE[rule](platform, mailbox(config), m)
     outcome = deleter.delete(m, rule)
     assert (outcome.status, outcome.payload_id) == (PURGED, f"p-{m}")
     assert platform.row(m) is None
@@ -75,7 +68,7 @@ def test_an_eligible_row_is_deleted_once(platform, deleter, config, rule):
 @pytest.mark.parametrize("rule", list(REVIVE))
 def test_a_row_revived_after_the_streams_decision_is_kept(platform, deleter, config, rule):
     m = new_id()
-    ELIGIBLE[rule](platform, config.retention, m)
+    ELIGIBLE[rule](platform, mailbox(config), m)
     REVIVE[rule](platform, m)  # lands after the stream decided, before the delete
     outcome = deleter.delete(m, rule)
     assert outcome.status == SKIPPED and platform.row(m) is not None
@@ -89,13 +82,13 @@ def test_a_row_not_yet_due_by_the_wall_clock_is_kept_and_says_when(platform, del
     outcome = deleter.delete(m, EXPIRED_BY_COUNTER)
     assert outcome.status == SKIPPED and outcome.reason.startswith("not yet due: expired_by_counter")
     assert outcome.recheck.rule == EXPIRED_BY_COUNTER
-    expected = platform.row(m)["updated_at"].replace(tzinfo=timezone.utc) + config.retention.expired_ttl
+    expected = platform.row(m)["updated_at"].replace(tzinfo=timezone.utc) + mailbox(config).expired_ttl
     assert outcome.recheck.eligible_at_ms == int(expected.timestamp() * 1000)
 
 
 def test_the_stream_not_knowing_the_payload_asks_the_row(platform, deleter, config):
     m = new_id()
-    counter_case(platform, config.retention, m)
+    counter_case(platform, mailbox(config), m)
     assert deleter.delete(m, EXPIRED_BY_COUNTER, payload_id=None).payload_id == f"p-{m}"
 
 
@@ -103,36 +96,18 @@ def test_payload_blobs_go_from_every_data_centre(platform, config):
     m = new_id()
     platform.enqueue(m, f"p-{m}", dcs=("dc1", "dc2"))
     assert platform.blob_exists(f"p-{m}", "dc1") and platform.blob_exists(f"p-{m}", "dc2")
-    stores = PayloadStores(config.stores)
-    assert stores.delete(f"p-{m}", ["dc1", "dc2"]) == {"dc1": None, "dc2": None}
+    stores = ObjectStores(config.stores)
+    assert stores.delete(payload_key(f"p-{m}"), ["dc1", "dc2"]) == {"dc1": None, "dc2": None}
     assert not platform.blob_exists(f"p-{m}", "dc1") and not platform.blob_exists(f"p-{m}", "dc2")
     # Deleting again is harmless; an unknown data centre is reported, not raised.
-    errors = stores.delete(f"p-{m}", ["dc1", "dc9"])
+    errors = stores.delete(payload_key(f"p-{m}"), ["dc1", "dc9"])
     assert errors["dc1"] is None and "dc9" in errors["dc9"]
 
 
 # --- the payload protocol, through the sink's own code --------------------------------------
 
-def candidate(kind, object_id, rule, dcs=("dc1", "dc2"), payload_id=None):
-    return Row(kind=kind, id=object_id, rule=rule, eligible_at_ms=int(time.time() * 1000), payload_id=payload_id, inline=False, dcs=list(dcs), reason=None, key=None, value=None,
-               topic=None, partition=None, offset=None)
-
-
-def purge(config, *candidates):
-    return [dict(zip(("kind", "id", "rule", "dc", "status", "reason"), o))
-            for o in purge_partition(list(candidates), config, batch_id=0)]
-
-
-def unreferenced_payload(platform, config, dcs=("dc1", "dc2")):
-    """A payload whose only message is gone, linked long before the grace period."""
-    m, p = new_id("msg"), new_id("pay")
-    platform.enqueue(m, p, dcs=dcs, at=ago(config.retention.payload_grace))
-    platform.session.execute(f"DELETE FROM {config.cassandra.payload_refs_table} WHERE payload_id = %s", (p,))
-    return p
-
-
 def test_a_purged_message_releases_its_payload_only_when_no_other_refers_to_it(platform, config):
-    r = config.retention
+    r = mailbox(config)
     first, second, p = new_id(), new_id(), new_id("pay")
     platform.enqueue(first, p, at=ago(r.expired_ttl))
     assert platform.enqueue(second, p, shared=True, at=ago(r.expired_ttl)) == p
@@ -151,14 +126,14 @@ def test_a_purged_message_releases_its_payload_only_when_no_other_refers_to_it(p
 def test_a_referenced_or_recently_linked_payload_is_kept(platform, config):
     referenced = unreferenced_payload(platform, config)
     platform.session.execute(
-        f"INSERT INTO {config.cassandra.payload_refs_table} (payload_id, message_id) VALUES (%s, 'someone')",
+        f"INSERT INTO {mailbox(config).payload_refs_table} (payload_id, message_id) VALUES (%s, 'someone')",
         (referenced,))
     [outcome] = purge(config, candidate("payload", referenced, PAYLOAD))
     assert (outcome["status"], outcome["reason"]) == (SKIPPED, "referenced: by message someone")
 
     recent = new_id("pay")
     platform.enqueue(new_id("msg"), recent)
-    platform.session.execute(f"DELETE FROM {config.cassandra.payload_refs_table} WHERE payload_id = %s", (recent,))
+    platform.session.execute(f"DELETE FROM {mailbox(config).payload_refs_table} WHERE payload_id = %s", (recent,))
     [outcome] = purge(config, candidate("payload", recent, PAYLOAD))
     assert (outcome["status"], outcome["reason"]) == (SKIPPED, "recently linked: within payload_grace")
     for p in (referenced, recent):

@@ -4,7 +4,7 @@ import pytest
 from kafka.admin import KafkaAdminClient
 
 from connectors import cassandra_session, s3_client
-from purger.stack import LocalStack
+from devstack.stack import LocalStack
 
 pytestmark = pytest.mark.integration
 
@@ -37,8 +37,8 @@ def test_status_reports_the_recorded_processes(servers):
 def test_a_server_that_does_not_come_up_names_its_address_and_log(tmp_path):
     from dataclasses import dataclass
 
-    from purger import artifacts
-    from purger.stack import Server, StackError
+    from devstack import artifacts
+    from devstack.stack import Server, StackError
 
     @dataclass
     class BrokenServer(Server):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.rules import (
+from policies.mailbox.rules import (
     DELETED,
     EXPIRED_BY_COUNTER,
     EXPIRED_BY_DATE,
@@ -18,8 +18,8 @@ from streams.rules import (
     eligibility,
     payload_eligibility,
 )
-from streams.schedule import Schedule, due, next_timer, on_timer, recheck
-from streams.state import (
+from core.schedule import Schedule, due, next_timer, on_timer, recheck
+from policies.mailbox.state import (
     LINK,
     RELEASED,
     Event,

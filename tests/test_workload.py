@@ -1,10 +1,10 @@
-"""The workload's plans (purger.workload): the mix, shared and inline payloads, late and duplicated events."""
+"""The workload's plans (simulation.workload): the mix, shared and inline payloads, late and duplicated events."""
 
 from collections import Counter
 
 import pytest
 
-from purger.workload import DEFAULT_MIX, LIVE_ONLY, SCENARIOS, Workload, is_purged
+from simulation.workload import DEFAULT_MIX, LIVE_ONLY, SCENARIOS, Workload, is_purged
 
 
 def test_plans_follow_the_mix_and_the_seed():

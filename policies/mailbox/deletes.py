@@ -1,59 +1,62 @@
-"""The Cassandra side of a purge: double-checked deletes of message rows, references and payload rows.
+"""The mailbox policy at delete time: double-checked deletes of messages, references, payloads and blobs.
 
-The stream's state is a hint; the row is the truth. Each rule of
-``streams.rules`` puts its ``check`` on a conditional ``DELETE`` (a lightweight
-transaction), compared with the wall clock at delete time, so the check and the
-delete are one atomic step and a revival that lands in between makes the delete
-not apply. When it does not apply, the row says why, and when (by the same
-rules) it is worth looking again.
+The stream's state is a hint; the row is the truth. Each message rule
+(``policies.mailbox.rules``) puts its ``check`` on a conditional ``DELETE`` (a
+lightweight transaction), compared with the wall clock at delete time, so the
+check and the delete are one atomic step and a revival that lands in between
+makes the delete not apply. When it does not apply, the row says why, and when
+(by the same rules) it is worth looking again.
 
-Payload rows follow the writer contract of the README: a payload goes from
-``live`` to ``deleting`` only by a conditional update on the ``last_ref_at`` seen
-when no reference was left; writers link only while it is ``live``.
+A message candidate: its row goes by the conditional delete, then its
+``payload_refs`` row; if no other message refers to the payload, the payload is
+released (a ``payload_released`` control event) and its grace period starts. A
+payload candidate, once its grace has passed, goes by the writer contract
+(README): no reference left, ``live`` -> ``deleting`` on the ``last_ref_at``
+seen, its blob deleted from each data centre with the progress kept in the
+row's ``dcs``, and the row last. One store failing does not hold the others
+back; the failed ones are retried after ``retry_interval``.
+
+Dependents go before the record that leads to them, so a crash anywhere is
+finished by the retry of the batch: a row found already gone still has its
+reference, blobs and payload row seen to, all idempotently.
 
 Example::
 
-    deleter = MessageDeleter(session, config.cassandra, Retention())
+    deleter = MessageDeleter(session, "mailbox", MailboxSettings(), Retention())
     deleter.delete("m1", "expired_by_counter")  # RowOutcome(status='purged', ...)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Iterator
 
 from cassandra import ConsistencyLevel
 
-from core.config import CassandraConfig
-from streams.events import format_epoch_ms
-from streams.rules import MESSAGE_RULES, Eligibility, Retention, eligibility
-from streams.state import MessageState
+from core.policy import Attempt, Candidate, Eligibility, Outcome, Purger, Resources
+from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
+from core.vocabulary import (
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, LIVE_REASON, NOT_YET_DUE, PURGED, RECENTLY_LINKED,
+    REFERENCED, RELINKED, SKIPPED, WOULD_DELETE, reason,
+)
+from policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE
+from policies.mailbox.rules import Retention, eligibility
+from policies.mailbox.state import MESSAGE, PAYLOAD, RELEASED, MessageState
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
 
-PURGED = "purged"
-ALREADY_GONE = "already_gone"
-SKIPPED = "skipped"
-WOULD_DELETE = "would_delete"  # a dry run's decision
+    from policies.mailbox import MailboxSettings
+
+# A payload row's states in the writer contract.
 LIVE = "live"
 DELETING = "deleting"
 
 
-def epoch_ms(moment: datetime | None) -> int | None:
-    """Cassandra's timestamps come back naive, in UTC."""
-    if moment is None:
-        return None
-    return int(moment.replace(tzinfo=timezone.utc).timestamp() * 1000)
-
-
-def now_ms() -> int:
-    return int(datetime.now(timezone.utc).timestamp() * 1000)
-
-
-def _cutoff(period_ms: int) -> datetime:
-    return datetime.fromtimestamp((now_ms() - period_ms) / 1000, timezone.utc)
+def payload_key(payload_id: str) -> str:
+    """Where a payload's blob lives in each data centre's bucket (SPEC section 3)."""
+    return f"payloads/{payload_id}"
 
 
 def row_state(row: dict[str, Any]) -> MessageState:
@@ -83,22 +86,22 @@ class RowOutcome:
 
 def _why_kept(state: MessageState, due: Eligibility | None) -> str:
     if due is None:
-        return (f"live: extract_count {state.extract_count}, extract_until {state.extract_until_ms}, "
-                f"complete {state.complete}")
-    return f"not yet due: {due.rule} at {format_epoch_ms(due.eligible_at_ms)}"
+        return reason(LIVE_REASON, f"extract_count {state.extract_count}, extract_until {state.extract_until_ms}, "
+                                   f"complete {state.complete}")
+    return reason(NOT_YET_DUE, f"{due.rule} at {format_epoch_ms(due.eligible_at_ms)}")
 
 
 class MessageDeleter:
     """Prepared statements on the messages and payload_refs tables; one instance per executor process."""
 
-    def __init__(self, session: "Session", cassandra: CassandraConfig, retention: Retention) -> None:
+    def __init__(self, session: "Session", keyspace: str, settings: "MailboxSettings", retention: Retention) -> None:
         self.session = session
         self.retention = retention
-        messages = f"{cassandra.keyspace}.{cassandra.messages_table}"
-        refs = f"{cassandra.keyspace}.{cassandra.payload_refs_table}"
+        messages = f"{keyspace}.{settings.messages_table}"
+        refs = f"{keyspace}.{settings.payload_refs_table}"
         self.conditional_delete = {
             name: session.prepare(f"DELETE FROM {messages} WHERE message_id = ? IF {rule.check}")
-            for name, rule in MESSAGE_RULES.items()
+            for name, rule in retention.message_rules.items()
         }
         self.read = session.prepare(f"SELECT * FROM {messages} WHERE message_id = ?")
         # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
@@ -118,8 +121,8 @@ class MessageDeleter:
             row = self.row(message_id)
             if row is not None:
                 payload_id, inline = row["payload_id"], row["inline_payload"] is not None
-        period = MESSAGE_RULES[rule].period(self.retention)
-        result = self.session.execute(self.conditional_delete[rule], (message_id, _cutoff(period)))
+        period = self.retention.message_rules[rule].period_ms
+        result = self.session.execute(self.conditional_delete[rule], (message_id, from_epoch_ms(now_ms() - period)))
         if result.was_applied:
             return RowOutcome(PURGED, payload_id=payload_id, inline=inline)
         # For example an earlier attempt of this batch deleted the row just before a crash.
@@ -156,9 +159,9 @@ class MessageDeleter:
 class PayloadRows:
     """The payloads table: the purger's side of the writer contract. One instance per executor process."""
 
-    def __init__(self, session: "Session", cassandra: CassandraConfig) -> None:
+    def __init__(self, session: "Session", keyspace: str, settings: "MailboxSettings") -> None:
         self.session = session
-        table = f"{cassandra.keyspace}.{cassandra.payloads_table}"
+        table = f"{keyspace}.{settings.payloads_table}"
         self.read_statement = session.prepare(f"SELECT state, last_ref_at, dcs FROM {table} WHERE payload_id = ?")
         self.read_statement.consistency_level = ConsistencyLevel.SERIAL
         self.mark_deleting = session.prepare(
@@ -183,3 +186,114 @@ class PayloadRows:
 
     def delete(self, payload_id: str) -> bool:
         return self.session.execute(self.delete_row, (payload_id,)).was_applied
+
+
+class MailboxPurger(Purger):
+    """Messages and payloads, in the order of deletion: a message's row, its reference, then (released)
+    its payload's blobs per data centre and the payload's row."""
+
+    def __init__(self, resources: Resources, settings: "MailboxSettings", retention: Retention) -> None:
+        self.r = resources
+        self.retention = retention
+        self.messages = MessageDeleter(resources.session, resources.keyspace, settings, retention)
+        self.payloads = PayloadRows(resources.session, resources.keyspace, settings)
+
+    def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
+        if candidate.kind == MESSAGE:
+            return self._message(candidate, attempt)
+        return self._payload(candidate, attempt)
+
+    def _message(self, c: Candidate, attempt: Attempt) -> Iterator[Outcome]:
+        payload_id, inline = c.hint.get("payload_id"), c.hint.get("inline")
+        if self.r.dry_run:
+            row = self.messages.check(c.id, payload_id, inline)
+            said = row.reason
+            if row.status == WOULD_DELETE and row.payload_id and not row.inline \
+                    and self.messages.referrer(row.payload_id, other_than=c.id) is None:
+                said = f"{said}; payload {row.payload_id} would be released"
+            yield Outcome(row.status, said)
+            return
+        row = self.messages.delete(c.id, c.rule, payload_id, inline)
+        if row.status == PURGED:
+            attempt.failpoint("after_message_delete")
+        if row.status == ALREADY_GONE and attempt.retry:
+            # The failed attempt's outcomes never reached the ledger: its deletions are recorded now.
+            yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
+        else:
+            yield Outcome(row.status, row.reason, deleted_at_ms=now_ms() if row.status == PURGED else None)
+        if row.status == SKIPPED:
+            if row.recheck is not None:
+                # The row will be eligible: look again then. Under the rule just checked, not sooner than
+                # retry_interval (clocks may differ a little); under another rule, as soon as it is due.
+                soonest = now_ms() + (self.r.retry_ms if row.recheck.rule == c.rule else 0)
+                self.r.control.recheck(MESSAGE, c.id, row.recheck.rule, max(row.recheck.eligible_at_ms, soonest))
+            return
+        if row.payload_id is None:
+            return
+        self.messages.unreference(row.payload_id, c.id)
+        # An inline payload goes with its row; only a stored one is released, when no reference is left.
+        if not row.inline and self.messages.referrer(row.payload_id) is None:
+            self.r.control.report(RELEASED, row.payload_id, c.eligible_at_ms, message_id=c.id,
+                                  observed_at_ms=now_ms(), dcs=list(c.hint.get("dcs") or ()))
+
+    def _payload(self, c: Candidate, attempt: Attempt) -> Iterator[Outcome]:
+        grace_ms = self.retention.payload_grace_ms
+        dcs = sorted(c.hint.get("dcs") or ())
+        referrer = self.messages.referrer(c.id)
+        if referrer is not None:
+            yield Outcome(SKIPPED, reason(REFERENCED, f"by message {referrer}"))
+            # Usually that message's own purge releases the payload again; the recheck covers a reference
+            # that goes away otherwise (a writer that lost the race and removed its link).
+            self.r.control.recheck(PAYLOAD, c.id, PAYLOAD_RULE, now_ms() + grace_ms)
+            return
+        row = self.payloads.read(c.id)
+        if row is None:
+            if self.r.dry_run:
+                yield Outcome(ALREADY_GONE)
+            elif attempt.retry:
+                # Gone with the attempt that failed: the blobs went before the row; deleting again is harmless.
+                for dc, error in self.r.stores.delete(payload_key(c.id), dcs).items():
+                    yield Outcome(PURGED if error is None else ERROR, error or EARLIER_ATTEMPT, dc=dc,
+                                  deleted_at_ms=now_ms() if error is None else None)
+                yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
+            else:
+                self.r.stores.delete(payload_key(c.id), dcs)
+                yield Outcome(ALREADY_GONE)
+            return
+        if row["state"] == LIVE:
+            last_ref_ms = epoch_ms(row["last_ref_at"])
+            if last_ref_ms is not None and last_ref_ms > now_ms() - grace_ms:
+                yield Outcome(SKIPPED, reason(RECENTLY_LINKED, "within payload_grace"))
+                self.r.control.recheck(PAYLOAD, c.id, PAYLOAD_RULE, last_ref_ms + grace_ms)
+                return
+            if self.r.dry_run:
+                yield from (Outcome(WOULD_DELETE, dc=dc) for dc in sorted(row["dcs"] or ()))
+                yield Outcome(WOULD_DELETE)
+                return
+            if not self.payloads.start_deleting(c.id, row["last_ref_at"]):
+                yield Outcome(SKIPPED, reason(RELINKED, "while being purged"))
+                self.r.control.recheck(PAYLOAD, c.id, PAYLOAD_RULE, now_ms() + grace_ms)
+                return
+        elif self.r.dry_run:
+            yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
+            return
+        elif attempt.retry:
+            # Data centres the attempt that failed had finished: their records went with it.
+            for dc in sorted(set(dcs) - set(row["dcs"] or ())):
+                yield Outcome(PURGED, EARLIER_ATTEMPT, dc=dc, deleted_at_ms=now_ms())
+        failed = False
+        for dc in sorted(row["dcs"] or ()):
+            # One data centre at a time, its progress in the row at once: a slow or failing store after it
+            # does not hold back the record of what is done.
+            error = self.r.stores.delete(payload_key(c.id), [dc])[dc]
+            if error is None:
+                self.payloads.deleted_from(c.id, dc)
+                attempt.failpoint("after_blob_delete")
+                yield Outcome(PURGED, dc=dc, deleted_at_ms=now_ms())
+            else:
+                failed = True
+                yield Outcome(ERROR, error, dc=dc)
+        if failed:
+            self.r.control.recheck(PAYLOAD, c.id, PAYLOAD_RULE, now_ms() + self.r.retry_ms)
+        elif self.payloads.delete(c.id):
+            yield Outcome(PURGED, deleted_at_ms=now_ms())

@@ -1,10 +1,10 @@
-"""When an object becomes eligible for purge: SPEC section 4, one row per rule.
+"""When a message or a payload is eligible for purge: SPEC section 4, one row per rule.
 
-Each rule has two halves that say the same thing: ``eligible_at`` reads the
-stream's state and says when, in event time, the retention period ends; and
-``check`` is the CQL condition that the sink puts on its conditional ``DELETE``,
-compared at delete time with ``now - period`` (the one bound parameter). The
-stream's answer is a hint; the check on the row is the truth.
+Each rule has two halves that say the same thing: ``started_at`` reads the
+stream's state and says when, in event time, the retention period started; and
+``check`` is the CQL condition that the purger puts on its conditional
+``DELETE``, compared at delete time with ``now - period`` (the one bound
+parameter). The stream's answer is a hint; the check on the row is the truth.
 
 =====================  =====================================================  ==================
 rule                   eligible when                                          period [default]
@@ -16,22 +16,29 @@ deleted                deleted (or the row is gone) and period passed since   de
 payload                no reference, and period passed since the last went    payload_grace [12h]
 =====================  =====================================================  ==================
 
-The earliest rule that applies wins. Inline payloads live in the message row
-and go with it.
+The earliest message rule that applies wins. Inline payloads live in the
+message row and go with it. The payload's check is the writer contract
+(README): no ``payload_refs`` row, then ``live -> deleting`` on the
+``last_ref_at`` seen, which must be the grace old.
 
 Example::
 
-    from streams.rules import Retention, eligibility
+    from policies.mailbox.rules import Retention, eligibility
     eligibility(state, Retention())  # Eligibility(rule='expired_by_counter', eligible_at_ms=...)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from functools import cached_property
+from datetime import timedelta
+from typing import TYPE_CHECKING
 
-from core.config import RetentionConfig
-from streams.state import MessageState, PayloadState
+from core.policy import Eligibility, Rule, earliest
+from policies.mailbox.state import MessageState, PayloadState
+
+if TYPE_CHECKING:
+    from policies.mailbox import MailboxSettings
 
 EXPIRED_BY_COUNTER = "expired_by_counter"
 EXPIRED_BY_DATE = "expired_by_date"
@@ -40,7 +47,7 @@ DELETED = "deleted"
 PAYLOAD = "payload"
 
 
-def _ms(period) -> int:
+def _ms(period: timedelta) -> int:
     return int(period.total_seconds() * 1000)
 
 
@@ -54,68 +61,47 @@ class Retention:
     payload_grace_ms: int = 12 * 3_600_000
 
     @classmethod
-    def from_config(cls, config: RetentionConfig) -> "Retention":
+    def from_settings(cls, settings: "MailboxSettings") -> "Retention":
         return cls(
-            expired_ttl_ms=_ms(config.expired_ttl),
-            incomplete_ttl_ms=_ms(config.incomplete_ttl),
-            deleted_ttl_ms=_ms(config.deleted_ttl),
-            payload_grace_ms=_ms(config.payload_grace),
+            expired_ttl_ms=_ms(settings.expired_ttl),
+            incomplete_ttl_ms=_ms(settings.incomplete_ttl),
+            deleted_ttl_ms=_ms(settings.deleted_ttl),
+            payload_grace_ms=_ms(settings.payload_grace),
         )
 
+    @cached_property
+    def message_rules(self) -> dict[str, Rule[MessageState]]:
+        """The message rules, in the SPEC's order, each with its deadline and its check at delete time."""
+        return {rule.name: rule for rule in (
+            Rule(EXPIRED_BY_COUNTER, self.expired_ttl_ms,
+                 lambda s: s.counter_zero_since,
+                 # updated_at is the row's last change, so the counter has been 0 at least since then.
+                 "extract_count = 0 AND updated_at <= ?"),
+            Rule(EXPIRED_BY_DATE, self.expired_ttl_ms,
+                 lambda s: s.extract_until_ms,
+                 "extract_until <= ?"),
+            Rule(INCOMPLETE, self.incomplete_ttl_ms,
+                 lambda s: s.created_at_ms if s.complete is False else None,
+                 "complete = false AND created_at <= ?"),
+            Rule(DELETED, self.deleted_ttl_ms,
+                 lambda s: s.deleted_at_ms,
+                 "deleted = true AND updated_at <= ?"),
+        )}
 
-@dataclass(frozen=True)
-class Eligibility:
-    rule: str
-    eligible_at_ms: int
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    period: Callable[[Retention], int]
-    # When the period started, in event time, or None if the rule does not apply.
-    started_at: Callable[[MessageState], int | None]
-    # The CQL condition on the row at delete time; `?` is now minus the period.
-    check: str
-
-    def eligible_at(self, state: MessageState, retention: Retention) -> int | None:
-        start = self.started_at(state)
-        return None if start is None else start + self.period(retention)
-
-
-MESSAGE_RULES: dict[str, Rule] = {
-    rule.name: rule
-    for rule in (
-        Rule(EXPIRED_BY_COUNTER, lambda r: r.expired_ttl_ms,
-             lambda s: s.counter_zero_since,
-             # updated_at is the row's last change, so the counter has been 0 at least since then.
-             "extract_count = 0 AND updated_at <= ?"),
-        Rule(EXPIRED_BY_DATE, lambda r: r.expired_ttl_ms,
-             lambda s: s.extract_until_ms,
-             "extract_until <= ?"),
-        Rule(INCOMPLETE, lambda r: r.incomplete_ttl_ms,
-             lambda s: s.created_at_ms if s.complete is False else None,
-             "complete = false AND created_at <= ?"),
-        Rule(DELETED, lambda r: r.deleted_ttl_ms,
-             lambda s: s.deleted_at_ms,
-             "deleted = true AND updated_at <= ?"),
-    )
-}
+    @cached_property
+    def payload_rule(self) -> Rule[PayloadState]:
+        """Released and not linked since: the grace runs from the last referring message's going."""
+        return Rule(PAYLOAD, self.payload_grace_ms,
+                    lambda s: s.released_at_ms if s.released else None,
+                    # Checked by the writer contract (README), not by one CQL condition:
+                    "no payload_refs row; state = 'live' AND last_ref_at = <seen> <= ?")
 
 
 def eligibility(state: MessageState | None, retention: Retention) -> Eligibility | None:
     """The earliest rule under which the message becomes eligible, or None if none applies."""
-    if state is None:
-        return None
-    found = [
-        Eligibility(name, at) for name, rule in MESSAGE_RULES.items()
-        if (at := rule.eligible_at(state, retention)) is not None
-    ]
-    return min(found, key=lambda e: (e.eligible_at_ms, e.rule), default=None)
+    return earliest(retention.message_rules.values(), state)
 
 
 def payload_eligibility(state: PayloadState | None, retention: Retention) -> Eligibility | None:
     """A payload is eligible ``payload_grace`` after its last referring message went, unless relinked since."""
-    if state is None or not state.released:
-        return None
-    return Eligibility(PAYLOAD, state.released_at_ms + retention.payload_grace_ms)
+    return earliest((retention.payload_rule,), state)

@@ -15,7 +15,7 @@ event twice, or a batch in any order, gives the same state.
 
 Example::
 
-    from streams.state import Event, apply
+    from policies.mailbox.state import Event, apply
     state = apply(None, Event("e1", "enqueue", 1_000, "m1", payload_id="p1", extract_count=1))
     state = apply(state, Event("e2", "dequeue", 2_000, "m1", extract_count=0))
     state.counter_zero_since  # 2000
@@ -24,6 +24,10 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+# The mailbox policy's kinds of object.
+MESSAGE = "message"
+PAYLOAD = "payload"
 
 # Lifecycle event types (SPEC section 2).
 ENQUEUE = "enqueue"
@@ -34,7 +38,7 @@ EXTRACT_UNTIL = "extract_until"
 DELETE = "delete"
 # A payload's side of an enqueue: the message links to it (made by the stream from an enqueue).
 LINK = "link"
-# Reported by the purge sink: the last message that referred to a payload is gone.
+# Reported by the purger's sink on the control topic: the last message that referred to a payload is gone.
 RELEASED = "payload_released"
 
 

@@ -9,7 +9,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from core.config import MetricsConfig, PurgerConfig
-from purger.stack import prepare
+from devstack.stack import prepare
+from policies import policy_set
+from policies.mailbox import MailboxSettings
+
+
+def mailbox(config: PurgerConfig) -> MailboxSettings:
+    """The mailbox policy's section of a configuration: its periods and tables."""
+    return policy_set(config).policy_of("message").settings
 
 
 def free_port() -> int:

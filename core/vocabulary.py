@@ -1,0 +1,44 @@
+"""The words the engine, the ledger, the report and the metrics share: outcome statuses, the kinds
+that are not objects, reason categories. One place, so a status is never misspelt in one file.
+
+Example::
+
+    from core.vocabulary import PURGED, reason, LIVE_REASON
+    reason(LIVE_REASON, "extract_count 3")   # 'live: extract_count 3'
+"""
+
+from __future__ import annotations
+
+# Outcome statuses: a deletion, then the decisions not to delete (the daily report's columns).
+PURGED = "purged"
+WOULD_DELETE = "would_delete"  # a dry run's decision
+ALREADY_GONE = "already_gone"
+SKIPPED = "skipped"
+ERROR = "error"
+DEAD_LETTERED = "dead_lettered"
+STATUSES = (PURGED, WOULD_DELETE, ALREADY_GONE, SKIPPED, ERROR, DEAD_LETTERED)
+
+# Rows of the stateful stage that are not objects of a policy.
+DEAD_LETTER = "dead_letter"  # a bad record, passed through to the sink
+CLOCK = "clock"  # a clock tick: it only moves the watermark
+ENGINE = "engine"  # the policy column of dead letters
+
+# Reason categories: a skip's reason is "<category>: <details>"; the report counts the categories.
+LIVE_REASON = "live"
+NOT_YET_DUE = "not yet due"
+REFERENCED = "referenced"
+RECENTLY_LINKED = "recently linked"
+RELINKED = "relinked"
+BEING_DELETED = "being deleted"
+PRESENT = "present"
+KEPT_BY_RULE = "kept"
+EARLIER_ATTEMPT = "earlier attempt: found gone on a retry, so deleted by the attempt that failed"
+
+
+def reason(category: str, details: str) -> str:
+    return f"{category}: {details}"
+
+
+def category(text: str) -> str:
+    """The category of a reason (what the report groups skips by)."""
+    return text.split(":", 1)[0]

@@ -1,0 +1,1 @@
+"""Developer tools apart from the product: the local server stack and the Spark standalone cluster."""

@@ -1,0 +1,156 @@
+"""The ``mailbox`` policy: messages and their payloads (SPEC sections 2 to 5).
+
+Two kinds of object, each with state and one timer: a ``message`` (its
+lifecycle events, ``state.MessageState``) and a ``payload`` (the enqueues that
+link messages to it and the sink's reports that its last message went,
+``state.PayloadState``). The rules, with their event-time deadlines and their
+checks at delete time, are ``rules``; the double-checked deletes and the
+payload's writer contract are ``deletes``.
+
+Example::
+
+    from policies import load_policy
+    mailbox = load_policy("mailbox", {"expired_ttl": "10s"})
+    message = mailbox.kinds[0]
+    message.eligibility(message.fold(None, events))   # Eligibility(rule='expired_by_counter', ...)
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from pydantic import field_validator
+
+from core.config import Duration
+from core.policy import (
+    Eligibility, EventField, EventType, Link, ObjectKind, Policy, Purger, Resources, Settings,
+)
+from policies.mailbox.rules import Retention, eligibility, payload_eligibility
+from policies.mailbox.state import (
+    DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, LINK, MESSAGE, PAYLOAD, RELEASED, UPLOAD_COMPLETE,
+    Event, MessageState, PayloadState, apply_all, apply_all_payload,
+)
+
+
+class MailboxSettings(Settings):
+    """``[policies.mailbox]``: the periods of SPEC section 4 with its defaults, and the table names."""
+
+    enabled: bool = True
+    expired_ttl: Duration = timedelta(days=30)
+    incomplete_ttl: Duration = timedelta(days=2)
+    deleted_ttl: Duration = timedelta(0)
+    payload_grace: Duration = timedelta(hours=12)
+    messages_table: str = "messages"
+    payload_refs_table: str = "payload_refs"
+    payloads_table: str = "payloads"
+
+    @field_validator("payload_grace")
+    @classmethod
+    def _grace_covers_clock_skew(cls, grace: timedelta) -> timedelta:
+        # The writer contract (README) relies on the grace exceeding the clock skew between writers
+        # and the purger: a link made within it is never mistaken for an old one.
+        if grace < timedelta(seconds=1):
+            raise ValueError("must be at least 1s, and more than the clock skew between hosts")
+        return grace
+
+
+class MessageKind(ObjectKind[MessageState]):
+    name = MESSAGE
+    state_class = MessageState
+    event_class = Event
+
+    def __init__(self, retention: Retention) -> None:
+        self.retention = retention
+
+    def fold(self, state: MessageState | None, events: list[Event]) -> MessageState:
+        return apply_all(state, events) or MessageState()
+
+    def eligibility(self, state: MessageState) -> Eligibility | None:
+        return eligibility(state, self.retention)
+
+    def hint(self, object_id: str, state: MessageState) -> dict[str, Any]:
+        return {"payload_id": state.payload_id, "inline": state.inline, "dcs": list(state.dcs)}
+
+
+class PayloadKind(ObjectKind[PayloadState]):
+    name = PAYLOAD
+    state_class = PayloadState
+    event_class = Event
+
+    def __init__(self, retention: Retention) -> None:
+        self.retention = retention
+
+    def fold(self, state: PayloadState | None, events: list[Event]) -> PayloadState:
+        return apply_all_payload(state, events) or PayloadState()
+
+    def eligibility(self, state: PayloadState) -> Eligibility | None:
+        return payload_eligibility(state, self.retention)
+
+    def hint(self, object_id: str, state: PayloadState) -> dict[str, Any]:
+        return {"dcs": list(state.dcs)}
+
+
+def _lifecycle(name: str, *required: str, links: tuple[Link, ...] = ()) -> EventType:
+    return EventType(name, MESSAGE, "message_id", required, links)
+
+
+class MailboxPolicy(Policy):
+    name = "mailbox"
+    settings_model = MailboxSettings
+    event_fields = (
+        EventField("message_id", "string", identifier=True),
+        EventField("mailbox", "string", identifier=True),
+        EventField("payload_id", "string", identifier=True),
+        EventField("payload_size", "long", non_negative=True),
+        EventField("inline", "boolean"),
+        EventField("extract_count", "int", non_negative=True),
+        EventField("extract_until", "timestamp"),
+        EventField("complete", "boolean"),
+        EventField("dcs", "strings"),
+        # payload_released: when the sink found no reference left.
+        EventField("observed_at", "timestamp"),
+    )
+    event_types = (
+        # An enqueue of a payload kept in the object stores links the message to it.
+        _lifecycle(ENQUEUE, "mailbox", "payload_id", "payload_size", "inline", "complete", "dcs",
+                   links=(Link(PAYLOAD, "payload_id", LINK, unless="inline"),)),
+        _lifecycle(UPLOAD_COMPLETE),
+        _lifecycle(DEQUEUE, "extract_count"),
+        _lifecycle(EXTRACT_COUNTER, "extract_count"),
+        _lifecycle(EXTRACT_UNTIL),
+        _lifecycle(DELETE),
+        # The last message referring to the payload became eligible at event_time (its grace starts then).
+        EventType(RELEASED, PAYLOAD, "payload_id", ("observed_at",), control=True),
+    )
+    tables = {
+        "messages": ("message_id", "payload_id", "inline_payload", "extract_count", "extract_until", "complete",
+                     "deleted", "created_at", "updated_at"),
+        "payload_refs": ("payload_id", "message_id"),
+        "payloads": ("payload_id", "dcs", "state", "last_ref_at"),
+    }
+    schema = """
+CREATE TABLE IF NOT EXISTS {keyspace}.messages (
+  message_id text PRIMARY KEY, mailbox text, payload_id text, payload_size bigint, inline_payload blob,
+  extract_count int, extract_until timestamp, complete boolean, deleted boolean,
+  created_at timestamp, updated_at timestamp);
+CREATE TABLE IF NOT EXISTS {keyspace}.payload_refs (
+  payload_id text, message_id text, PRIMARY KEY (payload_id, message_id));
+CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
+  payload_id text PRIMARY KEY, size bigint, dcs set<text>, state text, last_ref_at timestamp, created_at timestamp);
+"""
+    settings: MailboxSettings
+
+    @cached_property
+    def retention(self) -> Retention:
+        return Retention.from_settings(self.settings)
+
+    @cached_property
+    def kinds(self) -> tuple[ObjectKind, ...]:
+        return (MessageKind(self.retention), PayloadKind(self.retention))
+
+    def purger(self, resources: Resources) -> Purger:
+        from policies.mailbox.deletes import MailboxPurger  # the Cassandra driver loads on the executors only
+
+        return MailboxPurger(resources, self.settings, self.retention)

@@ -1,0 +1,241 @@
+"""The ``rule_events`` policy (SPEC 7.1): events raised by routing rules, kept per status for a period.
+
+A mailbox platform raises an event for a message from one of its routing rules
+and keeps its status in a ``rule_events`` row. Each status has its own
+retention: a row is purged once it has had its status, unchanged, for that
+status's period.
+
+=========================  ========================================================  ==================
+rule                       eligible when                                             period [default]
+=========================  ========================================================  ==================
+rule_event_complete        the status has been COMPLETE since the change to it       complete [7d]
+rule_event_failed          the status has been FAILED since the change to it         failed [30d]
+rule_event_unprocessed     the status has been UNPROCESSED since the change to it    unprocessed [30d]
+rule_event_processing      the status has been PROCESSING since the change to it     processing [30d]
+=========================  ========================================================  ==================
+
+The stream keeps the latest status by event time (a status may go back, e.g.
+FAILED to UNPROCESSED on a retry), and the period runs from that change, as the
+row's ``updated_at`` does. The double-check at delete time is each rule's CQL
+condition on a conditional ``DELETE``: the row still has that status and its
+``updated_at`` is at least the period old by the wall clock. Deleted: the row.
+
+Example::
+
+    from policies import load_policy
+    from policies.rule_events import RULE_EVENT_STATUS, StatusEvent
+    policy = load_policy("rule_events", {"enabled": True, "complete": "7d"})
+    kind = policy.kinds[0]
+    state = kind.fold(None, [StatusEvent("e1", RULE_EVENT_STATUS, 1_000, "r1", "COMPLETE", "m1", "route")])
+    kind.eligibility(state)   # Eligibility(rule='rule_event_complete', eligible_at_ms=604801000)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Iterator
+
+from cassandra import ConsistencyLevel
+
+from core.config import Duration
+from core.policy import (
+    Attempt, Candidate, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger, Resources, Rule,
+    Settings, earliest,
+)
+from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
+from core.vocabulary import (
+    ALREADY_GONE, EARLIER_ATTEMPT, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
+)
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+
+KIND = "rule_event"
+RULE_EVENT_STATUS = "rule_event_status"
+TABLE = "rule_events"
+
+UNPROCESSED = "UNPROCESSED"
+PROCESSING = "PROCESSING"
+COMPLETE = "COMPLETE"
+FAILED = "FAILED"
+STATUSES = (UNPROCESSED, PROCESSING, COMPLETE, FAILED)
+
+
+class RuleEventsSettings(Settings):
+    """``[policies.rule_events]``: the table and the period of each status (SPEC 7.1's defaults)."""
+
+    table: str = TABLE
+    complete: Duration = timedelta(days=7)
+    failed: Duration = timedelta(days=30)
+    unprocessed: Duration = timedelta(days=30)
+    processing: Duration = timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    """A ``rule_event_status`` event: the rule event was raised, or its status changed."""
+
+    event_id: str
+    type: str
+    event_time_ms: int
+    rule_event_id: str
+    status: str
+    # On the event that raised it only.
+    message_id: str | None = None
+    rule_name: str | None = None
+
+
+@dataclass(frozen=True)
+class RuleEventState:
+    # The latest status by event time, when it was set and by which event: a last-writer-wins register.
+    status: str | None = None
+    status_at_ms: int | None = None
+    status_event: str | None = None
+    # What the raising event said; the same in every copy of it.
+    message_id: str | None = None
+    rule_name: str | None = None
+
+
+def rule_name(status: str) -> str:
+    """The rule that purges a row with ``status``: ``rule_event_<status>``."""
+    return f"rule_event_{status.lower()}"
+
+
+def _held(status: str, period: timedelta) -> Rule[RuleEventState]:
+    """Eligible once the status has been ``status`` for ``period`` since the change to it; the row's
+    ``updated_at`` is that change, so the check at delete time says the same of the row."""
+    return Rule(rule_name(status), period // timedelta(milliseconds=1),
+                lambda s: s.status_at_ms if s.status == status else None,
+                f"status = '{status}' AND updated_at <= ?")
+
+
+def rule_table(settings: RuleEventsSettings) -> dict[str, Rule[RuleEventState]]:
+    """SPEC 7.1's rules by name, in its order, each with its deadline and its check at delete time."""
+    return {rule.name: rule for rule in (
+        _held(COMPLETE, settings.complete),
+        _held(FAILED, settings.failed),
+        _held(UNPROCESSED, settings.unprocessed),
+        _held(PROCESSING, settings.processing),
+    )}
+
+
+class RuleEventKind(ObjectKind[RuleEventState]):
+    """A rule event, keyed by ``rule_event_id``."""
+
+    name = KIND
+    state_class = RuleEventState
+    event_class = StatusEvent
+
+    def __init__(self, rules: dict[str, Rule[RuleEventState]]) -> None:
+        self.rules = rules
+
+    def fold(self, state: RuleEventState | None, events: list[StatusEvent]) -> RuleEventState:
+        state = state or RuleEventState()
+        for event in events:
+            state = replace(state, message_id=state.message_id or event.message_id,
+                            rule_name=state.rule_name or event.rule_name)
+            if state.status is None or self._version(event.status, event.event_time_ms, event.event_id) \
+                    > self._version(state.status, state.status_at_ms, state.status_event):
+                state = replace(state, status=event.status, status_at_ms=event.event_time_ms,
+                                status_event=event.event_id)
+        return state
+
+    def eligibility(self, state: RuleEventState) -> Eligibility | None:
+        return earliest(self.rules.values(), state)
+
+    def _version(self, status: str, at_ms: int, event_id: str) -> tuple[int, int, str]:
+        """Last writer wins by event time. At equal times the status with the shorter period wins (a
+        guess toward purging is caught by the double-check; one toward keeping would leave the row
+        behind), then the event id, so any arrival order and duplicates give the same state."""
+        return (at_ms, -self.rules[rule_name(status)].period_ms, event_id)
+
+
+class RuleEventsPurger(Purger):
+    """Conditional deletes of ``rule_events`` rows, one prepared statement per rule."""
+
+    def __init__(self, resources: Resources, table: str, rules: dict[str, Rule[RuleEventState]]) -> None:
+        self.resources = resources
+        self.session: Session = resources.session
+        self.rules = rules
+        name = f"{resources.keyspace}.{table}"
+        self.deletes = {rule.name: self.session.prepare(f"DELETE FROM {name} WHERE rule_event_id = ? IF {rule.check}")
+                        for rule in rules.values()}
+        self.read = self.session.prepare(f"SELECT status, updated_at FROM {name} WHERE rule_event_id = ?")
+        # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
+        self.read.consistency_level = ConsistencyLevel.SERIAL
+
+    def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
+        resources = self.resources
+        rule = self.rules[candidate.rule]
+        if not resources.dry_run:
+            cutoff = from_epoch_ms(now_ms() - rule.period_ms)
+            if self.session.execute(self.deletes[rule.name], (candidate.id, cutoff)).was_applied:
+                yield Outcome(PURGED, deleted_at_ms=now_ms())
+                return
+        # Not deleted: the row says why (gone, changed since, or not yet due) and when to look again.
+        row = self.session.execute(self.read, (candidate.id,)).one()
+        if row is None:
+            if attempt.retry and not resources.dry_run:
+                # The attempt that failed deleted it, and its outcomes were lost with it: recorded now.
+                yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
+            else:
+                yield Outcome(ALREADY_GONE)
+            return
+        due = earliest(self.rules.values(), _row_state(row))
+        now = now_ms()
+        if resources.dry_run and due is not None and due.eligible_at_ms <= now:
+            yield Outcome(WOULD_DELETE)
+            return
+        yield Outcome(SKIPPED, _why_kept(rule.name, row.status, due, now))
+        if due is not None and not resources.dry_run:
+            # Under the rule just checked, not sooner than retry_ms (clocks may differ a little); under
+            # another one (the status changed), as soon as it is due.
+            soonest = now + (resources.retry_ms if due.rule == rule.name else 0)
+            resources.control.recheck(candidate.kind, candidate.id, due.rule, max(due.eligible_at_ms, soonest))
+
+
+def _row_state(row: Any) -> RuleEventState:
+    """A row seen as the stream would see it: its status set at ``updated_at``."""
+    return RuleEventState(status=row.status, status_at_ms=epoch_ms(row.updated_at))
+
+
+def _why_kept(checked: str, status: str | None, due: Eligibility | None, now: int) -> str:
+    if due is not None and due.eligible_at_ms > now:
+        return reason(NOT_YET_DUE, f"{due.rule} at {format_epoch_ms(due.eligible_at_ms)}")
+    return reason(KEPT_BY_RULE, f"{checked} did not hold (status {status})")
+
+
+class RuleEventsPolicy(Policy):
+    """SPEC 7.1: rule events, purged by status."""
+
+    name = "rule_events"
+    settings_model = RuleEventsSettings
+    event_fields = (
+        EventField("rule_event_id", "string", identifier=True),
+        EventField("status", "string", choices=STATUSES),
+        EventField("message_id", "string", identifier=True),
+        EventField("rule_name", "string"),
+    )
+    event_types = (EventType(RULE_EVENT_STATUS, KIND, "rule_event_id", required=("status",)),)
+    tables = {TABLE: ("rule_event_id", "status", "updated_at")}
+    schema = f"""CREATE TABLE IF NOT EXISTS {{keyspace}}.{TABLE} (
+  rule_event_id text PRIMARY KEY,
+  message_id    text,
+  rule_name     text,
+  status        text,       -- UNPROCESSED | PROCESSING | COMPLETE | FAILED
+  created_at    timestamp,
+  updated_at    timestamp   -- last change of status
+);"""
+
+    def __init__(self, settings: RuleEventsSettings) -> None:
+        super().__init__(settings)
+        self.rules = rule_table(settings)
+        self._kind = RuleEventKind(self.rules)
+
+    @property
+    def kinds(self) -> tuple[ObjectKind, ...]:
+        return (self._kind,)
+
+    def purger(self, resources: Resources) -> Purger:
+        return RuleEventsPurger(resources, self.settings.table, self.rules)

@@ -1,0 +1,52 @@
+"""The candidates stream, top to bottom: Kafka sources -> parsed events -> stateful stage -> candidates.
+
+One function builds it; the application (``purger.running``) and the benchmarks
+(``bench/``) both call it and add their own sink.
+
+Example::
+
+    candidates = candidates_stream(spark, config)
+    candidates.writeStream.foreachBatch(sink).start()
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from core.config import PurgerConfig
+from core.vocabulary import DEAD_LETTER
+from policies import policy_set
+from streams.parse import parse_events
+from streams.processor import purge_candidates
+from streams.source import read_records
+
+
+def ms(duration: timedelta) -> int:
+    return int(duration.total_seconds() * 1000)
+
+
+def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
+                      starting_timestamp_ms: int | None = None) -> DataFrame:
+    """The purge candidates and dead letters of the configuration's enabled policies (``OUTPUT_SCHEMA``).
+
+    Each batch's progress carries the purger's observed metrics (the Spark UI's streaming page and
+    ``query.lastProgress["observedMetrics"]``): ``purger.input`` counts the events ignored as a disabled
+    policy's, ``purger`` the candidates per kind and the dead letters.
+    """
+    policies = policy_set(config)
+    # 1. The events topics (and the policies' own), then the control topic, as one stream of records.
+    records = read_records(spark, config, starting_offsets, starting_timestamp_ms)
+    # 2. Typed events of the enabled policies; a bad record carries its reason.
+    events = parse_events(records, config.kafka.control_topic, policies).observe(
+        "purger.input", F.count(F.when(F.col("ignored"), True)).alias("ignored"))
+    # 3. Per object: state, one event-time timer, and a candidate when the watermark passes its due time.
+    candidates = purge_candidates(events, policies, ms(config.stream.watermark_delay))
+    return candidates.observe(
+        "purger",
+        *(F.count(F.when(F.col("kind") == kind, True)).alias(name)
+          for kind, name in [*((k.name, f"{k.name}_candidates") for k in policies.kinds),
+                             (DEAD_LETTER, "dead_lettered")]),
+    )

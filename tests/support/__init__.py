@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: configurations, waits, fault injection, and the mailbox platform's cases."""
