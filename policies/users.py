@@ -1,0 +1,326 @@
+"""The ``users`` policy (SPEC 7.2): a user's virtual root and mailbox permissions across data centres.
+
+Each data centre keeps its own user directory and reports to the purger when
+it adds or removes a user (``user_added`` / ``user_removed``, with ``user_id``
+and ``dc``). A user's rows go only once it is absent from the directory of
+**every** configured data centre.
+
+=============  ==========================================================  ==================
+rule           eligible when                                               period [default]
+=============  ==========================================================  ==================
+user_absent    by the latest event of each configured data centre, none    user_grace [7d]
+               has the user (one that never reported it counts as
+               absent), for the period since the last removal
+=============  ==========================================================  ==================
+
+State: per data centre, its latest event by event time (last writer wins; at
+equal times the removal, then the event id), so any arrival order and any
+duplicates give the same state. Events of data centres not configured are kept
+but do not count, so a change of ``data_centres`` applies to known users too.
+
+Double-check at delete time: the ``users`` row is ``live``, has no data centre
+in ``present_in``, and its ``updated_at`` is at least ``user_grace`` old.
+Deleted, in this order: the ``mailbox_permissions`` rows, the
+``virtual_roots`` row, the ``users`` row (one outcome each).
+
+The writer contract
+-------------------
+
+The purger, for a user found due:
+
+1. Read the ``users`` row at SERIAL. Gone: ``already_gone`` (``purged`` with
+   the earlier-attempt reason on a retried batch), and nothing else is
+   touched: a writer may be re-creating the user.
+2. If ``state = 'live'``: keep the user unless ``present_in`` is empty and
+   ``updated_at <= now - user_grace`` (``skipped``, ``present: in dc1``; or
+   ``not yet due: ...`` and a recheck when it will be). A dry run stops here
+   with ``would_delete``. Then claim the row::
+
+       UPDATE users SET state = 'purging' WHERE user_id = ?
+         IF state = 'live' AND present_in = null AND updated_at <= ?   -- now - user_grace
+
+   Not applied: a writer changed the row since; ``skipped`` (``present:
+   re-added while being purged``) and a recheck a grace later.
+3. With ``state = 'purging'`` (this attempt's claim, or a crashed attempt's):
+   read and delete the permission rows, then the virtual root, then
+   ``DELETE FROM users WHERE user_id = ? IF state = 'purging'``.
+
+A writer (the platform), adding a user in data centre ``dc``:
+
+a. ``INSERT INTO users (user_id, present_in, state, updated_at) VALUES (?,
+   {dc}, 'live', now) IF NOT EXISTS``; if not applied, ``UPDATE users SET
+   present_in = present_in + {dc}, updated_at = now WHERE user_id = ? IF
+   state = 'live'``; if that is not applied either (the row is ``purging``,
+   or was just deleted), wait a moment and start again at (a).
+b. Only once (a) applied, write the virtual root and permission rows.
+c. Emit ``user_added``.
+
+Removing a user from ``dc``: ``UPDATE users SET present_in = present_in -
+{dc}, updated_at = now WHERE user_id = ? IF state = 'live'``, then emit
+``user_removed``.
+
+Why it is safe: both sides change the ``users`` row only by lightweight
+transactions, which are linearizable. Once the purger's claim applied, no
+writer's add applies until the row is gone; a writer writes dependents only
+after its own add applied; and the purger deletes dependents only between a
+claim and its delete of the row, never after. So the purger never deletes a
+dependent written for a present user. This takes one purge of a user at a
+time, as the engine runs them (a batch is retried only once its failed attempt
+has stopped). Like Cassandra's last-write-wins itself,
+it assumes that the clocks of the writers' and the purger's hosts differ by
+less than the time from the purger's last dependent delete to a writer's first
+dependent write (two lightweight transactions at least).
+
+Example::
+
+    from policies import load_policy
+    from policies.users import UserEvent
+    policy = load_policy("users", {"enabled": True, "data_centres": ["dc1", "dc2"], "user_grace": "7d"})
+    kind = policy.kinds[0]
+    state = kind.fold(None, [UserEvent("e1", "user_added", 1_000, "u1", "dc1"),
+                             UserEvent("e2", "user_removed", 5_000, "u1", "dc1")])
+    kind.eligibility(state)   # Eligibility(rule='user_absent', eligible_at_ms=5_000 + 7 days)
+    outcomes = list(policy.purger(resources).purge(candidate, Attempt(retry=False)))
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterator, NamedTuple
+
+from cassandra import ConsistencyLevel
+from pydantic import field_validator
+
+from core.config import Duration
+from core.policy import (
+    Attempt, Candidate, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger, Resources, Rule,
+    Settings, earliest,
+)
+from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
+from core.vocabulary import (
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, LIVE_REASON, NOT_YET_DUE, PRESENT, PURGED, SKIPPED,
+    WOULD_DELETE, reason,
+)
+
+USER = "user"
+VIRTUAL_ROOT = "virtual_root"
+MAILBOX_PERMISSION = "mailbox_permission"
+USER_ADDED = "user_added"
+USER_REMOVED = "user_removed"
+USER_ABSENT = "user_absent"
+# The users row's states.
+LIVE = "live"
+PURGING = "purging"
+
+
+class UsersSettings(Settings):
+    """``[policies.users]``."""
+
+    # The data centres whose directories must all be without the user.
+    data_centres: list[str] = ["dc1", "dc2"]
+    user_grace: Duration = timedelta(days=7)
+    users_table: str = "users"
+    virtual_roots_table: str = "virtual_roots"
+    permissions_table: str = "mailbox_permissions"
+
+    @field_validator("data_centres")
+    @classmethod
+    def _named_once_each(cls, names: list[str]) -> list[str]:
+        if not names:
+            raise ValueError("name at least one data centre, e.g. ['dc1']")
+        if len(set(names)) != len(names):
+            raise ValueError("a data centre is named twice")
+        return names
+
+
+@dataclass(frozen=True)
+class UserEvent:
+    event_id: str
+    type: str
+    event_time_ms: int
+    user_id: str | None = None
+    dc: str | None = None
+
+
+class Report(NamedTuple):
+    """A data centre's latest word on the user. Compared as tuples, the later event wins; at equal times the
+    removal, being nearer to purging (the double-check catches a wrong guess that way, while one toward
+    keeping would leave the rows behind); then the event id."""
+
+    time_ms: int
+    removed: bool
+    event_id: str
+    dc: str
+
+
+@dataclass(frozen=True)
+class UserState:
+    # Each data centre's latest Report, JSON-encoded (the state store keeps strings), sorted by data centre.
+    reports: tuple[str, ...] = ()
+
+    def latest(self) -> dict[str, Report]:
+        return {r.dc: r for r in (Report(*json.loads(text)) for text in self.reports)}
+
+    def absent_since(self, data_centres: tuple[str, ...]) -> int | None:
+        """When the last of ``data_centres`` to report removed the user, if none has it now; None while one
+        has it or none ever removed it. A data centre that never reported counts as absent."""
+        latest = self.latest()
+        reports = [latest[dc] for dc in data_centres if dc in latest]
+        if not reports or not all(r.removed for r in reports):
+            return None
+        return max(r.time_ms for r in reports)
+
+
+class UserKind(ObjectKind[UserState]):
+    name = USER
+    state_class = UserState
+    event_class = UserEvent
+
+    def __init__(self, settings: UsersSettings) -> None:
+        data_centres = tuple(settings.data_centres)
+        self.rule: Rule[UserState] = Rule(
+            USER_ABSENT, int(settings.user_grace.total_seconds() * 1000),
+            lambda s: s.absent_since(data_centres),
+            # An empty set is null in Cassandra; updated_at is the last change of present_in.
+            "present_in = null AND updated_at <= ?",
+        )
+
+    def fold(self, state: UserState | None, events: list[Any]) -> UserState:
+        latest = (state or UserState()).latest()
+        for e in events:
+            if e.type in (USER_ADDED, USER_REMOVED) and e.dc is not None:
+                report = Report(e.event_time_ms, e.type == USER_REMOVED, e.event_id, e.dc)
+                latest[e.dc] = max(latest.get(e.dc, report), report)
+        return UserState(tuple(json.dumps(latest[dc]) for dc in sorted(latest)))
+
+    def eligibility(self, state: UserState) -> Eligibility | None:
+        return earliest((self.rule,), state)
+
+
+class UsersPolicy(Policy):
+    name = "users"
+    settings: UsersSettings
+    settings_model = UsersSettings
+    event_fields = (EventField("user_id", "string", identifier=True), EventField("dc", "string", identifier=True))
+    event_types = tuple(EventType(t, USER, "user_id", required=("dc",)) for t in (USER_ADDED, USER_REMOVED))
+    tables = {
+        "users": ("user_id", "present_in", "state", "updated_at"),
+        "virtual_roots": ("user_id",),
+        "mailbox_permissions": ("user_id", "mailbox"),
+    }
+    schema = """
+CREATE TABLE IF NOT EXISTS {keyspace}.users (
+  user_id    text PRIMARY KEY,
+  present_in set<text>,
+  state      text,
+  updated_at timestamp
+);
+CREATE TABLE IF NOT EXISTS {keyspace}.virtual_roots (user_id text PRIMARY KEY, mailbox text);
+CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_permissions (
+  user_id     text,
+  mailbox     text,
+  permissions set<text>,
+  PRIMARY KEY (user_id, mailbox)
+);
+"""
+
+    def __init__(self, settings: UsersSettings) -> None:
+        super().__init__(settings)
+        self.kind = UserKind(settings)
+
+    @property
+    def kinds(self) -> tuple[ObjectKind, ...]:
+        return (self.kind,)
+
+    def purger(self, resources: Resources) -> Purger:
+        return UsersPurger(resources, self.settings, self.kind.rule)
+
+
+class UsersPurger(Purger):
+    """The purger's side of the writer contract (module docstring). One instance per executor process."""
+
+    def __init__(self, resources: Resources, settings: UsersSettings, rule: Rule[UserState]) -> None:
+        self.resources = resources
+        self.rule = rule
+        prepare = resources.session.prepare
+        users, roots, permissions = (f"{resources.keyspace}.{table}" for table in (
+            settings.users_table, settings.virtual_roots_table, settings.permissions_table))
+        self.read_user = prepare(f"SELECT state, present_in, updated_at FROM {users} WHERE user_id = ?")
+        # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
+        self.read_user.consistency_level = ConsistencyLevel.SERIAL
+        self.claim = prepare(f"UPDATE {users} SET state = '{PURGING}' WHERE user_id = ? "
+                             f"IF state = '{LIVE}' AND {rule.check}")
+        self.delete_user = prepare(f"DELETE FROM {users} WHERE user_id = ? IF state = '{PURGING}'")
+        self.read_permissions = prepare(f"SELECT mailbox FROM {permissions} WHERE user_id = ?")
+        self.delete_permission = prepare(f"DELETE FROM {permissions} WHERE user_id = ? AND mailbox = ?")
+        self.read_root = prepare(f"SELECT user_id FROM {roots} WHERE user_id = ?")
+        self.delete_root = prepare(f"DELETE FROM {roots} WHERE user_id = ?")
+
+    def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
+        execute, user_id = self.resources.session.execute, candidate.id
+        row = execute(self.read_user, (user_id,)).one()
+        if row is None:
+            yield self._gone(attempt)
+            return
+        if row.state == LIVE:
+            kept = self._kept(user_id, row)
+            if kept is not None:
+                yield kept
+                return
+            if self.resources.dry_run:
+                yield from (Outcome(WOULD_DELETE, kind=kind, id=object_id) for kind, object_id, _ in
+                            self._dependents(user_id))
+                yield Outcome(WOULD_DELETE)
+                return
+            cutoff = from_epoch_ms(now_ms() - self.rule.period_ms)
+            if not execute(self.claim, (user_id, cutoff)).was_applied:
+                yield Outcome(SKIPPED, reason(PRESENT, "re-added while being purged"))
+                self.resources.control.recheck(USER, user_id, USER_ABSENT, now_ms() + self.rule.period_ms)
+                return
+        elif row.state != PURGING:
+            # Not a state of the contract: not ours to delete.
+            yield Outcome(SKIPPED, reason(LIVE_REASON, f"state {row.state!r}"))
+            return
+        elif self.resources.dry_run:
+            yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
+            return
+        # Claimed: no writer adds the user until the row is gone, so its dependents are the old user's.
+        for i, (kind, object_id, delete) in enumerate(self._dependents(user_id)):
+            execute(delete)
+            if i == 0:
+                attempt.failpoint("after_user_dependent_delete")
+            yield Outcome(PURGED, kind=kind, id=object_id, deleted_at_ms=now_ms())
+        if execute(self.delete_user, (user_id,)).was_applied:
+            yield Outcome(PURGED, deleted_at_ms=now_ms())
+        else:
+            yield self._gone(attempt)  # another attempt finished it meanwhile
+
+    def _kept(self, user_id: str, row: Any) -> Outcome | None:
+        """Why the live row keeps the user, or None if it may go now; a recheck when it will be due."""
+        if row.present_in:
+            # A removal event brings the user back to the stream's attention: no recheck needed.
+            return Outcome(SKIPPED, reason(PRESENT, "in " + ", ".join(sorted(row.present_in))))
+        now = now_ms()
+        due_ms = (epoch_ms(row.updated_at) or now) + self.rule.period_ms
+        if due_ms <= now:
+            return None
+        # Not sooner than retry_ms: the stream found it due, so the clocks may differ a little.
+        self.resources.control.recheck(USER, user_id, USER_ABSENT, max(due_ms, now + self.resources.retry_ms))
+        return Outcome(SKIPPED, reason(NOT_YET_DUE, f"{USER_ABSENT} at {format_epoch_ms(due_ms)}"))
+
+    def _dependents(self, user_id: str) -> list[tuple[str, str, Any]]:
+        """The rows that lead from the user, in the order of deletion, each with its bound delete."""
+        execute = self.resources.session.execute
+        found = [(MAILBOX_PERMISSION, f"{user_id}/{r.mailbox}", self.delete_permission.bind((user_id, r.mailbox)))
+                 for r in execute(self.read_permissions, (user_id,))]
+        if execute(self.read_root, (user_id,)).one() is not None:
+            found.append((VIRTUAL_ROOT, user_id, self.delete_root.bind((user_id,))))
+        return found
+
+    def _gone(self, attempt: Attempt) -> Outcome:
+        if attempt.retry and not self.resources.dry_run:
+            # The failed attempt's outcomes never reached the ledger: its deletion is recorded now.
+            return Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
+        return Outcome(ALREADY_GONE)

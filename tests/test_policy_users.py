@@ -1,0 +1,401 @@
+"""The ``users`` policy (SPEC 7.2): its rule table as plain Python, its deletes and its writer contract against
+real Cassandra, and the race of a purge with the user added back in another data centre.
+
+The race runs ``PURGER_FAULT_ATTEMPTS`` attempts (2000 unless set) and prints its counts as a
+``RELIABILITY`` line (``pytest -s``).
+"""
+
+import itertools
+import json
+import os
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.config import CassandraConfig, KafkaConfig
+from core.policy import Attempt, Candidate, Control, Eligibility, Resources
+from core.times import epoch_ms, now_ms, parse_timestamp
+from core.vocabulary import ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
+from policies import PolicyError, load_policy
+from policies.users import (
+    MAILBOX_PERMISSION, PURGING, USER, USER_ABSENT, USER_ADDED, USER_REMOVED, VIRTUAL_ROOT, UserEvent,
+    UsersPolicy,
+)
+
+GRACE_MS = 1_000
+DCS = ("dc1", "dc2")
+POLICY = load_policy("users", {"enabled": True, "data_centres": list(DCS), "user_grace": f"{GRACE_MS}ms"})
+KIND = POLICY.kinds[0]
+
+
+def added(t, dc, event_id=None):
+    return UserEvent(event_id or f"added-{dc}-{t}", USER_ADDED, t, "u", dc)
+
+
+def removed(t, dc, event_id=None):
+    return UserEvent(event_id or f"removed-{dc}-{t}", USER_REMOVED, t, "u", dc)
+
+
+def absent_since(t):
+    return Eligibility(USER_ABSENT, t + GRACE_MS)
+
+
+# One row per case: the events, then the expected eligibility (None: not by its events).
+RULE_TABLE = {
+    "no event yet": ([], None),
+    "present in one data centre": ([added(10, "dc1")], None),
+    "present in one, removed from the other": ([added(10, "dc1"), added(20, "dc2"), removed(30, "dc2")], None),
+    "absent from all": ([added(10, "dc1"), added(20, "dc2"), removed(30, "dc1"), removed(40, "dc2")],
+                        absent_since(40)),
+    "the grace runs from the last removal, whichever arrives first": ([removed(50, "dc2"), removed(30, "dc1")],
+                                                                      absent_since(50)),
+    "removed, then added in another data centre": ([added(10, "dc1"), removed(30, "dc1"), added(50, "dc2")], None),
+    "removed, then added again in the same one": ([added(10, "dc1"), removed(30, "dc1"), added(50, "dc1")], None),
+    "added again, then removed again": ([added(10, "dc1"), removed(30, "dc1"), added(50, "dc1"),
+                                         removed(70, "dc1")], absent_since(70)),
+    "a data centre that never reported counts as absent": ([added(10, "dc1"), removed(30, "dc1")],
+                                                           absent_since(30)),
+    "only additions": ([added(10, "dc1"), added(20, "dc2")], None),
+    "an unconfigured data centre's presence does not count": ([added(10, "dc3"), added(20, "dc1"),
+                                                               removed(30, "dc1")], absent_since(30)),
+    "an unconfigured data centre's removal does not count": ([removed(30, "dc3")], None),
+    "nor does its later removal time": ([removed(30, "dc1"), removed(90, "dc3")], absent_since(30)),
+    "equal times: the removal wins": ([added(30, "dc1", "b"), removed(30, "dc1", "a")], absent_since(30)),
+}
+
+
+@pytest.mark.parametrize("case", RULE_TABLE)
+def test_rule_table(case):
+    events, expected = RULE_TABLE[case]
+    assert KIND.eligibility(KIND.fold(None, events)) == expected
+
+
+@pytest.mark.parametrize("case", RULE_TABLE)
+def test_rule_table_with_duplicates_in_every_order_and_batch(case):
+    events, expected = RULE_TABLE[case]
+    for order in itertools.permutations(events + events[-1:]):
+        assert KIND.eligibility(KIND.fold(None, list(order))) == expected
+        one_by_one = KIND.fold(None, [])
+        for e in order:
+            one_by_one = KIND.fold(one_by_one, [e])
+        assert one_by_one == KIND.fold(None, list(order))
+
+
+def test_a_data_centre_added_to_the_configuration_counts_for_users_already_known():
+    state = KIND.fold(None, [added(10, "dc3"), removed(30, "dc1")])
+    wider = load_policy("users", {"enabled": True, "data_centres": ["dc1", "dc2", "dc3"],
+                                  "user_grace": f"{GRACE_MS}ms"}).kinds[0]
+    assert KIND.eligibility(state) == absent_since(30) and wider.eligibility(state) is None
+
+
+def test_the_policy_declares_its_events_kind_rule_and_tables():
+    assert [(t.name, t.kind, t.id_field, t.required) for t in POLICY.event_types] == [
+        (USER_ADDED, USER, "user_id", ("dc",)), (USER_REMOVED, USER, "user_id", ("dc",))]
+    assert {(f.name, f.type, f.identifier) for f in POLICY.event_fields} == {
+        ("user_id", "string", True), ("dc", "string", True)}
+    assert KIND.name == USER and KIND.rule.name == USER_ABSENT and KIND.rule.period_ms == GRACE_MS
+    assert set(UsersPolicy.tables) == {"users", "virtual_roots", "mailbox_permissions"}
+    assert load_policy("users", {}).kinds[0].rule.period_ms == 7 * 86_400_000
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"data_centres": []}, "policies.users.data_centres"),
+    ({"data_centres": ["dc1", "dc1"]}, "policies.users.data_centres"),
+    ({"user_grace": "a week"}, "policies.users.user_grace"),
+    ({"grace": "7d"}, "policies.users.grace"),
+])
+def test_a_bad_setting_names_its_key(raw, key):
+    with pytest.raises(PolicyError, match=key):
+        load_policy("users", raw)
+
+
+def reference(events):
+    """From the whole set at once: each configured data centre's last event by (event time, an addition before a
+    removal, event id); eligible a grace after the latest of them if all are removals."""
+    unique = {e.event_id: e for e in events}.values()
+    last = {}
+    for e in sorted(unique, key=lambda e: (e.event_time_ms, e.type == USER_REMOVED, e.event_id)):
+        last[e.dc] = e
+    counted = [last[dc] for dc in DCS if dc in last]
+    if not counted or any(e.type == USER_ADDED for e in counted):
+        return None
+    return absent_since(max(e.event_time_ms for e in counted))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 20), st.sampled_from(("dc1", "dc2", "dc3"))), max_size=8),
+       st.randoms())
+def test_the_fold_matches_the_reference_model_under_duplicates_reordering_and_batches(changes, random):
+    # Event ids are unique; a duplicate is the same event again.
+    events = [(removed if is_removal else added)(t, dc, f"e{i}") for i, (is_removal, t, dc) in enumerate(changes)]
+    arrivals = events + random.sample(events, k=len(events) // 2)
+    random.shuffle(arrivals)
+    state = None
+    while arrivals:  # in batches of random sizes, as micro-batches bring them
+        size = random.randint(1, len(arrivals))
+        state, arrivals = KIND.fold(state, arrivals[:size]), arrivals[size:]
+    assert KIND.eligibility(state) == reference(events)
+
+
+# --- against Cassandra and Kafka ---------------------------------------------------------------
+
+
+class RecordingControl(Control):
+    def __init__(self):
+        self.rechecks = []
+
+    def recheck(self, kind, object_id, rule, at_ms):
+        self.rechecks.append((kind, object_id, rule, at_ms))
+
+    def report(self, event_type, object_id, event_time_ms, **fields):
+        raise AssertionError("users sends no control events of its own")
+
+
+@pytest.fixture(scope="module")
+def keyspace():
+    from connectors import cassandra_session
+
+    session = cassandra_session(CassandraConfig())
+    name = f"test_users_{uuid.uuid4().hex[:8]}"
+    session.execute(f"CREATE KEYSPACE {name} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}")
+    for statement in UsersPolicy.schema.format(keyspace=name).split(";"):
+        if statement.strip():
+            session.execute(statement)
+    yield session, name
+    session.execute(f"DROP KEYSPACE {name}")
+    session.cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def topic():
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=KafkaConfig().bootstrap_servers)
+    name = f"test.users.{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(name, 1, 1)])
+    yield name
+    admin.delete_topics([name])
+    admin.close()
+
+
+@pytest.fixture(scope="module")
+def platform(keyspace, topic):
+    from simulation.users import UsersPlatform
+
+    platform = UsersPlatform(KafkaConfig(), CassandraConfig(), topic, keyspace[1], POLICY.settings)
+    yield platform
+    platform.close()
+
+
+HOUR = timedelta(hours=1)
+MAILBOXES = ("inbox", "archive")
+
+
+def purger(keyspace, grace="1h", dry_run=False):
+    """A purger of the policy with ``grace``, and the control it reports its rechecks to."""
+    session, name = keyspace
+    control = RecordingControl()
+    policy = load_policy("users", {"enabled": True, "user_grace": grace})
+    return policy.purger(Resources(session, name, stores=None, control=control, retry_ms=2_000,
+                                   dry_run=dry_run)), control
+
+
+@pytest.fixture
+def purge(keyspace):
+    """purge(user_id, retry=False, dry_run=False) -> (outcomes, rechecks), with a grace of an hour."""
+
+    def run(user_id, retry=False, dry_run=False, failpoint=lambda name: None):
+        users, control = purger(keyspace, dry_run=dry_run)
+        outcomes = list(users.purge(Candidate(USER, user_id, USER_ABSENT, eligible_at_ms=0),
+                                    Attempt(retry=retry, failpoint=failpoint)))
+        return outcomes, control.rechecks
+
+    return run
+
+
+def ago(period):
+    return datetime.now(timezone.utc) - period
+
+
+def new_user():
+    return f"u-{uuid.uuid4().hex[:12]}"
+
+
+def absent_user(platform, removed_ago=2 * HOUR):
+    """A user with its rows, added in both data centres, then removed from both ``removed_ago``."""
+    user_id = new_user()
+    for dc in DCS:
+        platform.add_user(user_id, dc, MAILBOXES, at=ago(removed_ago + HOUR))
+    for dc in DCS:
+        platform.remove_user(user_id, dc, at=ago(removed_ago))
+    return user_id
+
+
+def deleted(outcomes):
+    return [(o.status, o.kind, o.id) for o in outcomes]
+
+
+def intact(rows, present_in=None, state="live"):
+    user = rows["user"]
+    return (user is not None and set(user["present_in"] or ()) == set(present_in or ()) and user["state"] == state
+            and rows["virtual_root"] == MAILBOXES[0] and set(rows["permissions"]) == set(MAILBOXES))
+
+
+GONE = {"user": None, "virtual_root": None, "permissions": {}}
+
+
+@pytest.mark.integration
+def test_a_user_absent_everywhere_past_the_grace_loses_every_row_permissions_first(platform, purge):
+    user_id = absent_user(platform)
+    before = now_ms()
+    outcomes, rechecks = purge(user_id)
+    assert deleted(outcomes) == [(PURGED, MAILBOX_PERMISSION, f"{user_id}/archive"),
+                                 (PURGED, MAILBOX_PERMISSION, f"{user_id}/inbox"),
+                                 (PURGED, VIRTUAL_ROOT, user_id), (PURGED, None, None)]
+    assert all(o.deleted_at_ms >= before for o in outcomes)
+    assert platform.rows(user_id) == GONE and rechecks == []
+
+
+@pytest.mark.integration
+def test_a_user_present_in_one_data_centre_keeps_everything(platform, purge):
+    user_id = new_user()
+    for dc in DCS:
+        platform.add_user(user_id, dc, MAILBOXES, at=ago(3 * HOUR))
+    platform.remove_user(user_id, "dc1", at=ago(2 * HOUR))
+    (outcome,), rechecks = purge(user_id)
+    assert (outcome.status, outcome.reason) == (SKIPPED, "present: in dc2")
+    assert intact(platform.rows(user_id), present_in={"dc2"}) and rechecks == []
+
+
+@pytest.mark.integration
+def test_a_user_absent_for_less_than_the_grace_is_kept_and_rechecked_when_due(platform, purge):
+    user_id = absent_user(platform, removed_ago=timedelta(minutes=10))
+    (outcome,), rechecks = purge(user_id)
+    assert outcome.status == SKIPPED and outcome.reason.startswith("not yet due: user_absent at ")
+    rows = platform.rows(user_id)
+    assert intact(rows) and rechecks == [(USER, user_id, USER_ABSENT, epoch_ms(rows["user"]["updated_at"]) + 3_600_000)]
+
+
+@pytest.mark.integration
+def test_a_dry_run_deletes_nothing(platform, purge):
+    user_id = absent_user(platform)
+    outcomes, rechecks = purge(user_id, dry_run=True)
+    assert deleted(outcomes) == [(WOULD_DELETE, MAILBOX_PERMISSION, f"{user_id}/archive"),
+                                 (WOULD_DELETE, MAILBOX_PERMISSION, f"{user_id}/inbox"),
+                                 (WOULD_DELETE, VIRTUAL_ROOT, user_id), (WOULD_DELETE, None, None)]
+    assert intact(platform.rows(user_id)) and rechecks == []
+    assert deleted(purge(new_user(), retry=True, dry_run=True)[0]) == [(ALREADY_GONE, None, None)]
+
+
+@pytest.mark.integration
+def test_a_gone_user_is_already_gone_or_on_a_retry_purged_by_the_earlier_attempt(purge):
+    (outcome,), rechecks = purge(new_user())
+    assert outcome.status == ALREADY_GONE and rechecks == []
+    before = now_ms()
+    (outcome,), rechecks = purge(new_user(), retry=True)
+    assert (outcome.status, outcome.reason) == (PURGED, EARLIER_ATTEMPT) and outcome.deleted_at_ms >= before
+    assert rechecks == []
+
+
+class Crash(Exception):
+    pass
+
+
+def crash(name):
+    raise Crash(name)
+
+
+@pytest.mark.integration
+def test_a_purge_that_crashed_after_claiming_the_user_is_finished_by_the_retry(platform, purge):
+    user_id = absent_user(platform)
+    with pytest.raises(Crash, match="after_user_dependent_delete"):
+        purge(user_id, failpoint=crash)
+    rows = platform.rows(user_id)
+    assert rows["user"]["state"] == PURGING and set(rows["permissions"]) == {"inbox"}
+    (outcome,), _ = purge(user_id, dry_run=True)
+    assert (outcome.status, outcome.reason) == (SKIPPED, f"{BEING_DELETED}: by a real run")
+    outcomes, rechecks = purge(user_id, retry=True)
+    # The first permission row went with the crashed attempt, whose outcome was lost with it.
+    assert deleted(outcomes) == [(PURGED, MAILBOX_PERMISSION, f"{user_id}/inbox"), (PURGED, VIRTUAL_ROOT, user_id),
+                                 (PURGED, None, None)]
+    assert platform.rows(user_id) == GONE and rechecks == []
+
+
+@pytest.mark.integration
+def test_the_platforms_events_fold_to_the_deadline_the_row_gives(platform, topic):
+    from kafka import KafkaConsumer
+
+    user_id = new_user()
+    for dc in DCS:
+        platform.add_user(user_id, dc, MAILBOXES)
+    platform.remove_user(user_id, "dc2")
+    platform.remove_user(user_id, "dc1")
+    platform.flush()
+    consumer = KafkaConsumer(topic, bootstrap_servers=KafkaConfig().bootstrap_servers, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=10_000)
+    events = [json.loads(r.value) for r in consumer if r.key == user_id.encode()]
+    consumer.close()
+    assert [(e["type"], e["dc"]) for e in events] == [
+        (USER_ADDED, "dc1"), (USER_ADDED, "dc2"), (USER_REMOVED, "dc2"), (USER_REMOVED, "dc1")]
+    assert {k for e in events for k in e} == {"event_id", "type", "event_time", "user_id", "dc"}
+    state = KIND.fold(None, [UserEvent(e["event_id"], e["type"], parse_timestamp(e["event_time"]), e["user_id"],
+                                       e["dc"]) for e in events])
+    assert KIND.eligibility(state) == absent_since(epoch_ms(platform.rows(user_id)["user"]["updated_at"]))
+
+
+# --- the race: a purge against the user added back -----------------------------------------------
+
+ATTEMPTS = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "2000"))
+
+
+@pytest.mark.integration
+def test_a_user_added_back_while_being_purged_never_loses_a_row(keyspace, platform):
+    """Each attempt: a user absent from every data centre for longer than the grace; then, released together,
+    the purger purges it while the platform adds it back in dc2 with its virtual root and permissions, by the
+    writer contract. Whichever wins, the user must end with every row it needs: a lost row is a live object
+    deleted."""
+    users, _ = purger(keyspace, grace="1s")
+    lost, sides = [], Counter()
+
+    def attempt(i):
+        user_id = f"race-{uuid.uuid4().hex[:8]}-{i}"
+        platform.add_user(user_id, "dc1", MAILBOXES, at=ago(timedelta(minutes=2)))
+        platform.remove_user(user_id, "dc1", at=ago(timedelta(minutes=1)))
+        gate = threading.Barrier(2)
+        result = {}
+
+        def purge():
+            gate.wait()
+            time.sleep(random.random() * 0.004)
+            result["purge"] = list(users.purge(Candidate(USER, user_id, USER_ABSENT, 0), Attempt(retry=False)))
+
+        def add_back():
+            gate.wait()
+            time.sleep(random.random() * 0.004)
+            platform.add_user(user_id, "dc2", MAILBOXES)
+
+        threads = [threading.Thread(target=purge), threading.Thread(target=add_back)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        sides["purge first" if result["purge"][-1].status == PURGED else "add first"] += 1
+        if not intact(platform.rows(user_id), present_in={"dc2"}):
+            lost.append(user_id)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(attempt, range(ATTEMPTS)))
+    print(f"RELIABILITY users re-added while purged: attempts={ATTEMPTS}, purge first={sides['purge first']}, "
+          f"add first={sides['add first']}, rows lost={len(lost)} ({time.monotonic() - started:.0f}s)")
+    assert lost == []
+    # The race was real: each side won some.
+    assert sides["purge first"] and sides["add first"], sides
