@@ -177,7 +177,7 @@ def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, conf
         def purge():
             gate.wait()
             time.sleep(random.random() * 0.01)
-            result["purge"] = [o[4] for o in purge_partition([candidate("payload", p, "payload")], config, 0)]
+            result["purge"] = [o[5] for o in purge_partition([candidate("payload", p, "payload")], config, 0)]
 
         def link():
             gate.wait()

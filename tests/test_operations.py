@@ -44,14 +44,10 @@ def ops_platform(ops):
     platform.close()
 
 
-# What the module's tests did, for the replay to compare against: message id -> row expected to stay.
-SENT: dict[str, bool] = {}
-
-
 def deletable(platform: Platform, config: PurgerConfig, n: int, tag: str,
-              sent: dict[str, bool] | None = SENT) -> list[str]:
+              sent: dict[str, bool] | None = None) -> list[str]:
     """``n`` messages deleted by the platform long enough ago, each with a payload in both data centres;
-    noted in ``sent`` (None for a test on topics of its own, which the replay does not read)."""
+    noted in ``sent`` (message id -> row expected to stay) when given."""
     ids = [f"{tag}-{uuid.uuid4().hex[:6]}-{i}" for i in range(n)]
     for m in ids:
         platform.enqueue(m, f"p-{m}")
@@ -62,13 +58,15 @@ def deletable(platform: Platform, config: PurgerConfig, n: int, tag: str,
     return ids
 
 
-def kept_by_the_double_check(platform: Platform, config: PurgerConfig, tag: str) -> str:
+def kept_by_the_double_check(platform: Platform, config: PurgerConfig, tag: str,
+                             sent: dict[str, bool] | None = None) -> str:
     """A `delete` event for a row that is not deleted (say, restored since): the double-check keeps it."""
     m = f"{tag}-{uuid.uuid4().hex[:6]}"
     platform.enqueue(m, f"p-{m}", extract_count=2)
     platform.emit("delete", m, at=ago(mailbox(config).deleted_ttl))
     platform.flush()
-    SENT[m] = True
+    if sent is not None:
+        sent[m] = True
     return m
 
 
@@ -140,7 +138,7 @@ def test_the_ledger_holds_one_record_per_deletion_across_forced_retries(spark, o
 
 
 def test_the_daily_report_equals_counts_over_the_ledger(spark, ops):
-    ledger, report = Ledger(spark, ops.ledger), Report(spark, ops.ledger)
+    ledger, report = Ledger(spark, ops.ledger), Report(spark, ops.ledger, policy_set(ops))
     day = now().date()
     report.refresh(day)
     rows = {(r["kind"], r["dc"]): r for r in report.rows(day)}
@@ -198,7 +196,7 @@ def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_p
     dry = own_config(config, tmp_path_factory.mktemp("dry"), "dry", dry_run=True)
     platform = Platform(dry)
     try:
-        messages = deletable(platform, dry, 4, "dry", sent=None)
+        messages = deletable(platform, dry, 4, "dry")
         live = f"dry-live-{uuid.uuid4().hex[:6]}"
         platform.enqueue(live, f"p-{live}", extract_count=2)
         platform.flush()
@@ -229,7 +227,7 @@ def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark
     own = own_config(config, tmp_path_factory.mktemp("closed"), "closed")
     platform = Platform(own)
     try:
-        messages = deletable(platform, own, 2, "closed", sent=None)
+        messages = deletable(platform, own, 2, "closed")
         running = start_purger(spark, own)
         try:
             running.sink.close(timeout_s=60)
@@ -249,30 +247,46 @@ def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark
         platform.close()
 
 
-def test_a_replay_from_earliest_reaches_the_same_end_state(spark, ops, ops_platform):
-    """Everything the module sent, replayed into a fresh checkpoint: the same rows and payloads remain,
-    and the replay deletes nothing (what was eligible is gone already)."""
-    assert SENT
-    before = {m: (ops_platform.row(m) is not None, ops_platform.payload_intact(f"p-{m}")) for m in SENT}
-    assert before == {m: (stays, stays) for m, stays in SENT.items()}
-    original = Ledger(spark, ops.ledger).records().select("query_id").distinct().collect()
-    started = now()
-    running, backlog = start_replay(spark, ops, since_ms=None)
+def test_a_replay_from_earliest_reaches_the_same_end_state(spark, config, tmp_path_factory):
+    """A history of its own (messages purged, one kept by the double-check), purged by a first run, then
+    replayed into a fresh checkpoint: the same rows and payloads remain, and the replay deletes nothing
+    (what was eligible is gone already)."""
+    own = own_config(config, tmp_path_factory.mktemp("replay"), "replay")
+    platform = Platform(own)
+    sent: dict[str, bool] = {}
     try:
-        assert backlog.total >= 2 * len(SENT)
-        follow(running.query, backlog, show=False, timeout_s=180)
-        wait_for_watermark(running.query, started + timedelta(seconds=5), timeout_s=90)
-        wait_for(lambda: running.sink.totals[("payload", "already_gone")] >= sum(not s for s in SENT.values()),
-                 timeout_s=90, what="the replay to revisit every purged payload")
+        first = start_purger(spark, own)
+        try:
+            deletable(platform, own, 6, "replay", sent)
+            kept_by_the_double_check(platform, own, "replay-kept", sent)
+            wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}")
+                                 for m, stays in sent.items() if not stays),
+                     timeout_s=120, what="the first run to purge the history")
+        finally:
+            first.stop()
+        assert first.failure is None
+        before = {m: (platform.row(m) is not None, platform.payload_intact(f"p-{m}")) for m in sent}
+        assert before == {m: (stays, stays) for m, stays in sent.items()}
+        original = Ledger(spark, own.ledger).records().select("query_id").distinct().collect()
+        started = now()
+        running, backlog = start_replay(spark, own, since_ms=None)
+        try:
+            assert backlog.total >= 2 * len(sent)
+            follow(running.query, backlog, show=False, timeout_s=180)
+            wait_for_watermark(running.query, started + timedelta(seconds=5), timeout_s=90)
+            wait_for(lambda: running.sink.totals[("payload", "already_gone")] >= sum(not s for s in sent.values()),
+                     timeout_s=90, what="the replay to revisit every purged payload")
+        finally:
+            running.stop()
+        after = {m: (platform.row(m) is not None, platform.payload_intact(f"p-{m}")) for m in sent}
+        assert after == before
     finally:
-        running.stop()
-    after = {m: (ops_platform.row(m) is not None, ops_platform.payload_intact(f"p-{m}")) for m in SENT}
-    assert after == before
-    replay_records = Ledger(spark, ops.ledger).records().where(
+        platform.close()
+    replay_records = Ledger(spark, own.ledger).records().where(
         ~F.col("query_id").isin([r["query_id"] for r in original]))
     assert replay_records.where(F.col("status") == "purged").count() == 0
     assert replay_records.where((F.col("kind") == "message") & (F.col("status") == "already_gone")).count() \
-        == sum(not s for s in SENT.values())
+        == sum(not s for s in sent.values())
 
 
 def test_the_ledger_on_s3a_takes_a_batch_once(spark, config):
@@ -284,7 +298,8 @@ def test_the_ledger_on_s3a_takes_a_batch_once(spark, config):
     ledger = Ledger(spark, ledger_config)
     at = int(now().timestamp() * 1000)
     outcomes = spark.createDataFrame(
-        [("message", f"m{i}", "deleted", None, "purged", None, at - 5000, at, at, 3, "host:1") for i in range(5)],
+        [("mailbox", "message", f"m{i}", "deleted", None, "purged", None, at - 5000, at, at, 3, "host:1")
+         for i in range(5)],
         OUTCOME_SCHEMA,
     )
     ledger.append(outcomes, "query-a", 3)
@@ -293,7 +308,7 @@ def test_the_ledger_on_s3a_takes_a_batch_once(spark, config):
     records = ledger.records().collect()
     assert len(records) == 6
     assert {r["lag_s"] for r in records} == {5.0}
-    report = Report(spark, ledger_config.model_copy(update={"report_path": f"{prefix}/report"}))
+    report = Report(spark, ledger_config.model_copy(update={"report_path": f"{prefix}/report"}), policy_set(config))
     report.refresh(now().date())
     [row] = report.rows(now().date())
     assert (row["kind"], row["dc"], row["candidates"], row["purged"]) == ("message", "all", 6, 6)
