@@ -13,7 +13,6 @@ import os
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from devstack.artifacts import spark_connector_jars
 from core.config import StreamConfig
 
 
@@ -32,6 +31,9 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
     """
     builder = SparkSession.builder.appName(app_name)
     if not _submitted():
+        # The connector jars, fetched with Maven into the local cache; spark-submit brings its own --jars.
+        from devstack.artifacts import spark_connector_jars
+
         jars = ",".join(str(jar) for jar in spark_connector_jars())
         builder = (
             builder.master(stream.master)
