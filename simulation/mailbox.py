@@ -15,11 +15,9 @@ Example::
 
 from __future__ import annotations
 
-import json
 import threading
-import uuid
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any, Iterable, Iterator
 
 from core.config import PurgerConfig
@@ -27,23 +25,10 @@ from connectors import cassandra_session, kafka_producer, s3_client
 from core.times import format_timestamp
 from policies import policy_set
 from policies.mailbox.deletes import payload_key
+from simulation.clock import now  # successive changes to one message carry increasing event times
+from simulation.events import event_record
 
 INLINE_LIMIT = 10 * 1024  # payloads under 10 KiB live in the message row (SPEC section 2)
-
-
-_last_moment = datetime.min.replace(tzinfo=timezone.utc)
-_clock_lock = threading.Lock()
-
-
-def now() -> datetime:
-    """The wall clock, strictly increasing by at least a millisecond, as the spec's timestamps resolve.
-
-    A platform's successive changes to one message must carry increasing event times.
-    """
-    global _last_moment  # one clock for every Platform and thread in the process
-    with _clock_lock:
-        _last_moment = max(datetime.now(timezone.utc), _last_moment + timedelta(milliseconds=1))
-        return _last_moment
 
 
 class Platform:
@@ -89,9 +74,7 @@ class Platform:
         self._updates_lock = threading.Lock()
 
     def emit(self, event_type: str, message_id: str, at: datetime, **fields: Any) -> None:
-        event = {"event_id": str(uuid.uuid4()), "type": event_type, "event_time": format_timestamp(at), "message_id": message_id}
-        event.update(fields)
-        record = (message_id.encode(), json.dumps(event).encode())
+        record = event_record(event_type, "message_id", message_id, at, **fields)
         held = getattr(self._held, "events", None)
         if held is not None:
             held.append(record)

@@ -28,17 +28,14 @@ Example::
 
 from __future__ import annotations
 
-import json
-import uuid
 from datetime import date, datetime, timezone
 from typing import Any, NamedTuple
 
 from cassandra import ConsistencyLevel
 
-from connectors import cassandra_session, kafka_producer
 from core.config import CassandraConfig, KafkaConfig
-from core.times import format_timestamp
 from policies.units_of_work import COLLECTIONS, UOW_ARCHIVED, UOW_FINISHED, UOW_STARTED, UnitsOfWorkSettings
+from simulation.events import EventWriter
 
 
 class Example(NamedTuple):
@@ -83,14 +80,14 @@ NINE_EXAMPLES: tuple[Example, ...] = (
 )
 
 
-class UnitsOfWorkPlatform:
+class UnitsOfWorkPlatform(EventWriter):
     """The payment store's writes of units of work, each followed by its event."""
+
+    id_field = "unit_of_work_id"
 
     def __init__(self, kafka: KafkaConfig, cassandra: CassandraConfig, topic: str, keyspace: str,
                  settings: UnitsOfWorkSettings) -> None:
-        self.topic = topic
-        self.producer = kafka_producer(kafka, acks="all", linger_ms=5)
-        self.session = cassandra_session(cassandra)
+        super().__init__(kafka, cassandra, topic)
         prepare = self.session.prepare
         units, objects = f"{keyspace}.{settings.units_table}", f"{keyspace}.{settings.objects_table}"
         self._insert_unit = prepare(
@@ -129,21 +126,8 @@ class UnitsOfWorkPlatform:
         unit = self.session.execute(self._read_unit, (uow_id,)).one()
         return (unit._asdict() if unit else None), self.session.execute(self._count_objects, (uow_id,)).one()[0]
 
-    def flush(self) -> None:
-        """Wait until every event emitted so far is in Kafka."""
-        self.producer.flush()
-
-    def close(self) -> None:
-        self.producer.close()
-        self.session.cluster.shutdown()
-
     def _change(self, column: str, event_type: str, uow_id: str, at: datetime) -> bool:
         if not self.session.execute(self._set[column], (at, uow_id)).was_applied:
             return False
         self._emit(event_type, uow_id, at)
         return True
-
-    def _emit(self, event_type: str, uow_id: str, at: datetime, **fields: Any) -> None:
-        event = {"event_id": str(uuid.uuid4()), "type": event_type, "event_time": format_timestamp(at),
-                 "unit_of_work_id": uow_id, **fields}
-        self.producer.send(self.topic, key=uow_id.encode(), value=json.dumps(event).encode())

@@ -22,33 +22,30 @@ Example::
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any, Sequence
 
 from cassandra import ConsistencyLevel
 
-from connectors import cassandra_session, kafka_producer
 from core.config import CassandraConfig, KafkaConfig
-from core.times import format_timestamp
 from policies.users import LIVE, USER_ADDED, USER_REMOVED, UsersSettings
+from simulation.clock import now
+from simulation.events import EventWriter
 
 # How long an add waits before trying again when a purge holds the user's row.
 RETRY_S = 0.005
 PERMISSIONS = frozenset({"read", "write"})
 
 
-class UsersPlatform:
+class UsersPlatform(EventWriter):
     """The platform's writes of users in each data centre, each followed by its event."""
+
+    id_field = "user_id"
 
     def __init__(self, kafka: KafkaConfig, cassandra: CassandraConfig, topic: str, keyspace: str,
                  settings: UsersSettings) -> None:
-        self.topic = topic
-        self.producer = kafka_producer(kafka, acks="all", linger_ms=5)
-        self.session = cassandra_session(cassandra)
+        super().__init__(kafka, cassandra, topic)
         prepare = self.session.prepare
         users, roots, permissions = (f"{keyspace}.{table}" for table in (
             settings.users_table, settings.virtual_roots_table, settings.permissions_table))
@@ -64,14 +61,12 @@ class UsersPlatform:
         self._read_user.consistency_level = ConsistencyLevel.SERIAL
         self._read_root = prepare(f"SELECT mailbox FROM {roots} WHERE user_id = ?")
         self._read_permissions = prepare(f"SELECT mailbox, permissions FROM {permissions} WHERE user_id = ?")
-        self._last = datetime.min.replace(tzinfo=timezone.utc)
-        self._clock = threading.Lock()
 
     def add_user(self, user_id: str, dc: str, mailboxes: Sequence[str] = ("inbox",),
                  at: datetime | None = None) -> None:
         """``dc``'s directory added the user: its row, then its virtual root (the first of ``mailboxes``) and
         a permission row per mailbox, then its event. Blocks while a purge of the user is under way."""
-        at = at or self._now()
+        at = at or now()
         # (a) Either applies only while no purge holds the row ('purging'); a purge deletes it soon.
         while not (self.session.execute(self._insert_user, (user_id, {dc}, at)).was_applied
                    or self.session.execute(self._add_dc, ({dc}, at, user_id)).was_applied):
@@ -80,14 +75,14 @@ class UsersPlatform:
         self.session.execute(self._write_root, (user_id, mailboxes[0]))
         for mailbox in mailboxes:
             self.session.execute(self._write_permission, (user_id, mailbox, PERMISSIONS))
-        self._emit(USER_ADDED, user_id, dc, at)
+        self._emit(USER_ADDED, user_id, at, dc=dc)
 
     def remove_user(self, user_id: str, dc: str, at: datetime | None = None) -> None:
         """``dc``'s directory removed the user. Its rows stay: they are the purger's to delete."""
-        at = at or self._now()
+        at = at or now()
         # Not applied when no live row is left: a purge holds it or deleted it; the event is true all the same.
         self.session.execute(self._remove_dc, ({dc}, at, user_id))
-        self._emit(USER_REMOVED, user_id, dc, at)
+        self._emit(USER_REMOVED, user_id, at, dc=dc)
 
     def rows(self, user_id: str) -> dict[str, Any]:
         """What the user has: ``user`` (its ``users`` row, or None), ``virtual_root`` (its mailbox, or None)
@@ -100,23 +95,3 @@ class UsersPlatform:
             "permissions": {r.mailbox: set(r.permissions or ()) for r in
                             self.session.execute(self._read_permissions, (user_id,))},
         }
-
-    def flush(self) -> None:
-        """Wait until every event emitted so far is in Kafka."""
-        self.producer.flush()
-
-    def close(self) -> None:
-        self.producer.close()
-        self.session.cluster.shutdown()
-
-    def _emit(self, event_type: str, user_id: str, dc: str, at: datetime) -> None:
-        event = {"event_id": str(uuid.uuid4()), "type": event_type, "event_time": format_timestamp(at),
-                 "user_id": user_id, "dc": dc}
-        self.producer.send(self.topic, key=user_id.encode(), value=json.dumps(event).encode())
-
-    def _now(self) -> datetime:
-        """The wall clock, strictly increasing by at least the millisecond the spec's timestamps keep:
-        successive changes to one user carry increasing event times, as its row's writes are ordered."""
-        with self._clock:
-            self._last = max(datetime.now(timezone.utc), self._last + timedelta(milliseconds=1))
-            return self._last

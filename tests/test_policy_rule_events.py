@@ -1,7 +1,6 @@
 """The ``rule_events`` policy (SPEC 7.1): its rule table as plain Python, its deletes against real Cassandra."""
 
 import itertools
-import json
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -10,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.config import CassandraConfig, KafkaConfig
-from core.policy import Attempt, Candidate, Control, Eligibility, Resources
+from core.policy import Attempt, Candidate, Eligibility, Resources
 from core.times import epoch_ms, now_ms, parse_timestamp
 from core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
 from policies import PolicyError, load_policy
@@ -18,6 +17,7 @@ from policies.rule_events import (
     COMPLETE, FAILED, KIND, PROCESSING, RULE_EVENT_STATUS, STATUSES, UNPROCESSED, RuleEventsPolicy, StatusEvent,
     rule_name,
 )
+from tests.support.policies import RecordingControl, emitted, fold_in_batches, keyspace_fixture, topic_fixture
 
 # Distinct periods, but two equal ones, so both halves of the tie rule are exercised.
 PERIODS_MS = {COMPLETE: 7_000, FAILED: 30_000, UNPROCESSED: 30_000, PROCESSING: 10_000}
@@ -106,52 +106,14 @@ def reference(events):
 def test_the_fold_matches_the_reference_model_under_duplicates_reordering_and_batches(changes, random):
     # Event ids are unique; a duplicate is the same event again.
     events = [changed(t, status, f"e{i}") for i, (t, status) in enumerate(changes)]
-    arrivals = events + random.sample(events, k=len(events) // 2)
-    random.shuffle(arrivals)
-    state = None
-    while arrivals:  # in batches of random sizes, as micro-batches bring them
-        size = random.randint(1, len(arrivals))
-        state, arrivals = KIND_.fold(state, arrivals[:size]), arrivals[size:]
-    assert KIND_.eligibility(state) == reference(events)
+    assert KIND_.eligibility(fold_in_batches(KIND_, events, random)) == reference(events)
 
 
 # --- against Cassandra and Kafka ---------------------------------------------------------------
 
 
-class RecordingControl(Control):
-    def __init__(self):
-        self.rechecks = []
-
-    def recheck(self, kind, object_id, rule, at_ms):
-        self.rechecks.append((kind, object_id, rule, at_ms))
-
-    def report(self, event_type, object_id, event_time_ms, **fields):
-        raise AssertionError("rule_events sends no control events of its own")
-
-
-@pytest.fixture(scope="module")
-def keyspace():
-    from connectors import cassandra_session
-
-    session = cassandra_session(CassandraConfig())
-    name = f"test_rule_events_{uuid.uuid4().hex[:8]}"
-    session.execute(f"CREATE KEYSPACE {name} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}")
-    session.execute(RuleEventsPolicy.schema.format(keyspace=name))
-    yield session, name
-    session.execute(f"DROP KEYSPACE {name}")
-    session.cluster.shutdown()
-
-
-@pytest.fixture(scope="module")
-def topic():
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    admin = KafkaAdminClient(bootstrap_servers=KafkaConfig().bootstrap_servers)
-    name = f"test.rule_events.{uuid.uuid4().hex[:8]}"
-    admin.create_topics([NewTopic(name, 1, 1)])
-    yield name
-    admin.delete_topics([name])
-    admin.close()
+keyspace = keyspace_fixture(RuleEventsPolicy, "test_rule_events")
+topic = topic_fixture("test.rule_events")
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +132,7 @@ def purge(keyspace):
     policy = load_policy("rule_events", {"enabled": True})
 
     def run(rule_event_id, rule, retry=False, dry_run=False):
-        control = RecordingControl()
+        control = RecordingControl("rule_events")
         purger = policy.purger(Resources(session, name, stores=None, control=control, retry_ms=2_000,
                                          dry_run=dry_run))
         outcomes = list(purger.purge(Candidate(KIND, rule_event_id, rule, eligible_at_ms=0), Attempt(retry=retry)))
@@ -262,18 +224,12 @@ def test_a_dry_run_deletes_nothing(platform, purge):
 
 @pytest.mark.integration
 def test_the_platforms_events_fold_to_the_deadline_the_row_gives(platform, topic):
-    from kafka import KafkaConsumer
-
     rule_event_id = new_id()
     platform.raise_event(rule_event_id, "m1", "route-to-archive")
     platform.set_status(rule_event_id, PROCESSING)
     platform.set_status(rule_event_id, COMPLETE)
     platform.flush()
-    consumer = KafkaConsumer(topic, bootstrap_servers=KafkaConfig().bootstrap_servers, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=10_000)
-    records = [r for r in consumer if r.key == rule_event_id.encode()]
-    consumer.close()
-    events = [json.loads(r.value) for r in records]
+    events = emitted(topic, rule_event_id)
     assert [e["status"] for e in events] == [UNPROCESSED, PROCESSING, COMPLETE]
     assert {k for e in events for k in e} == {
         "event_id", "type", "event_time", "rule_event_id", "status", "message_id", "rule_name"}

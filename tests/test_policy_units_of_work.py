@@ -4,15 +4,13 @@ real Cassandra (and Kafka, for the platform's events)."""
 from __future__ import annotations
 
 import itertools
-import json
-import uuid
 from datetime import date, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.policy import Attempt, Candidate, Control, Eligibility, Resources
+from core.policy import Attempt, Candidate, Eligibility, Resources
 from core.times import now_ms, parse_timestamp
 from core.vocabulary import (
     ALREADY_GONE, EARLIER_ATTEMPT, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, category,
@@ -24,6 +22,7 @@ from policies.units_of_work import (
     deadline_ms, eligible_on, first_eligible_day, row_state,
 )
 from simulation.units_of_work import EXAMPLES_DATE, NINE_EXAMPLES, UnitsOfWorkPlatform
+from tests.support.policies import RecordingControl, arrivals, emitted, policy_keyspace, policy_topic
 
 UTC = timezone.utc
 
@@ -163,29 +162,17 @@ reference_events = st.lists(st.tuples(st.sampled_from([UOW_STARTED, UOW_FINISHED
 def test_the_fold_matches_the_reference_model(changes, random):
     events = [uow_event(kind, t, journey_type if kind == UOW_STARTED else None, f"e{i}")
               for i, (kind, t, journey_type) in enumerate(changes)]
-    arrivals = events + random.sample(events, k=len(events) // 2)
-    random.shuffle(arrivals)
+    arriving = arrivals(events, random)
     # The whole set at once: the earliest start (its journey type, the lesser at equal times), finish, archive.
     starts = sorted((e.event_time_ms, e.journey_type) for e in events if e.type == UOW_STARTED)
     first = {kind: min((e.event_time_ms for e in events if e.type == kind), default=None)
              for kind in (UOW_FINISHED, UOW_ARCHIVED)}
     expected = UnitOfWorkState(starts[0][1] if starts else None, starts[0][0] if starts else None,
                                first[UOW_FINISHED], first[UOW_ARCHIVED])
-    assert UnitsOfWorkPolicy(UnitsOfWorkSettings()).kinds[0].fold(None, arrivals) == expected
+    assert UnitsOfWorkPolicy(UnitsOfWorkSettings()).kinds[0].fold(None, arriving) == expected
 
 
 # --- the purger on the real servers ---------------------------------------------------------------
-
-class RecordingControl(Control):
-    def __init__(self) -> None:
-        self.rechecks: list[tuple[str, str, str, int]] = []
-
-    def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
-        self.rechecks.append((kind, object_id, rule, at_ms))
-
-    def report(self, event_type: str, object_id: str, event_time_ms: int, **fields) -> None:
-        raise AssertionError("this policy sends no control events")
-
 
 class Crash(Exception):
     pass
@@ -201,31 +188,12 @@ def crash_at(name: str):
 @pytest.fixture(scope="module")
 def store():
     """A fresh keyspace with the policy's schema, a topic of its own, and the platform writing to both."""
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    from connectors import cassandra_session
     from core.config import CassandraConfig, KafkaConfig
 
-    suffix = uuid.uuid4().hex[:8]
-    keyspace, topic = f"test_uow_{suffix}", f"test.uow.{suffix}"
-    kafka, cassandra = KafkaConfig(), CassandraConfig()
-    session = cassandra_session(cassandra)
-    session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = {{'class': 'SimpleStrategy', "
-                    "'replication_factor': 1}")
-    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
-    try:
-        for statement in UnitsOfWorkPolicy.schema.format(keyspace=keyspace).split(";"):
-            if statement.strip():
-                session.execute(statement)
-        admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
-        platform = UnitsOfWorkPlatform(kafka, cassandra, topic, keyspace, UnitsOfWorkSettings())
+    with policy_keyspace(UnitsOfWorkPolicy, "test_uow") as (session, keyspace), policy_topic("test.uow") as topic:
+        platform = UnitsOfWorkPlatform(KafkaConfig(), CassandraConfig(), topic, keyspace, UnitsOfWorkSettings())
         yield session, keyspace, platform
         platform.close()
-        admin.delete_topics([topic])
-    finally:
-        admin.close()
-        session.execute(f"DROP KEYSPACE {keyspace}")
-    session.cluster.shutdown()
 
 
 def purger_for(store, control, dry_run=False, **tweaks):
@@ -263,7 +231,7 @@ def test_the_nine_examples_moved_to_today_are_purged_or_kept_whole(store, number
     platform, uow = store[2], f"example-{number}"
     row = today_example(example.row)
     write(platform, uow, row)
-    control = RecordingControl()
+    control = RecordingControl("units_of_work")
     outcomes = list(purger_for(store, control, **example.settings).purge(candidate(uow), Attempt(retry=False)))
     if example.purged:
         assert [(o.status, o.kind) for o in outcomes] == [(PURGED, UOW_OBJECT)] * 3 + [(PURGED, None)]
@@ -284,7 +252,8 @@ def test_a_dry_run_deletes_nothing(store):
     platform = store[2]
     write(platform, "dry", dict(journey_type="PAYMENT", started_at=years_ago(3), finished_at=years_ago(3, -1),
                                 archived_at=None), children=4)
-    outcomes = list(purger_for(store, RecordingControl(), dry_run=True).purge(candidate("dry"), Attempt(False)))
+    purger = purger_for(store, RecordingControl("units_of_work"), dry_run=True)
+    outcomes = list(purger.purge(candidate("dry"), Attempt(False)))
     assert [(o.status, o.reason) for o in outcomes] == [(WOULD_DELETE, f"due: {RETENTION}, with 4 {UOW_OBJECT}s")]
     unit, children = platform.rows("dry")
     assert unit["purge_started_at"] is None and children == 4
@@ -295,7 +264,7 @@ def test_a_crash_after_the_first_child_is_finished_by_the_retry_and_writers_keep
     platform = store[2]
     write(platform, "crash", dict(journey_type="RECALL", started_at=years_ago(3), finished_at=years_ago(3, -1),
                                   archived_at=None), children=5)
-    purger = purger_for(store, RecordingControl())
+    purger = purger_for(store, RecordingControl("units_of_work"))
     with pytest.raises(Crash):
         list(purger.purge(candidate("crash"), Attempt(retry=False, failpoint=crash_at("after_uow_child_delete"))))
     unit, children = platform.rows("crash")
@@ -317,7 +286,7 @@ def test_a_crash_after_the_first_child_is_finished_by_the_retry_and_writers_keep
 def test_a_writer_finishing_the_unit_between_the_check_and_the_claim_keeps_it_whole(store):
     platform = store[2]
     write(platform, "race", dict(journey_type="BULK", started_at=years_ago(3), finished_at=None, archived_at=None))
-    control = RecordingControl()
+    control = RecordingControl("units_of_work")
     purger = purger_for(store, control)
     finished_now = datetime.now(UTC)
 
@@ -339,18 +308,11 @@ def test_a_writer_finishing_the_unit_between_the_check_and_the_claim_keeps_it_wh
 
 @pytest.mark.integration
 def test_the_platforms_events_fold_to_the_state_its_row_says(store):
-    from kafka import KafkaConsumer
-
-    from core.config import KafkaConfig
-
     session, _, platform = store
     row = dict(journey_type="BATCH", started_at=years_ago(2), finished_at=years_ago(1), archived_at=years_ago(0, 1))
     write(platform, "events", row, children=1)
     platform.flush()
-    consumer = KafkaConsumer(platform.topic, bootstrap_servers=KafkaConfig().bootstrap_servers,
-                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
-    events = [json.loads(r.value) for r in consumer if r.key == b"events"]
-    consumer.close()
+    events = emitted(platform.topic, "events", timeout_ms=5000)
     assert [e["type"] for e in events] == [UOW_STARTED, UOW_FINISHED, UOW_ARCHIVED]
     folded = UnitsOfWorkPolicy(UnitsOfWorkSettings()).kinds[0].fold(None, [
         UnitOfWorkEvent(e["event_id"], e["type"], parse_timestamp(e["event_time"]), e["unit_of_work_id"],

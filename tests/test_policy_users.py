@@ -6,7 +6,6 @@ The race runs ``PURGER_FAULT_ATTEMPTS`` attempts (2000 unless set) and prints it
 """
 
 import itertools
-import json
 import os
 import random
 import threading
@@ -21,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.config import CassandraConfig, KafkaConfig
-from core.policy import Attempt, Candidate, Control, Eligibility, Resources
+from core.policy import Attempt, Candidate, Eligibility, Resources
 from core.times import epoch_ms, now_ms, parse_timestamp
 from core.vocabulary import ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
 from policies import PolicyError, load_policy
@@ -29,6 +28,7 @@ from policies.users import (
     MAILBOX_PERMISSION, PURGING, USER, USER_ABSENT, USER_ADDED, USER_REMOVED, VIRTUAL_ROOT, UserEvent,
     UsersPolicy,
 )
+from tests.support.policies import RecordingControl, emitted, fold_in_batches, keyspace_fixture, topic_fixture
 
 GRACE_MS = 1_000
 DCS = ("dc1", "dc2")
@@ -136,54 +136,14 @@ def reference(events):
 def test_the_fold_matches_the_reference_model_under_duplicates_reordering_and_batches(changes, random):
     # Event ids are unique; a duplicate is the same event again.
     events = [(removed if is_removal else added)(t, dc, f"e{i}") for i, (is_removal, t, dc) in enumerate(changes)]
-    arrivals = events + random.sample(events, k=len(events) // 2)
-    random.shuffle(arrivals)
-    state = None
-    while arrivals:  # in batches of random sizes, as micro-batches bring them
-        size = random.randint(1, len(arrivals))
-        state, arrivals = KIND.fold(state, arrivals[:size]), arrivals[size:]
-    assert KIND.eligibility(state) == reference(events)
+    assert KIND.eligibility(fold_in_batches(KIND, events, random)) == reference(events)
 
 
 # --- against Cassandra and Kafka ---------------------------------------------------------------
 
 
-class RecordingControl(Control):
-    def __init__(self):
-        self.rechecks = []
-
-    def recheck(self, kind, object_id, rule, at_ms):
-        self.rechecks.append((kind, object_id, rule, at_ms))
-
-    def report(self, event_type, object_id, event_time_ms, **fields):
-        raise AssertionError("users sends no control events of its own")
-
-
-@pytest.fixture(scope="module")
-def keyspace():
-    from connectors import cassandra_session
-
-    session = cassandra_session(CassandraConfig())
-    name = f"test_users_{uuid.uuid4().hex[:8]}"
-    session.execute(f"CREATE KEYSPACE {name} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}")
-    for statement in UsersPolicy.schema.format(keyspace=name).split(";"):
-        if statement.strip():
-            session.execute(statement)
-    yield session, name
-    session.execute(f"DROP KEYSPACE {name}")
-    session.cluster.shutdown()
-
-
-@pytest.fixture(scope="module")
-def topic():
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    admin = KafkaAdminClient(bootstrap_servers=KafkaConfig().bootstrap_servers)
-    name = f"test.users.{uuid.uuid4().hex[:8]}"
-    admin.create_topics([NewTopic(name, 1, 1)])
-    yield name
-    admin.delete_topics([name])
-    admin.close()
+keyspace = keyspace_fixture(UsersPolicy, "test_users")
+topic = topic_fixture("test.users")
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +162,7 @@ MAILBOXES = ("inbox", "archive")
 def purger(keyspace, grace="1h", dry_run=False):
     """A purger of the policy with ``grace``, and the control it reports its rechecks to."""
     session, name = keyspace
-    control = RecordingControl()
+    control = RecordingControl("users")
     policy = load_policy("users", {"enabled": True, "user_grace": grace})
     return policy.purger(Resources(session, name, stores=None, control=control, retry_ms=2_000,
                                    dry_run=dry_run)), control
@@ -331,18 +291,13 @@ def test_a_purge_that_crashed_after_claiming_the_user_is_finished_by_the_retry(p
 
 @pytest.mark.integration
 def test_the_platforms_events_fold_to_the_deadline_the_row_gives(platform, topic):
-    from kafka import KafkaConsumer
-
     user_id = new_user()
     for dc in DCS:
         platform.add_user(user_id, dc, MAILBOXES)
     platform.remove_user(user_id, "dc2")
     platform.remove_user(user_id, "dc1")
     platform.flush()
-    consumer = KafkaConsumer(topic, bootstrap_servers=KafkaConfig().bootstrap_servers, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=10_000)
-    events = [json.loads(r.value) for r in consumer if r.key == user_id.encode()]
-    consumer.close()
+    events = emitted(topic, user_id)
     assert [(e["type"], e["dc"]) for e in events] == [
         (USER_ADDED, "dc1"), (USER_ADDED, "dc2"), (USER_REMOVED, "dc2"), (USER_REMOVED, "dc1")]
     assert {k for e in events for k in e} == {"event_id", "type", "event_time", "user_id", "dc"}

@@ -1,0 +1,125 @@
+"""What the policy tests (``rule_events``, ``users``, ``units_of_work``) share: a control that records
+rechecks, a keyspace and a topic of a test module's own, the events a platform emitted, and the arrivals a
+fold must withstand.
+
+Example::
+
+    keyspace = keyspace_fixture(UsersPolicy, "test_users")   # a module fixture: (session, name)
+    topic = topic_fixture("test.users")                      # a module fixture: the topic's name
+    control = RecordingControl("users")
+    state = fold_in_batches(kind, events, random)
+"""
+
+from __future__ import annotations
+
+import json
+import random as _random
+import uuid
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import pytest
+
+from core.config import CassandraConfig, KafkaConfig
+from core.policy import Control, ObjectKind, Policy
+
+
+class RecordingControl(Control):
+    """Records the rechecks a purger asks for; ``report`` fails, naming ``policy``, which sends no control
+    events of its own."""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self.rechecks: list[tuple[str, str, str, int]] = []
+
+    def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
+        self.rechecks.append((kind, object_id, rule, at_ms))
+
+    def report(self, event_type: str, object_id: str, event_time_ms: int, **fields: Any) -> None:
+        raise AssertionError(f"{self.policy} sends no control events of its own")
+
+
+@contextmanager
+def policy_keyspace(policy_class: type[Policy], prefix: str) -> Iterator[tuple[Any, str]]:
+    """A fresh keyspace ``<prefix>_<random>`` with the policy's schema: (a Cassandra session, its name); dropped
+    after, and the session shut down."""
+    from connectors import cassandra_session
+
+    session = cassandra_session(CassandraConfig())
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    session.execute(f"CREATE KEYSPACE {name} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}")
+    try:
+        for statement in policy_class.schema.format(keyspace=name).split(";"):
+            if statement.strip():
+                session.execute(statement)
+        yield session, name
+    finally:
+        session.execute(f"DROP KEYSPACE {name}")
+        session.cluster.shutdown()
+
+
+@contextmanager
+def policy_topic(prefix: str) -> Iterator[str]:
+    """A fresh topic ``<prefix>.<random>`` of one partition; deleted after."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=KafkaConfig().bootstrap_servers)
+    name = f"{prefix}.{uuid.uuid4().hex[:8]}"
+    try:
+        admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])
+        yield name
+        admin.delete_topics([name])
+    finally:
+        admin.close()
+
+
+def keyspace_fixture(policy_class: type[Policy], prefix: str):
+    """A module fixture ``keyspace``: ``policy_keyspace(policy_class, prefix)``."""
+
+    @pytest.fixture(scope="module")
+    def keyspace():
+        with policy_keyspace(policy_class, prefix) as found:
+            yield found
+
+    return keyspace
+
+
+def topic_fixture(prefix: str):
+    """A module fixture ``topic``: ``policy_topic(prefix)``."""
+
+    @pytest.fixture(scope="module")
+    def topic():
+        with policy_topic(prefix) as name:
+            yield name
+
+    return topic
+
+
+def emitted(topic: str, object_id: str, timeout_ms: int = 10_000) -> list[dict[str, Any]]:
+    """The events on ``topic`` keyed by ``object_id``, from the start, as JSON; read until none came for
+    ``timeout_ms``."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=KafkaConfig().bootstrap_servers, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=timeout_ms)
+    try:
+        return [json.loads(r.value) for r in consumer if r.key == object_id.encode()]
+    finally:
+        consumer.close()
+
+
+def arrivals(events: Sequence[Any], random: _random.Random) -> list[Any]:
+    """The events as they may arrive: half of them again (a duplicate is the same event again), in any order."""
+    arriving = list(events) + random.sample(list(events), k=len(events) // 2)
+    random.shuffle(arriving)
+    return arriving
+
+
+def fold_in_batches(kind: ObjectKind, events: Sequence[Any], random: _random.Random) -> Any:
+    """``kind``'s state from the ``arrivals`` of ``events``, folded in batches of random sizes, as micro-batches
+    bring them."""
+    pending, state = arrivals(events, random), None
+    while pending:
+        size = random.randint(1, len(pending))
+        state, pending = kind.fold(state, pending[:size]), pending[size:]
+    return state
