@@ -126,7 +126,7 @@ def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(clust
             on_worker = [[e["id"] for e in worker_state(w)["executors"] if e["appid"] == app_id] for w in (0, 1)]
             assert all(len(ids) == 1 for ids in on_worker), f"executors per worker: {on_worker}"
             # Each executor fetched the code from the driver: the --py-files zip is in its work directory.
-            for worker, [executor_id] in zip(cluster.servers[1:], on_worker):
+            for worker, [executor_id] in zip(cluster.processes.servers[1:], on_worker):
                 assert (worker.home / "work" / app_id / str(executor_id) / PACKAGES_ZIP).is_file()
             # ... and the tasks, the deletions among them, ran in those executors, not in the driver.
             executors = {e["id"]: e for e in _get(f"{ui}/applications/{app_id}/executors")}

@@ -127,6 +127,11 @@ def test_a_revival_racing_the_double_check_is_never_lost(race_platform, config):
         m = f"race-revive-{uuid.uuid4().hex[:8]}-{i}"
         platform.enqueue(m, f"p-{m}", size=100, extract_count=1, at=ago(mailbox(config).expired_ttl))
         platform.dequeue(m, 0, at=ago(mailbox(config).expired_ttl))
+        # Cassandra stamps a lightweight transaction with its millisecond clock, the driver a plain write
+        # with microseconds: a delete within the same millisecond as the row's last write would carry an
+        # older timestamp and leave that write's cells visible. A platform's last write comes at least a
+        # retention period before the purge; here, the next millisecond is enough.
+        time.sleep(0.002)
         gate = threading.Barrier(2)
         result: dict[str, object] = {}
 
