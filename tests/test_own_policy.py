@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
 
 from core.config import ConfigError, build_config  # noqa: E402
-from core.policy import Attempt, Candidate, Control, Eligibility, Resources  # noqa: E402
+from core.policy import Attempt, Candidate, Eligibility, Resources  # noqa: E402
 from core.times import epoch_ms, now_ms  # noqa: E402
 from core.vocabulary import (  # noqa: E402
     ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE,
@@ -36,6 +36,7 @@ from push_clients_policy import (  # noqa: E402
 )
 from sinks.ledger import Ledger  # noqa: E402
 from tests.support.configs import own_config  # noqa: E402
+from tests.support.policies import RecordingControl  # noqa: E402
 from tests.support.waits import ago, now, wait_for, wait_for_watermark  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -141,24 +142,13 @@ def platform(cfg):
     platform.close()
 
 
-class RecordingControl(Control):
-    def __init__(self):
-        self.rechecks = []
-
-    def recheck(self, kind, object_id, rule, at_ms):
-        self.rechecks.append((kind, object_id, rule, at_ms))
-
-    def report(self, event_type, object_id, event_time_ms, **fields):
-        raise AssertionError("push_clients sends no control events of its own")
-
-
 @pytest.fixture
 def purge(cfg, platform):
     """purge(client_id, retry=False, dry_run=False) -> (outcomes, rechecks), by the policy's purger alone."""
     policy = load_policy("push_clients", SECTION)
 
     def run(client_id, retry=False, dry_run=False):
-        control = RecordingControl()
+        control = RecordingControl("push_clients")
         purger = policy.purger(Resources(platform.session, cfg.cassandra.keyspace, stores=None, control=control,
                                          retry_ms=2_000, dry_run=dry_run))
         outcomes = list(purger.purge(Candidate(PUSH_CLIENT, client_id, INACTIVE, eligible_at_ms=0),
@@ -166,6 +156,31 @@ def purge(cfg, platform):
         return outcomes, control.rechecks
 
     return run
+
+
+def raced(purger, client, n, writer):
+    """Purge ``client`` and run ``writer()`` released together, the writer a little later each attempt (spread
+    over the purge's round trips); the purge's outcomes and what the writer returned."""
+    start = threading.Barrier(2)
+    result = {}
+
+    def purge_it():
+        start.wait()
+        result["outcomes"] = list(purger.purge(Candidate(PUSH_CLIENT, client, INACTIVE, 0), Attempt(False)))
+
+    thread = threading.Thread(target=purge_it)
+    thread.start()
+    start.wait()
+    time.sleep((n % 5) * 0.002)
+    written = writer()
+    thread.join(timeout=60)
+    return result["outcomes"], written
+
+
+def race_purger(platform, cfg):
+    return load_policy("push_clients", SECTION).purger(Resources(
+        platform.session, cfg.cassandra.keyspace, stores=None, control=RecordingControl("push_clients"),
+        retry_ms=2_000, dry_run=False))
 
 
 def new_client(platform, name, at=None, messages=3, emit=False):
@@ -223,30 +238,16 @@ def test_a_client_connecting_while_it_is_purged_loses_nothing_it_needs(platform,
     message being stored for it, started together, many times. Whatever the interleaving: a connection that
     applied before the claim keeps everything; one after it finds a new client with only the new message; and
     no message is ever left without its router."""
-    policy = load_policy("push_clients", SECTION)
-    purger = policy.purger(Resources(platform.session, cfg.cassandra.keyspace, stores=None,
-                                     control=RecordingControl(), retry_ms=2_000, dry_run=False))
+    purger = race_purger(platform, cfg)
     attempts = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "40"))
     seen = {PUSH_CLIENT_CONNECTED: 0, PUSH_CLIENT_REGISTERED: 0}
     for n in range(attempts):
         client = new_client(platform, f"race{n}", at=ago(INACTIVE_AFTER), messages=2)
-        start = threading.Barrier(2)
-        result = {}
-
-        def purge_it():
-            start.wait()
-            result["outcomes"] = list(purger.purge(Candidate(PUSH_CLIENT, client, INACTIVE, 0), Attempt(False)))
-
-        thread = threading.Thread(target=purge_it)
-        thread.start()
-        start.wait()
-        time.sleep((n % 5) * 0.002)  # spread the connect over the purge's round trips
-        how = platform.connect(client, emit=False)
-        stored = platform.send_message(client, "new", b"after connect")
-        thread.join(timeout=60)
+        outcomes, (how, stored) = raced(purger, client, n, lambda: (
+            platform.connect(client, emit=False), platform.send_message(client, "new", b"after connect")))
         seen[how] += 1
         router, messages = platform.router(client), platform.messages(client)
-        purged = [o for o in result["outcomes"] if o.status == PURGED]
+        purged = [o for o in outcomes if o.status == PURGED]
         assert stored and router is not None and router["purging"] is None
         if how == PUSH_CLIENT_CONNECTED:  # before the claim: nothing deleted
             assert purged == [] and set(messages) == {"m0", "m1", "new"}
@@ -260,28 +261,14 @@ def test_a_message_stored_while_its_client_is_purged_is_never_left_without_a_rou
     """The other race of the contract: a message stored for an inactive client while it is purged. The sender
     either is told the client is gone (and its row is removed again) or its message goes with the client:
     once the purge is done, no message row is left."""
-    policy = load_policy("push_clients", SECTION)
-    purger = policy.purger(Resources(platform.session, cfg.cassandra.keyspace, stores=None,
-                                     control=RecordingControl(), retry_ms=2_000, dry_run=False))
+    purger = race_purger(platform, cfg)
     attempts = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "40"))
     refused = 0
     for n in range(attempts):
         client = new_client(platform, f"sender{n}", at=ago(INACTIVE_AFTER), messages=2)
-        start = threading.Barrier(2)
-        result = {}
-
-        def purge_it():
-            start.wait()
-            result["outcomes"] = list(purger.purge(Candidate(PUSH_CLIENT, client, INACTIVE, 0), Attempt(False)))
-
-        thread = threading.Thread(target=purge_it)
-        thread.start()
-        start.wait()
-        time.sleep((n % 5) * 0.002)
-        stored = platform.send_message(client, "mid", b"sent while purged")
-        thread.join(timeout=60)
+        outcomes, stored = raced(purger, client, n, lambda: platform.send_message(client, "mid", b"sent while purged"))
         refused += not stored
-        assert [o.status for o in result["outcomes"]][-1] == PURGED
+        assert [o.status for o in outcomes][-1] == PURGED
         assert platform.router(client) is None and platform.messages(client) == {}, f"attempt {n}: orphan left"
     print(f"RELIABILITY push_clients sender race: {attempts} attempts, refused as gone {refused}, "
           f"stored and purged with the client {attempts - refused}")
