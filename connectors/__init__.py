@@ -49,10 +49,11 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
     except (NoHostAvailable, OSError) as error:
         cluster.shutdown()
         address = ", ".join(f"{h}:{config.port}" for h in config.hosts)
-        raise ServerUnavailable(f"Cassandra at {address} does not answer: {error}") from None
+        raise ServerUnavailable(f"Cassandra at {address} does not answer ({_reasons(error)})") from None
 
 
-def s3_client(config: ObjectStoreConfig):  # -> botocore S3 client
+def s3_client(config: ObjectStoreConfig, attempts: int = 3, read_timeout_s: float = 30):  # -> botocore S3 client
+    """``attempts`` and ``read_timeout_s`` bound how long a store that does not answer holds a call."""
     import boto3
     from botocore.config import Config
 
@@ -64,9 +65,9 @@ def s3_client(config: ObjectStoreConfig):  # -> botocore S3 client
         region_name=config.region,
         config=Config(
             s3={"addressing_style": "path"},
-            retries={"max_attempts": 3, "mode": "standard"},
+            retries={"max_attempts": attempts, "mode": "standard"},
             connect_timeout=5,
-            read_timeout=30,
+            read_timeout=read_timeout_s,
             # Not every S3-compatible store accepts the newer default checksum headers.
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
@@ -82,3 +83,9 @@ def kafka_producer(config: KafkaConfig, **options) -> "KafkaProducer":
         return KafkaProducer(bootstrap_servers=config.bootstrap_servers, **options)
     except KafkaTimeoutError:
         raise ServerUnavailable(f"Kafka at {config.bootstrap_servers} does not answer") from None
+
+
+def _reasons(error: Exception) -> str:
+    """The driver's reason per host, without its ``Tried connecting to ...`` preamble."""
+    per_host = getattr(error, "errors", None) or {}
+    return "; ".join(f"{host}: {str(e).rsplit('Last error: ', 1)[-1]}" for host, e in per_host.items()) or str(error)

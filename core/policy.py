@@ -224,7 +224,8 @@ class Policy(ABC):
     settings_model: ClassVar[type[Settings]] = Settings
     event_fields: ClassVar[tuple[EventField, ...]]
     event_types: ClassVar[tuple[EventType, ...]]
-    # table -> the columns the purger reads or conditions on (``purger setup`` checks they exist).
+    # table (by its reference name, as in ``schema``) -> the columns the purger reads or conditions on;
+    # ``columns_read`` gives them under the configured names, for ``purger setup`` to check.
     tables: ClassVar[dict[str, tuple[str, ...]]] = {}
     # The reference schema of those tables (CQL, ``{keyspace}`` for the keyspace), for the local stack
     # and the tests; on a real platform the tables are the platform's own.
@@ -245,6 +246,23 @@ class Policy(ABC):
     def report_fields(self, day: date) -> dict[str, str]:
         """Extra fields of its rows in the daily report for ``day`` (e.g. the payment store's)."""
         return {}
+
+    def table_names(self) -> dict[str, str]:
+        """Each table of ``tables``, by its reference name, -> the name its settings give it. A policy whose
+        settings name its tables says how; by default the reference names are the names."""
+        return {table: table for table in self.tables}
+
+    def columns_read(self) -> dict[str, frozenset[str]]:
+        """The tables it reads, by their configured names, each with the columns it reads or conditions on:
+        what ``purger setup`` and ``purger run`` check.
+
+        Example::
+
+            load_policy("mailbox", {"payloads_table": "blobs"}).columns_read()["blobs"]
+            # frozenset({'payload_id', 'dcs', 'state', 'last_ref_at'})
+        """
+        names = self.table_names()
+        return {names[table]: frozenset(columns) for table, columns in self.tables.items()}
 
 
 # The engine's own fields, on every event (SPEC section 2) and on its control events (streams.control).

@@ -185,19 +185,19 @@ def _kafka_ready() -> None:
 
 
 def create_topics(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS) -> None:
-    """Create the events topics, the control topic and the dead-letter topic if they do not exist."""
-    from kafka.admin import KafkaAdminClient, NewTopic
+    """Create the events topics (of ``partitions`` each), and the control and dead-letter topics as
+    ``purger setup`` does, if they do not exist."""
+    from kafka.admin import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
+
+    from purger.setup import own_topics
 
     admin = KafkaAdminClient(bootstrap_servers=config.kafka.bootstrap_servers)
     try:
         existing = set(admin.list_topics())
-        kafka = config.kafka
-        wanted = [
-            NewTopic(topic, partitions, 1)
-            for topic in [*events_topics(config), kafka.control_topic, kafka.dead_letter_topic]
-            if topic not in existing
-        ]
+        options = {topic: {"num_partitions": partitions, "replication_factor": 1} for topic in events_topics(config)}
+        options.update({topic.name: topic.options for topic in own_topics(config.kafka)})
+        wanted = {name: shape for name, shape in options.items() if name not in existing}
         if wanted:
             try:
                 admin.create_topics(wanted)

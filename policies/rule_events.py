@@ -239,3 +239,6 @@ class RuleEventsPolicy(Policy):
 
     def purger(self, resources: Resources) -> Purger:
         return RuleEventsPurger(resources, self.settings.table, self.rules)
+
+    def table_names(self) -> dict[str, str]:
+        return {TABLE: self.settings.table}

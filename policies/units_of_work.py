@@ -445,6 +445,9 @@ CREATE TABLE IF NOT EXISTS {keyspace}.uow_objects (
     def purger(self, resources: Resources) -> Purger:
         return UnitsOfWorkPurger(resources, self.settings, self.kind.rule)
 
+    def table_names(self) -> dict[str, str]:
+        return {"units_of_work": self.settings.units_table, "uow_objects": self.settings.objects_table}
+
     def report_fields(self, day: date) -> dict[str, str]:
         """The payment store's PurgeReport fields for execution date ``day``."""
         return {

@@ -237,6 +237,10 @@ CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_permissions (
     def purger(self, resources: Resources) -> Purger:
         return UsersPurger(resources, self.settings, self.kind.rule)
 
+    def table_names(self) -> dict[str, str]:
+        return {"users": self.settings.users_table, "virtual_roots": self.settings.virtual_roots_table,
+                "mailbox_permissions": self.settings.permissions_table}
+
 
 class UsersPurger(Purger):
     """The purger's side of the writer contract (module docstring). One instance per executor process."""

@@ -7,6 +7,7 @@
     purger pending [--hours N]                   what the checkpoint's state will purge in the next N hours
     purger cluster up|down|status                a local Spark standalone cluster (a master, two workers)
     purger submit [--config F] [--dry-run]       the job through spark-submit on that cluster
+    purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
     purger demo                                  a demo workload through the local stack, with a report
 """
 
@@ -25,6 +26,7 @@ from core.config import ConfigError, PurgerConfig, load_config
 
 if TYPE_CHECKING:  # the Spark modules load when a command needs them
     from purger.running import RunningPurger
+    from purger.setup import Findings
 
 app = typer.Typer(help="A continuous purger on Spark Structured Streaming.", no_args_is_help=True)
 stack_app = typer.Typer(help="The local stack: Kafka, Cassandra and S3Proxy on 127.0.0.1.", no_args_is_help=True)
@@ -89,11 +91,43 @@ def stack_status() -> None:
     _echo_status(LocalStack().status())
 
 
+@app.command("setup")
+def setup(config: Optional[Path] = ConfigOption) -> None:
+    """Create the purger's own topics if missing; check the events topics, tables, columns and buckets."""
+    from purger.setup import set_up
+
+    findings = set_up(_config(config))
+    for line in findings.created:
+        typer.echo(f"created {line}")
+    _exit_on_problems(findings)
+    if not findings.created:
+        typer.echo("nothing to create: the purger's own topics exist")
+    for line in findings.checked:
+        typer.echo(f"in place on {line}")
+
+
+def _exit_on_problems(findings: Findings) -> None:
+    """Print each problem on a line of its own and exit 2 when there is any."""
+    for problem in findings.problems:
+        typer.echo(problem, err=True)
+    if findings.problems:
+        raise typer.Exit(2)
+
+
+def _check_platform(settings: PurgerConfig) -> None:
+    """Exit 2 with a line per problem when a topic, table, column or bucket is missing or a server does not
+    answer: before Spark starts, rather than a query failing with a Java stack trace."""
+    from purger.setup import check
+
+    _exit_on_problems(check(settings))
+
+
 def _run(settings: PurgerConfig, start: Callable[..., RunningPurger]) -> None:
-    """Start the purger with ``start(spark, settings, stop_requested)`` and run it until Ctrl-C or SIGTERM
-    (which set ``stop_requested``); the query then stops between micro-batches."""
+    """Check the platform, start the purger with ``start(spark, settings, stop_requested)`` and run it until
+    Ctrl-C or SIGTERM (which set ``stop_requested``); the query then stops between micro-batches."""
     from purger.spark import spark_session
 
+    _check_platform(settings)
     spark = spark_session(settings.stream)
     stop_requested = _set_on_signals(signal.SIGINT, signal.SIGTERM)  # after the session: PySpark sets its own
     running = start(spark, settings, stop_requested)
@@ -302,7 +336,7 @@ def submit(config: Optional[Path] = ConfigOption, dry_run: bool = DryRunOption) 
     """Run the job with spark-submit on the local cluster (`purger cluster up`) until Ctrl-C."""
     from devstack.cluster import run_submission
 
-    _config(config)  # a mistake in the file is reported before anything starts
+    _check_platform(_config(config))  # a mistake in the file or a missing table is reported before anything starts
     raise typer.Exit(_or_exit(lambda: run_submission(config, job_args=["--dry-run"] if dry_run else [])))
 
 

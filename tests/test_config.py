@@ -95,3 +95,19 @@ def test_operations_keys_are_checked():
         build_config({"ledger": {"s3": {"endpont": "http://x"}}})
     with pytest.raises(ConfigError, match="metrics.port"):
         build_config({"metrics": {"port": 70000}})
+
+
+@pytest.mark.parametrize("name, section, renamed", [
+    ("mailbox", {"messages_table": "msgs", "payload_refs_table": "refs", "payloads_table": "blobs"},
+     {"messages": "msgs", "payload_refs": "refs", "payloads": "blobs"}),
+    ("rule_events", {"table": "routing_events"}, {"rule_events": "routing_events"}),
+    ("users", {"users_table": "u", "virtual_roots_table": "roots", "permissions_table": "perms"},
+     {"users": "u", "virtual_roots": "roots", "mailbox_permissions": "perms"}),
+    ("units_of_work", {"units_table": "uow", "objects_table": "objs"},
+     {"units_of_work": "uow", "uow_objects": "objs"}),
+])
+def test_the_tables_setup_checks_are_the_configured_ones(name, section, renamed):
+    from policies import load_policy
+
+    policy = load_policy(name, {"enabled": True, **section})
+    assert policy.columns_read() == {renamed[table]: frozenset(columns) for table, columns in policy.tables.items()}

@@ -154,3 +154,7 @@ CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
         from policies.mailbox.deletes import MailboxPurger  # the Cassandra driver loads on the executors only
 
         return MailboxPurger(resources, self.settings, self.retention)
+
+    def table_names(self) -> dict[str, str]:
+        return {"messages": self.settings.messages_table, "payload_refs": self.settings.payload_refs_table,
+                "payloads": self.settings.payloads_table}

@@ -1,0 +1,261 @@
+"""``purger setup``: the purger's own topics created, and what it needs of the platform checked.
+
+The purger owns two Kafka topics, the control topic and the dead-letter topic:
+``set_up`` creates them when they are missing (``own_topics`` says how). The
+rest is the platform's and is only checked: the events topics, the keyspace,
+every enabled policy's tables with the columns it reads
+(``Policy.columns_read``, under the configured table names), and each data
+centre's bucket. Every problem is one line that names what is missing, where
+(address, topic, ``keyspace.table``, column, bucket and endpoint) and what to
+do; a server that does not answer within ``ANSWER_TIMEOUT_S`` is one line
+naming its address. All problems are listed, not only the first. Running it
+again changes nothing.
+
+``purger run``, ``replay`` and ``submit`` make the same checks before Spark
+starts (``check``), and create nothing: creating is ``setup``'s, so a running
+purger never changes the platform's Kafka and needs no right to create topics.
+
+Example::
+
+    from purger.setup import check, set_up
+    found = set_up(config)     # creates the control and dead-letter topics if missing
+    found.created              # ['topic purger.control (kafka.control_topic: 1 partition, kept 30 days) on ...']
+    found.problems             # [] when everything is in place
+    check(config).problems     # the same checks; nothing created
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from connectors import ServerUnavailable, cassandra_session, s3_client
+from core.config import KafkaConfig, PurgerConfig
+from policies import policy_set
+
+if TYPE_CHECKING:
+    from kafka.admin import KafkaAdminClient
+
+# How long a server may take to answer before it is reported as not answering.
+ANSWER_TIMEOUT_S = 5
+
+
+@dataclass(frozen=True)
+class OwnTopic:
+    """A topic the purger owns and creates: its name, the configuration key that names it, its shape."""
+
+    name: str
+    key: str
+    partitions: int
+    retention: timedelta
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The topic as Kafka's admin client creates it."""
+        return {
+            "num_partitions": self.partitions,
+            # -1: the brokers' default.replication.factor, so a real cluster's durability applies.
+            "replication_factor": -1,
+            # Deleted by age, never compacted: clock ticks have no key, which a compacted topic refuses.
+            "configs": {"cleanup.policy": "delete", "retention.ms": str(int(self.retention.total_seconds() * 1000))},
+        }
+
+    def __str__(self) -> str:
+        return f"topic {self.name} ({self.key}: {self.partitions} partition, kept {self.retention.days} days)"
+
+
+def own_topics(kafka: KafkaConfig) -> list[OwnTopic]:
+    """The control topic and the dead-letter topic, as ``setup`` and the local stack create them."""
+    return [
+        # A few records a second (clock ticks, rechecks, released payloads): one partition. A replay reads
+        # it from its end and rebuilds rechecks and releases from the events, so only a restart from an
+        # existing checkpoint needs its history: what the last batches sent before the stop, still unread.
+        # Its retention is thus the longest stop a plain restart recovers from; after a longer one, replay
+        # (the query does not fail on records gone, so their rechecks would be lost).
+        OwnTopic(kafka.control_topic, "kafka.control_topic", 1, timedelta(days=30)),
+        # Bad records, kept for an operator to read, fix and send again.
+        OwnTopic(kafka.dead_letter_topic, "kafka.dead_letter_topic", 1, timedelta(days=30)),
+    ]
+
+
+@dataclass
+class Findings:
+    """What ``set_up`` or ``check`` created, what it found in place (a line per server), and each problem
+    as one line."""
+
+    created: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def set_up(config: PurgerConfig, create: bool = True) -> Findings:
+    """Create the purger's own topics when missing (unless ``create`` is false, when a missing one is a
+    problem), and check the events topics, the tables and columns the enabled policies read, and the
+    buckets."""
+    findings = Findings()
+    _kafka(config, create, findings)
+    _cassandra(config, findings)
+    _stores(config, findings)
+    return findings
+
+
+def check(config: PurgerConfig) -> Findings:
+    """``set_up``'s checks, creating nothing: what ``purger run`` verifies before it starts."""
+    return set_up(config, create=False)
+
+
+# --- Kafka ---------------------------------------------------------------------------------------
+
+
+def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    kafka = config.kafka
+    where = f"Kafka {kafka.bootstrap_servers}"
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers,
+                                 bootstrap_timeout_ms=ANSWER_TIMEOUT_S * 1000,
+                                 request_timeout_ms=ANSWER_TIMEOUT_S * 2000)
+    except KafkaError:
+        findings.problems.append(f"Kafka at {kafka.bootstrap_servers} does not answer within {ANSWER_TIMEOUT_S} s: "
+                                 "check kafka.bootstrap_servers and that the brokers run")
+        return
+    try:
+        existing = set(admin.list_topics())
+        present = []
+        for topic, key in _events_topics(config).items():
+            if topic in existing:
+                present.append(topic)
+            else:
+                findings.problems.append(f"{where}: events topic {topic} ({key}) does not exist; it is the "
+                                         f"platform's: create it there, or correct {key}")
+        own = own_topics(kafka)
+        missing = [t for t in own if t.name not in existing]
+        if create:
+            _create_topics(admin, missing, where, findings)
+        else:
+            findings.problems.extend(
+                f"{where}: topic {t.name} ({t.key}, the purger's own) does not exist; create it with "
+                "`purger setup` and this configuration" for t in missing)
+        found = [*(f"events topic {t}" for t in present), *(f"topic {t.name}" for t in own if t.name in existing)]
+        if found:
+            findings.checked.append(f"{where}: {', '.join(found)}")
+    except KafkaError as error:
+        findings.problems.append(f"{where}: {error}; check kafka.bootstrap_servers and that the brokers run")
+    finally:
+        admin.close()
+
+
+def _create_topics(admin: "KafkaAdminClient", missing: list[OwnTopic], where: str, findings: Findings) -> None:
+    from kafka.errors import TopicAlreadyExistsError
+
+    if not missing:
+        return
+    response = admin.create_topics({t.name: t.options for t in missing}, raise_errors=False, wait_for_metadata=True)
+    # A topic that exists by now was created by another setup meanwhile: that is no problem.
+    refused = {r["name"]: r["error_message"] or f"error code {r['error_code']}" for r in response["topics"]
+               if r["error_code"] not in (0, TopicAlreadyExistsError.errno)}
+    for topic in missing:
+        if topic.name in refused:
+            findings.problems.append(f"{where}: could not create topic {topic.name} ({topic.key}): "
+                                     f"{refused[topic.name]}; create it yourself, or correct {topic.key}")
+        else:
+            findings.created.append(f"{topic} on {where}")
+
+
+def _events_topics(config: PurgerConfig) -> dict[str, str]:
+    """Each events topic (as ``policies.events_topics``) with the configuration key that names it."""
+    keys = {topic: "kafka.topics" for topic in config.kafka.topics}
+    for policy in policy_set(config).policies:
+        for topic in policy.settings.topics:
+            keys.setdefault(topic, f"policies.{policy.name}.topics")
+    return keys
+
+
+# --- Cassandra -----------------------------------------------------------------------------------
+
+
+def _cassandra(config: PurgerConfig, findings: Findings) -> None:
+    from cassandra import DriverException
+
+    cassandra = config.cassandra
+    where = "Cassandra " + ", ".join(f"{host}:{cassandra.port}" for host in cassandra.hosts)
+    try:
+        session = cassandra_session(cassandra)
+    except ServerUnavailable as error:
+        findings.problems.append(f"{error}: check cassandra.hosts, cassandra.port and the credentials")
+        return
+    try:
+        keyspace = _cql_name(cassandra.keyspace)
+        if session.execute("SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+                           (keyspace,)).one() is None:
+            findings.problems.append(f"{where}: keyspace {keyspace} does not exist; it is the platform's: create "
+                                     "it there, or correct cassandra.keyspace")
+            return
+        columns: dict[str, set[str]] = defaultdict(set)
+        for row in session.execute("SELECT table_name, column_name FROM system_schema.columns "
+                                   "WHERE keyspace_name = %s", (keyspace,)):
+            columns[row.table_name].add(row.column_name)
+        checked = []
+        for policy in policy_set(config).policies:
+            for configured, read in policy.columns_read().items():
+                table = _cql_name(configured)
+                if table not in columns:
+                    findings.problems.append(
+                        f"{where}: table {keyspace}.{table} does not exist (policy {policy.name} reads it); create "
+                        f"it as in the policy's reference schema, or correct its name in [policies.{policy.name}]")
+                    continue
+                findings.problems.extend(
+                    f"{where}: column {keyspace}.{table}.{column} does not exist (policy {policy.name} reads it); "
+                    f"add it as in the policy's reference schema (ALTER TABLE {keyspace}.{table} ADD {column} ...)"
+                    for column in sorted(read - columns[table]))
+                checked.append(table)
+        findings.checked.append(f"{where}: keyspace {keyspace}, tables {', '.join(checked) or '(none)'} with the "
+                                "columns the purger reads")
+    except DriverException as error:
+        findings.problems.append(f"{where}: reading the schema failed ({error}); check that the nodes answer")
+    finally:
+        session.cluster.shutdown()
+
+
+def _cql_name(name: str) -> str:
+    """A keyspace or table name as the schema tables hold it: CQL folds unquoted names to lower case."""
+    return name[1:-1] if name.startswith('"') and name.endswith('"') else name.lower()
+
+
+# --- object stores -------------------------------------------------------------------------------
+
+
+def _stores(config: PurgerConfig, findings: Findings) -> None:
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+    silent: dict[str, list[str]] = defaultdict(list)  # endpoint -> its data centres, once it did not answer
+    checked: dict[str, list[str]] = defaultdict(list)
+    for dc, store in config.stores.items():
+        where = f"S3 {store.endpoint}"
+        if store.endpoint in silent:
+            silent[store.endpoint].append(dc)
+            continue
+        try:
+            s3_client(store, attempts=1, read_timeout_s=ANSWER_TIMEOUT_S).head_bucket(Bucket=store.bucket)
+            checked[where].append(f"{store.bucket} (stores.{dc})")
+        except (ConnectionError, HTTPClientError):
+            silent[store.endpoint].append(dc)
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code in ("404", "NoSuchBucket"):
+                findings.problems.append(f"{where}: bucket {store.bucket} (stores.{dc}.bucket) does not exist; "
+                                         f"create it, or correct stores.{dc}.bucket")
+            elif code in ("403", "AccessDenied"):
+                findings.problems.append(f"{where}: bucket {store.bucket} (stores.{dc}) refuses these credentials; "
+                                         f"grant stores.{dc}.access_key reading and deleting in it, or correct "
+                                         f"stores.{dc}.access_key and secret_key")
+            else:
+                findings.problems.append(f"{where}: bucket {store.bucket} (stores.{dc}) answered {code}: {error}")
+    for endpoint, dcs in silent.items():
+        findings.problems.append(f"S3 at {endpoint} does not answer within {ANSWER_TIMEOUT_S} s: check "
+                                 + ", ".join(f"stores.{dc}.endpoint" for dc in dcs))
+    findings.checked.extend(f"{where}: buckets {', '.join(buckets)}" for where, buckets in checked.items())

@@ -1,0 +1,176 @@
+"""`purger setup` and the checks `purger run` makes before Spark starts, on the real servers: the purger's
+own topics created once, and each thing missing on the platform reported in exactly one line, exit 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+from typer.testing import CliRunner
+
+from core.config import PurgerConfig
+from policies.mailbox import MailboxPolicy
+from purger.cli import app
+from tests.support.configs import free_port, write_config
+from tests.support.policies import policy_keyspace
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+# The file alone says where the servers are: an endpoint in the environment would override it.
+NO_OVERRIDES = {"PURGER_KAFKA_BOOTSTRAP": None, "PURGER_CASSANDRA_HOSTS": None, "PURGER_S3_ENDPOINT": None}
+
+
+def variant(config: PurgerConfig, **sections: dict) -> PurgerConfig:
+    """``config`` with some keys of some sections changed: ``variant(config, kafka={"topics": [...]})``."""
+    return config.model_copy(update={name: getattr(config, name).model_copy(update=keys)
+                                     for name, keys in sections.items()})
+
+
+def setup(config: PurgerConfig, tmp_path: Path):
+    """``purger setup`` on ``config``: the CLI's result (exit code, stdout, stderr)."""
+    config_file = write_config(config, tmp_path / f"purger-{uuid.uuid4().hex[:6]}.toml")
+    return CliRunner().invoke(app, ["setup", "--config", str(config_file)], env=NO_OVERRIDES)
+
+
+def problems(config: PurgerConfig, tmp_path: Path) -> list[str]:
+    """``purger setup`` on a configuration with problems: it exits 2; the lines it printed on stderr."""
+    result = setup(config, tmp_path)
+    assert result.exit_code == 2, result.output
+    return result.stderr.splitlines()
+
+
+def cassandra_address(config: PurgerConfig) -> str:
+    return ", ".join(f"{host}:{config.cassandra.port}" for host in config.cassandra.hosts)
+
+
+def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tmp_path):
+    run = uuid.uuid4().hex[:8]
+    own = variant(config, kafka={"control_topic": f"test.{run}.setup.control",
+                                 "dead_letter_topic": f"test.{run}.setup.dead-letter"})
+    bootstrap = config.kafka.bootstrap_servers
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        first = setup(own, tmp_path)
+        assert first.exit_code == 0, first.output
+        assert first.stderr == ""
+        assert [line for line in first.stdout.splitlines() if line.startswith("created")] == [
+            f"created topic test.{run}.setup.control (kafka.control_topic: 1 partition, kept 30 days) "
+            f"on Kafka {bootstrap}",
+            f"created topic test.{run}.setup.dead-letter (kafka.dead_letter_topic: 1 partition, kept 30 days) "
+            f"on Kafka {bootstrap}",
+        ]
+        described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(
+            [own.kafka.control_topic, own.kafka.dead_letter_topic])}
+        assert described == {own.kafka.control_topic: 1, own.kafka.dead_letter_topic: 1}
+        settings = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, own.kafka.control_topic)])
+        control = settings["topic"][own.kafka.control_topic]
+        assert control["retention.ms"]["value"] == str(30 * 86_400_000)
+        assert control["cleanup.policy"]["value"] == "delete"
+
+        again = setup(own, tmp_path)
+        assert again.exit_code == 0, again.output
+        assert again.stderr == "" and "created" not in again.stdout
+        assert again.stdout.splitlines()[0] == "nothing to create: the purger's own topics exist"
+        assert f"in place on Kafka {bootstrap}: events topic {config.kafka.topics[0]}, " \
+               f"topic {own.kafka.control_topic}, topic {own.kafka.dead_letter_topic}" in again.stdout
+    finally:
+        admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic])
+        admin.close()
+
+
+def test_an_events_topic_that_does_not_exist_is_one_line(config, tmp_path):
+    missing = f"test.{uuid.uuid4().hex[:8]}.no-such-events"
+    assert problems(variant(config, kafka={"topics": [missing]}), tmp_path) == [
+        f"Kafka {config.kafka.bootstrap_servers}: events topic {missing} (kafka.topics) does not exist; it is the "
+        "platform's: create it there, or correct kafka.topics"]
+
+
+def test_a_table_that_does_not_exist_under_its_configured_name_is_one_line(config, tmp_path):
+    renamed = {**config.policies, "mailbox": {**config.policies.get("mailbox", {}),
+                                              "payloads_table": "no_such_payloads"}}
+    lines = problems(config.model_copy(update={"policies": renamed}), tmp_path)
+    assert lines == [
+        f"Cassandra {cassandra_address(config)}: table {config.cassandra.keyspace}.no_such_payloads does not exist "
+        "(policy mailbox reads it); create it as in the policy's reference schema, or correct its name in "
+        "[policies.mailbox]"]
+
+
+def test_a_column_that_does_not_exist_is_one_line(config, tmp_path):
+    with policy_keyspace(MailboxPolicy, "test_setup") as (session, keyspace):
+        session.execute(f"ALTER TABLE {keyspace}.messages DROP deleted")
+        lines = problems(variant(config, cassandra={"keyspace": keyspace}), tmp_path)
+    assert lines == [
+        f"Cassandra {cassandra_address(config)}: column {keyspace}.messages.deleted does not exist (policy mailbox "
+        f"reads it); add it as in the policy's reference schema (ALTER TABLE {keyspace}.messages ADD deleted ...)"]
+
+
+def test_a_keyspace_that_does_not_exist_is_one_line_not_one_per_table(config, tmp_path):
+    lines = problems(variant(config, cassandra={"keyspace": "no_such_keyspace"}), tmp_path)
+    assert lines == [
+        f"Cassandra {cassandra_address(config)}: keyspace no_such_keyspace does not exist; it is the platform's: "
+        "create it there, or correct cassandra.keyspace"]
+
+
+def test_a_bucket_that_does_not_exist_is_one_line(config, tmp_path):
+    bucket = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
+    stores = {**config.stores, "dc1": config.stores["dc1"].model_copy(update={"bucket": bucket})}
+    lines = problems(config.model_copy(update={"stores": stores}), tmp_path)
+    assert lines == [
+        f"S3 {config.stores['dc1'].endpoint}: bucket {bucket} (stores.dc1.bucket) does not exist; create it, "
+        "or correct stores.dc1.bucket"]
+
+
+def test_a_kafka_address_that_refuses_is_one_line_naming_it(config, tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    lines = problems(variant(config, kafka={"bootstrap_servers": address}), tmp_path)
+    assert lines == [
+        f"Kafka at {address} does not answer within 5 s: check kafka.bootstrap_servers and that the brokers run"]
+    assert time.monotonic() - started < 30
+
+
+def test_every_problem_is_listed_not_only_the_first(config, tmp_path):
+    stores = {dc: store.model_copy(update={"endpoint": f"http://127.0.0.1:{free_port()}"})
+              for dc, store in config.stores.items()}
+    broken = variant(config.model_copy(update={"stores": stores}), kafka={"topics": ["test.no-such-events"]},
+                     cassandra={"port": free_port()})
+    lines = problems(broken, tmp_path)
+    assert [line.split(" ")[0] for line in lines] == ["Kafka", "Cassandra", "S3", "S3"]
+    assert all("does not answer" in line for line in lines[1:])
+
+
+def test_purger_run_with_a_missing_topic_exits_2_in_one_line_before_spark_starts(config, tmp_path):
+    missing = f"test.{uuid.uuid4().hex[:8]}.no-such-events"
+    config_file = write_config(variant(config, kafka={"topics": [missing]}), tmp_path / "purger.toml")
+    env = {k: v for k, v in os.environ.items() if k not in NO_OVERRIDES}
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "purger.job", "--config", str(config_file)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [
+        f"Kafka {config.kafka.bootstrap_servers}: events topic {missing} (kafka.topics) does not exist; it is the "
+        "platform's: create it there, or correct kafka.topics"]
+    assert run.stdout == ""
+    assert time.monotonic() - started < 30
+
+
+def test_purger_run_creates_nothing_and_names_the_own_topic_setup_would_create(config, tmp_path):
+    control = f"test.{uuid.uuid4().hex[:8]}.no-such-control"
+    config_file = write_config(variant(config, kafka={"control_topic": control}), tmp_path / "purger.toml")
+    result = CliRunner().invoke(app, ["run", "--config", str(config_file)], env=NO_OVERRIDES)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"Kafka {config.kafka.bootstrap_servers}: topic {control} (kafka.control_topic, the purger's own) does not "
+        "exist; create it with `purger setup` and this configuration"]
+    admin = KafkaAdminClient(bootstrap_servers=config.kafka.bootstrap_servers)
+    try:
+        assert control not in admin.list_topics()
+    finally:
+        admin.close()
