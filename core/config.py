@@ -72,6 +72,8 @@ class CassandraConfig(_Section):
     hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1"], min_length=1)
     port: int = Field(default=9042, gt=0, lt=65536)
     keyspace: str = "mailbox"
+    # The purger's own table in that keyspace (sinks.journal), created by `purger setup`.
+    journal_table: str = "purger_journal"
     username: str | None = None
     password: str | None = None
 

@@ -36,6 +36,9 @@ from typing import Any, Callable, ClassVar, Generic, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from core.times import now_ms
+from core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED
+
 S = TypeVar("S")
 
 # The Spark type an event field is read as. A timestamp is ISO-8601 UTC text in the record and reaches
@@ -174,6 +177,20 @@ class Control(ABC):
         """Send one of a policy's own control events (``EventType.control``) about ``object_id``."""
 
 
+class Journal(ABC):
+    """What a claimed purge is about to delete, kept before it deletes any (``delete_dependents``): a crash
+    between two deletes loses the outcomes of those made, and the retry, finding them gone, could not tell
+    which they were. Entries are per batch (``Attempt.batch``), so only a retry of the same batch reads one."""
+
+    @abstractmethod
+    def keep(self, kind: str, object_id: str, batch: str, rows: set[str]) -> None:
+        """Keep ``rows`` (``kind:id`` of each dependent) for ``batch``'s purge of the object."""
+
+    @abstractmethod
+    def kept(self, kind: str, object_id: str, batch: str) -> set[str] | None:
+        """What ``batch`` kept for the object; None if it kept nothing."""
+
+
 @dataclass
 class Resources:
     """What an executor shares between the policies' purgers: made once per process."""
@@ -182,6 +199,7 @@ class Resources:
     keyspace: str
     stores: Any  # sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}
     control: Control
+    journal: Journal
     retry_ms: int  # when to try again after a store or Cassandra failed
     dry_run: bool  # decide and record would_delete; delete nothing
 
@@ -195,6 +213,54 @@ class Attempt:
     retry: bool
     # Fault injection for the kill tests (``sinks.attempts.failpoint``).
     failpoint: Callable[[str], None] = lambda name: None
+    # The batch, the same in each of its attempts: ``<query id>/<batch id>``.
+    batch: str = ""
+
+
+@dataclass(frozen=True)
+class Dependent:
+    """A row that leads from an object and goes before it: its kind and id as the ledger names them, and
+    its delete."""
+
+    kind: str
+    id: str
+    delete: Callable[[], Any]
+
+
+def delete_dependents(candidate: Candidate, found: list[Dependent], claimed_before: bool, journal: Journal,
+                      attempt: Attempt, failpoint: str) -> Iterator[Outcome]:
+    """Delete a claimed object's dependents in order, each one's outcome yielded, once the journal keeps
+    them. ``claimed_before``: the claim was found, made by an attempt that failed; in a retry of its batch,
+    each dependent that attempt kept and that is gone now is recorded as purged by it."""
+    keys = {f"{d.kind}:{d.id}" for d in found}
+    kept = journal.kept(candidate.kind, candidate.id, attempt.batch) if claimed_before and attempt.retry else None
+    if kept is None:
+        journal.keep(candidate.kind, candidate.id, attempt.batch, keys)
+    else:
+        yield from _deleted_earlier(kept - keys)
+    for number, dependent in enumerate(found):
+        dependent.delete()
+        if number == 0:
+            attempt.failpoint(failpoint)
+        yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, deleted_at_ms=now_ms())
+
+
+def found_gone(candidate: Candidate, journal: Journal | None, attempt: Attempt, dry_run: bool) -> Iterator[Outcome]:
+    """The object's row is gone. In a retried batch the attempt that failed deleted it, and the dependents
+    it kept in the ``journal`` (None: the object has none), all recorded as purged now; otherwise
+    ``already_gone``."""
+    if not attempt.retry or dry_run:
+        yield Outcome(ALREADY_GONE)
+        return
+    if journal is not None:
+        yield from _deleted_earlier(journal.kept(candidate.kind, candidate.id, attempt.batch) or set())
+    yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
+
+
+def _deleted_earlier(keys: set[str]) -> Iterator[Outcome]:
+    for key in sorted(keys):
+        kind, object_id = key.split(":", 1)
+        yield Outcome(PURGED, EARLIER_ATTEMPT, kind=kind, id=object_id, deleted_at_ms=now_ms())
 
 
 class Purger(ABC):

@@ -41,11 +41,11 @@ from cassandra import ConsistencyLevel
 from core.config import Duration
 from core.policy import (
     Attempt, Candidate, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger, Resources, Rule,
-    Settings, earliest,
+    Settings, earliest, found_gone,
 )
 from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
 from core.vocabulary import (
-    ALREADY_GONE, EARLIER_ATTEMPT, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
+    KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
 
 if TYPE_CHECKING:
@@ -176,11 +176,7 @@ class RuleEventsPurger(Purger):
         # Not deleted: the row says why (gone, changed since, or not yet due) and when to look again.
         row = self.session.execute(self.read, (candidate.id,)).one()
         if row is None:
-            if attempt.retry and not resources.dry_run:
-                # The attempt that failed deleted it, and its outcomes were lost with it: recorded now.
-                yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
-            else:
-                yield Outcome(ALREADY_GONE)
+            yield from found_gone(candidate, None, attempt, resources.dry_run)
             return
         due = earliest(self.rules.values(), _row_state(row))
         now = now_ms()

@@ -65,19 +65,19 @@ import calendar
 import re
 from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta, timezone
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, Iterator, Literal, Mapping, get_args
 
 from cassandra import ConsistencyLevel
 from pydantic import field_validator
 
 from core.policy import (
-    Attempt, Candidate, Control, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger,
-    Resources, Rule, Settings, earliest,
+    Attempt, Candidate, Control, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy,
+    Purger, Resources, Rule, Settings, delete_dependents, earliest, found_gone,
 )
 from core.times import epoch_ms, format_timestamp, from_epoch_ms, now_ms
 from core.vocabulary import (
-    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE,
+    BEING_DELETED, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE,
     reason,
 )
 
@@ -320,6 +320,7 @@ class UnitsOfWorkPurger(Purger):
         self.control: Control = resources.control
         self.retry_ms = resources.retry_ms
         self.dry_run = resources.dry_run
+        self.journal = resources.journal
         self.settings = settings
         units = f"{resources.keyspace}.{settings.units_table}"
         objects = f"{resources.keyspace}.{settings.objects_table}"
@@ -332,7 +333,6 @@ class UnitsOfWorkPurger(Purger):
         self.read_objects = prepare(f"SELECT collection, object_id FROM {objects} WHERE unit_of_work_id = ?")
         # Quorum: sees every object a writer added before its serial read found the unit unclaimed.
         self.read_objects.consistency_level = ConsistencyLevel.QUORUM
-        self.count_objects = prepare(f"SELECT COUNT(*) FROM {objects} WHERE unit_of_work_id = ?")
         self.delete_object = prepare(
             f"DELETE FROM {objects} WHERE unit_of_work_id = ? AND collection = ? AND object_id = ?")
         self.delete_unit = prepare(f"DELETE FROM {units} WHERE unit_of_work_id = ? IF purge_started_at = ?")
@@ -342,7 +342,7 @@ class UnitsOfWorkPurger(Purger):
         row = self.session.execute(self.read_unit, (uow,)).one()
         if row is None:
             # Its objects went before it (the order of deletion), so there is nothing else to delete.
-            yield self._gone(attempt)
+            yield from found_gone(candidate, self.journal, attempt, self.dry_run)
             return
         claimed_at = row.purge_started_at
         if claimed_at is None:
@@ -351,8 +351,8 @@ class UnitsOfWorkPurger(Purger):
                 yield self._kept(candidate, state)
                 return
             if self.dry_run:
-                count = self.session.execute(self.count_objects, (uow,)).one()[0]
-                yield Outcome(WOULD_DELETE, f"due: {RETENTION}, with {count} {UOW_OBJECT}s")
+                yield from (Outcome(WOULD_DELETE, kind=o.kind, id=o.id) for o in self._objects(uow))
+                yield Outcome(WOULD_DELETE)
                 return
             attempt.failpoint("before_uow_claim")
             claimed_at = from_epoch_ms(now_ms())
@@ -366,25 +366,17 @@ class UnitsOfWorkPurger(Purger):
             yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
             return
         # Claimed, by us or by an attempt that crashed: the objects, then the row.
-        yield from self._delete_objects(uow, attempt)
+        yield from delete_dependents(candidate, self._objects(uow), row.purge_started_at is not None, self.journal,
+                                     attempt, "after_uow_child_delete")
         if self.session.execute(self.delete_unit, (uow, claimed_at)).was_applied:
             yield Outcome(PURGED, deleted_at_ms=now_ms())
-        else:
-            yield self._gone(attempt)  # a concurrent purge of the same unit finished first
+        else:  # a concurrent purge of the same unit finished first
+            yield from found_gone(candidate, None, attempt, self.dry_run)
 
-    def _delete_objects(self, uow: str, attempt: Attempt) -> Iterator[Outcome]:
-        for number, found in enumerate(self.session.execute(self.read_objects, (uow,))):
-            self.session.execute(self.delete_object, (uow, found.collection, found.object_id))
-            if number == 0:
-                attempt.failpoint("after_uow_child_delete")
-            yield Outcome(PURGED, deleted_at_ms=now_ms(), kind=UOW_OBJECT,
-                          id=f"{uow}/{found.collection}/{found.object_id}")
-
-    def _gone(self, attempt: Attempt) -> Outcome:
-        if attempt.retry and not self.dry_run:
-            # The failed attempt's outcomes never reached the ledger: its deletion is recorded now.
-            return Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
-        return Outcome(ALREADY_GONE)
+    def _objects(self, uow: str) -> list[Dependent]:
+        return [Dependent(UOW_OBJECT, f"{uow}/{found.collection}/{found.object_id}",
+                          partial(self.session.execute, self.delete_object, (uow, found.collection, found.object_id)))
+                for found in self.session.execute(self.read_objects, (uow,))]
 
     def _kept(self, candidate: Candidate, state: UnitOfWorkState) -> Outcome:
         first = first_eligible_day(state, self.settings)

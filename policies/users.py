@@ -42,7 +42,8 @@ The purger, for a user found due:
    Not applied: a writer changed the row since; ``skipped`` (``present:
    re-added while being purged``) and a recheck a grace later.
 3. With ``state = 'purging'`` (this attempt's claim, or a crashed attempt's):
-   read and delete the permission rows, then the virtual root, then
+   read the permission rows and the virtual root, keep their keys in the
+   purger's journal (``core.policy.delete_dependents``), delete them, then
    ``DELETE FROM users WHERE user_id = ? IF state = 'purging'``.
 
 A writer (the platform), adding a user in data centre ``dc``:
@@ -88,6 +89,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any, Iterator, NamedTuple
 
 from cassandra import ConsistencyLevel
@@ -95,12 +97,12 @@ from pydantic import field_validator
 
 from core.config import Duration
 from core.policy import (
-    Attempt, Candidate, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger, Resources, Rule,
-    Settings, earliest,
+    Attempt, Candidate, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger,
+    Resources, Rule, Settings, delete_dependents, earliest, found_gone,
 )
 from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
 from core.vocabulary import (
-    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, LIVE_REASON, NOT_YET_DUE, PRESENT, PURGED, SKIPPED,
+    BEING_DELETED, LIVE_REASON, NOT_YET_DUE, PRESENT, PURGED, SKIPPED,
     WOULD_DELETE, reason,
 )
 
@@ -266,7 +268,7 @@ class UsersPurger(Purger):
         execute, user_id = self.resources.session.execute, candidate.id
         row = execute(self.read_user, (user_id,)).one()
         if row is None:
-            yield self._gone(attempt)
+            yield from found_gone(candidate, self.resources.journal, attempt, self.resources.dry_run)
             return
         if row.state == LIVE:
             kept = self._kept(user_id, row)
@@ -274,8 +276,7 @@ class UsersPurger(Purger):
                 yield kept
                 return
             if self.resources.dry_run:
-                yield from (Outcome(WOULD_DELETE, kind=kind, id=object_id) for kind, object_id, _ in
-                            self._dependents(user_id))
+                yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id) for d in self._dependents(user_id))
                 yield Outcome(WOULD_DELETE)
                 return
             cutoff = from_epoch_ms(now_ms() - self.rule.period_ms)
@@ -291,15 +292,12 @@ class UsersPurger(Purger):
             yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
             return
         # Claimed: no writer adds the user until the row is gone, so its dependents are the old user's.
-        for i, (kind, object_id, delete) in enumerate(self._dependents(user_id)):
-            execute(delete)
-            if i == 0:
-                attempt.failpoint("after_user_dependent_delete")
-            yield Outcome(PURGED, kind=kind, id=object_id, deleted_at_ms=now_ms())
+        yield from delete_dependents(candidate, self._dependents(user_id), row.state == PURGING,
+                                     self.resources.journal, attempt, "after_user_dependent_delete")
         if execute(self.delete_user, (user_id,)).was_applied:
             yield Outcome(PURGED, deleted_at_ms=now_ms())
-        else:
-            yield self._gone(attempt)  # another attempt finished it meanwhile
+        else:  # another attempt finished it meanwhile
+            yield from found_gone(candidate, None, attempt, self.resources.dry_run)
 
     def _kept(self, user_id: str, row: Any) -> Outcome | None:
         """Why the live row keeps the user, or None if it may go now; a recheck when it will be due."""
@@ -314,17 +312,12 @@ class UsersPurger(Purger):
         self.resources.control.recheck(USER, user_id, USER_ABSENT, max(due_ms, now + self.resources.retry_ms))
         return Outcome(SKIPPED, reason(NOT_YET_DUE, f"{USER_ABSENT} at {format_epoch_ms(due_ms)}"))
 
-    def _dependents(self, user_id: str) -> list[tuple[str, str, Any]]:
-        """The rows that lead from the user, in the order of deletion, each with its bound delete."""
+    def _dependents(self, user_id: str) -> list[Dependent]:
+        """The rows that lead from the user, in the order of deletion."""
         execute = self.resources.session.execute
-        found = [(MAILBOX_PERMISSION, f"{user_id}/{r.mailbox}", self.delete_permission.bind((user_id, r.mailbox)))
+        found = [Dependent(MAILBOX_PERMISSION, f"{user_id}/{r.mailbox}",
+                           partial(execute, self.delete_permission, (user_id, r.mailbox)))
                  for r in execute(self.read_permissions, (user_id,))]
         if execute(self.read_root, (user_id,)).one() is not None:
-            found.append((VIRTUAL_ROOT, user_id, self.delete_root.bind((user_id,))))
+            found.append(Dependent(VIRTUAL_ROOT, user_id, partial(execute, self.delete_root, (user_id,))))
         return found
-
-    def _gone(self, attempt: Attempt) -> Outcome:
-        if attempt.retry and not self.resources.dry_run:
-            # The failed attempt's outcomes never reached the ledger: its deletion is recorded now.
-            return Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
-        return Outcome(ALREADY_GONE)

@@ -101,7 +101,7 @@ def setup(config: Optional[Path] = ConfigOption) -> None:
         typer.echo(f"created {line}")
     _exit_on_problems(findings)
     if not findings.created:
-        typer.echo("nothing to create: the purger's own topics exist")
+        typer.echo("nothing to create: the purger's own topics and journal table exist")
     for line in findings.checked:
         typer.echo(f"in place on {line}")
 
@@ -358,6 +358,8 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     for name, (expected, observed) in report.scenarios.items():
         outcome = "purged" if is_purged(name) else "kept"
         table.add_row(f"{name}: messages {outcome}", str(expected), str(observed))
+    for name, (expected, observed) in report.objects.items():
+        table.add_row(name, str(expected), str(observed))
     table.add_row("payloads purged (row and every blob)", str(report.payloads_expected_gone), str(report.payloads_gone))
     table.add_row("payloads kept (still referred to)", str(report.payloads_expected_kept), str(report.payloads_kept))
     for dc, left in sorted(report.blobs_left.items()):

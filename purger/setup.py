@@ -1,8 +1,10 @@
 """``purger setup``: the purger's own topics created, and what it needs of the platform checked.
 
-The purger owns two Kafka topics, the control topic and the dead-letter topic:
-``set_up`` creates them when they are missing (``own_topics`` says how). The
-rest is the platform's and is only checked: the events topics, the keyspace,
+The purger owns two Kafka topics, the control topic and the dead-letter topic,
+and one Cassandra table in the platform's keyspace, its journal
+(``sinks.journal``): ``set_up`` creates them when they are missing
+(``own_topics`` says how for the topics). The rest is the platform's and is
+only checked: the events topics, the keyspace,
 every enabled policy's tables with the columns it reads
 (``Policy.columns_read``, under the configured table names), and each data
 centre's bucket. Every problem is one line that names what is missing, where
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from connectors import ServerUnavailable, cassandra_session, s3_client
 from core.config import KafkaConfig, PurgerConfig
 from policies import policy_set
+from sinks.journal import JOURNAL_COLUMNS, JOURNAL_SCHEMA
 
 if TYPE_CHECKING:
     from kafka.admin import KafkaAdminClient
@@ -96,7 +99,7 @@ def set_up(config: PurgerConfig, create: bool = True) -> Findings:
     buckets."""
     findings = Findings()
     _kafka(config, create, findings)
-    _cassandra(config, findings)
+    _cassandra(config, create, findings)
     _stores(config, findings)
     return findings
 
@@ -178,7 +181,7 @@ def _events_topics(config: PurgerConfig) -> dict[str, str]:
 # --- Cassandra -----------------------------------------------------------------------------------
 
 
-def _cassandra(config: PurgerConfig, findings: Findings) -> None:
+def _cassandra(config: PurgerConfig, create: bool, findings: Findings) -> None:
     from cassandra import DriverException
 
     cassandra = config.cassandra
@@ -199,6 +202,7 @@ def _cassandra(config: PurgerConfig, findings: Findings) -> None:
         for row in session.execute("SELECT table_name, column_name FROM system_schema.columns "
                                    "WHERE keyspace_name = %s", (keyspace,)):
             columns[row.table_name].add(row.column_name)
+        _journal(session, cassandra, where, columns, create, findings)
         checked = []
         for policy in policy_set(config).policies:
             for configured, read in policy.columns_read().items():
@@ -219,6 +223,23 @@ def _cassandra(config: PurgerConfig, findings: Findings) -> None:
         findings.problems.append(f"{where}: reading the schema failed ({error}); check that the nodes answer")
     finally:
         session.cluster.shutdown()
+
+
+def _journal(session: Any, cassandra: Any, where: str, columns: dict[str, set[str]], create: bool,
+             findings: Findings) -> None:
+    """The purger's own table: created when missing, or one problem line."""
+    keyspace, table = _cql_name(cassandra.keyspace), _cql_name(cassandra.journal_table)
+    if table in columns:
+        findings.problems.extend(
+            f"{where}: column {keyspace}.{table}.{column} of the purger's journal does not exist; drop the table "
+            "and run `purger setup` again (it holds nothing a stopped purger needs)"
+            for column in sorted(JOURNAL_COLUMNS - columns[table]))
+    elif create:
+        session.execute(JOURNAL_SCHEMA.format(keyspace=cassandra.keyspace, table=cassandra.journal_table), timeout=60)
+        findings.created.append(f"table {keyspace}.{table} (cassandra.journal_table, the purger's journal) on {where}")
+    else:
+        findings.problems.append(f"{where}: table {keyspace}.{table} (cassandra.journal_table, the purger's own) "
+                                 "does not exist; create it with `purger setup` and this configuration")
 
 
 def _cql_name(name: str) -> str:

@@ -8,11 +8,15 @@ again, date moved, upload completed) before their deadline; the rest stay live.
 The purger runs with short periods until every expected purge is seen in
 Cassandra and S3, then the report compares what should have gone with what went.
 
+Beside the messages, the other built-in policies run on objects of their own
+(``simulation.policy_objects``): rule events, users across two data centres and
+units of work, one eligible and one kept of each per twenty messages.
+
 Example::
 
     from simulation.demo import run_demo
     report = run_demo(messages=200)
-    report.ok  # True when exactly the eligible messages and their unshared payloads were purged
+    report.ok  # True when exactly the eligible objects (and messages' unshared payloads) were purged
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from tqdm import tqdm
 
 from core.config import PurgerConfig, build_config
 from simulation.mailbox import Platform
+from simulation.policy_objects import SETTINGS, PolicyObjects
 from simulation.workload import SCENARIOS, Workload, is_purged, play
 from devstack.stack import prepare
 from policies import policy_set
@@ -38,6 +43,8 @@ from sinks.ledger import Report
 class DemoReport:
     # scenario -> (expected, observed) message counts: purged for purge scenarios, kept otherwise
     scenarios: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # "<policy>: <kind>s purged|kept" -> (expected, observed) object counts, for the other policies
+    objects: dict[str, tuple[int, int]] = field(default_factory=dict)
     wrongly_deleted: set[str] = field(default_factory=set)
     left_behind: set[str] = field(default_factory=set)
     payloads_expected_gone: int = 0
@@ -69,7 +76,7 @@ def demo_config(run: str) -> PurgerConfig:
                 "dead_letter_topic": f"demo.{run}.dead-letter",
             },
             "policies": {"mailbox": {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s",
-                                     "payload_grace": "2s"}},
+                                     "payload_grace": "2s"}, **SETTINGS},
             "stream": {
                 "query_name": f"purger-demo-{run}",
                 "checkpoint": str(work / "checkpoint"),
@@ -93,7 +100,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
     spark = spark_session(config.stream, app_name="purger-demo")
     spark.sparkContext.setLogLevel("ERROR")
     running = start_purger(spark, config)
-    platform = Platform(config)
+    platform, objects = Platform(config), PolicyObjects(config)
     report = DemoReport()
     scenario_of: dict[str, str] = {}
     payload_of: dict[str, str] = {}
@@ -105,6 +112,9 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
             if plan.stored:
                 stored.add(payload_of[plan.message])
         platform.flush()
+        written = [o for i in tqdm(range(max(1, messages // 20)), desc="other policies", unit="set")
+                   for o in objects.write(f"demo-{run}-{i}")]
+        objects.flush()
 
         purged = {m for m, s in scenario_of.items() if is_purged(s)}
         referrers: dict[str, set[str]] = {}
@@ -112,14 +122,19 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
             referrers.setdefault(p, set()).add(m)
         expected_gone = {p for p in stored if referrers[p] <= purged}
 
-        pending = set(purged) | {f"payload:{p}" for p in expected_gone}
+        pending = set(purged) | {f"payload:{p}" for p in expected_gone} | {o for o in written if o.eligible}
+
+        def gone(x) -> bool:
+            if not isinstance(x, str):
+                return objects.gone(x)
+            return platform.payload_gone(x[8:]) if x.startswith("payload:") else platform.row(x) is None
+
         with tqdm(total=len(pending), desc="purged", unit="obj") as bar:
             deadline = time.monotonic() + timeout_s
             while pending and time.monotonic() < deadline and running.query.isActive:
-                gone = {x for x in pending
-                        if (platform.payload_gone(x[8:]) if x.startswith("payload:") else platform.row(x) is None)}
-                pending -= gone
-                bar.update(len(gone))
+                gone_now = {x for x in pending if gone(x)}
+                pending -= gone_now
+                bar.update(len(gone_now))
                 time.sleep(1)
         # A few triggers more, so that nothing kept is merely not deleted yet.
         time.sleep(3 * config.stream.trigger_interval.total_seconds())
@@ -129,8 +144,15 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
                 report.scenarios[name] = (len(members), sum(platform.row(m) is None for m in members))
             else:
                 report.scenarios[name] = (len(members), sum(platform.row(m) is not None for m in members))
+        for o in written:
+            outcome = "purged" if o.eligible else "kept"
+            expected, observed = report.objects.get(f"{o.policy}: {o.kind}s {outcome}", (0, 0))
+            found = objects.gone(o) if o.eligible else objects.intact(o)
+            report.objects[f"{o.policy}: {o.kind}s {outcome}"] = (expected + 1, observed + found)
         report.wrongly_deleted = {m for m in scenario_of if m not in purged and platform.row(m) is None}
+        report.wrongly_deleted |= {o.id for o in written if not o.eligible and not objects.intact(o)}
         report.left_behind = {m for m in purged if platform.row(m) is not None}
+        report.left_behind |= {o.id for o in written if o.eligible and not objects.gone(o)}
         report.payloads_expected_gone = len(expected_gone)
         report.payloads_gone = sum(platform.payload_gone(p) for p in expected_gone)
         kept = stored - expected_gone
@@ -140,6 +162,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
     finally:
         running.stop()
         platform.close()
+        objects.close()
     purge_report = Report(spark, config.ledger, policy_set(config))
     purge_report.refresh()
     report.purge_report = purge_report.rows(datetime.now(timezone.utc).date())

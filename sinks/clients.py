@@ -18,6 +18,7 @@ from core.policy import Purger, Resources
 from connectors import cassandra_session, kafka_producer
 from policies import policy_set
 from sinks.dead_letters import DeadLetters
+from sinks.journal import CassandraJournal
 from sinks.objects import ObjectStores
 from streams.control import ControlWriter
 
@@ -46,8 +47,10 @@ def executor_clients(config: PurgerConfig) -> Clients:
             producer = kafka_producer(config.kafka, acks="all", linger_ms=20)
             control = ControlWriter(producer, config.kafka.control_topic, policies)
             retry_ms = int(config.stream.retry_interval.total_seconds() * 1000)
-            resources = Resources(cassandra_session(config.cassandra), config.cassandra.keyspace,
-                                  ObjectStores(config.stores), control, retry_ms, config.stream.dry_run)
+            session = cassandra_session(config.cassandra)
+            journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
+            resources = Resources(session, config.cassandra.keyspace, ObjectStores(config.stores), control, journal,
+                                  retry_ms, config.stream.dry_run)
             purgers = {}
             for policy in policies.policies:
                 purger = policy.purger(resources)

@@ -58,7 +58,8 @@ OUTCOME_SCHEMA = StructType(
 
 
 def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: int,
-                    deletions_per_second: float | None = None, batch_retried: bool = False) -> Iterator[tuple]:
+                    deletions_per_second: float | None = None, batch_retried: bool = False,
+                    query_id: str = "") -> Iterator[tuple]:
     """Purge one partition's candidates and dead-letter its bad records; yield ``OUTCOME_SCHEMA`` tuples.
 
     Deletions are paced at ``deletions_per_second`` (this task's share of the cap; the whole cap if None).
@@ -66,7 +67,8 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     outcomes were lost with it: it is recorded as purged then.
     """
     task = TaskContext.get()
-    attempt = Attempt(retry=batch_retried or (task is not None and task.attemptNumber() > 0), failpoint=failpoint)
+    attempt = Attempt(retry=batch_retried or (task is not None and task.attemptNumber() > 0), failpoint=failpoint,
+                      batch=f"{query_id}/{batch_id}")
     clients = executor_clients(config)
     policies = policy_set(config)
     pacer = Pacer(deletions_per_second or config.stream.max_deletions_per_second)

@@ -85,9 +85,10 @@ class PurgeSink:
         rate = per_task_rate(config.stream.max_deletions_per_second, candidates.rdd.getNumPartitions(),
                              spark.sparkContext.defaultParallelism)
         retried = not first_attempt(spark, f"{config.stream.checkpoint_location}/purger-attempts", batch_id)
+        query_id = self.query_id
         # Computed once and kept: computing the outcomes again would run the deletes again.
         outcomes = spark.createDataFrame(
-            candidates.rdd.mapPartitions(lambda rows: purge_partition(rows, config, batch_id, rate, retried)),
+            candidates.rdd.mapPartitions(lambda rows: purge_partition(rows, config, batch_id, rate, retried, query_id)),
             OUTCOME_SCHEMA,
         ).localCheckpoint(eager=True)
         counts = outcomes.groupBy("kind", "status").agg(

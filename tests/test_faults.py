@@ -26,6 +26,7 @@ from tenacity import Retrying, stop_after_delay, wait_fixed
 
 from connectors import cassandra_session
 from simulation.mailbox import Platform
+from simulation.policy_objects import SETTINGS, PolicyObject, PolicyObjects, ledger_rows
 from core.vocabulary import PURGED, SKIPPED
 from policies.mailbox.deletes import MessageDeleter
 from sinks.ledger import Ledger
@@ -212,11 +213,16 @@ def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, conf
 
 # --- kill -9 anywhere, then restart ---------------------------------------------------------------
 
-FAILPOINTS = ("after_message_delete", "after_blob_delete", "before_ledger_write", "after_ledger_write")
+FAILPOINTS = ("after_message_delete", "after_blob_delete", "before_ledger_write", "after_ledger_write",
+              "after_user_dependent_delete", "before_uow_claim", "after_uow_child_delete")
 
 
-def write_work(platform: Platform, prefix: str, n: int, config, eligible: list[str], live: list[str]) -> None:
-    """``n`` deleted messages, eligible at once, and one live message; their ids added to the lists."""
+def write_work(platform: Platform, objects: PolicyObjects, prefix: str, n: int, config, eligible: list[str],
+               live: list[str], written: list[PolicyObject]) -> None:
+    """``n`` deleted messages, eligible at once, and one live message; their ids added to the lists. And one
+    eligible and one kept object of each other policy, added to ``written``."""
+    written += objects.write(f"{prefix}-{uuid.uuid4().hex[:8]}")
+    objects.flush()
     for _ in range(n):
         m = f"{prefix}-{uuid.uuid4().hex[:8]}"
         platform.enqueue(m, f"p-{m}", at=ago(mailbox(config).deleted_ttl))
@@ -228,15 +234,19 @@ def write_work(platform: Platform, prefix: str, n: int, config, eligible: list[s
     platform.flush()
 
 
-def end_state(spark, platform: Platform, config, eligible: list[str], live: list[str]) -> tuple[list, set, set, set]:
-    """What a run left: the live messages deleted (row, payload row or a blob), and the ledger's `purged`
-    records against one per eligible message, payload row and blob: (wrongly_deleted, missing, doubled,
+def end_state(spark, platform: Platform, objects: PolicyObjects, config, eligible: list[str], live: list[str],
+              written: list[PolicyObject]) -> tuple[list, set, set, set]:
+    """What a run left: the live messages deleted (row, payload row or a blob) and the kept objects of the
+    other policies not intact, and the ledger's `purged` records against one per eligible message, payload
+    row and blob, and per row of the other policies' eligible objects: (wrongly_deleted, missing, doubled,
     unexpected)."""
     wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
+    wrongly_deleted += [o.id for o in written if not o.eligible and not objects.intact(o)]
     records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()
                       .where(F.col("status") == "purged").collect())
     expected = {("message", m, None) for m in eligible}
     expected |= {("payload", f"p-{m}", dc) for m in eligible for dc in (None, "dc1", "dc2")}
+    expected |= {(kind, row_id, None) for o in written if o.eligible for _, kind, row_id in ledger_rows(o)}
     return (wrongly_deleted, expected - set(records), {k for k, n in records.items() if n > 1},
             set(records) - expected)
 
@@ -246,18 +256,21 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
     failpoint (right after a row's delete, between one data centre's blob and the next, before and after
     the ledger write) and at random moments, and restarted from its checkpoint each time. The end state
     must be that of a run without kills: eligible rows, payload rows and blobs gone, live ones intact, and
-    exactly one `purged` ledger record per deletion."""
+    exactly one `purged` ledger record per deletion. Every built-in policy runs, each with objects to
+    delete and to keep, and the failpoints include those between a user's or a unit of work's rows."""
     tmp = tmp_path_factory.mktemp("kills")
-    own = own_config(config, tmp, "kills")
+    every_policy = config.model_copy(update={"policies": {**config.policies, **SETTINGS}})
+    own = own_config(every_policy, tmp, "kills")
     own = own.model_copy(update={"metrics": own.metrics.model_copy(update={"port": 0})})
     config_file = write_config(own, tmp / "purger.toml")
-    platform = Platform(own)
+    platform, objects = Platform(own), PolicyObjects(own)
     eligible: list[str] = []
     live: list[str] = []
+    written: list[PolicyObject] = []
     rng = random.Random(5)
 
     def more_work(n: int = 3) -> None:
-        write_work(platform, "kill", n, own, eligible, live)
+        write_work(platform, objects, "kill", n, own, eligible, live, written)
 
     def start(**env: str) -> subprocess.Popen:
         log = open(tmp / "purger.log", "ab")
@@ -287,7 +300,8 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
 
         process = start()
         try:
-            wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in eligible),
+            wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in eligible)
+                     and all(objects.gone(o) for o in written if o.eligible),
                      timeout_s=240, what="every eligible row and payload after the restarts")
         finally:
             # SIGTERM to the driver alone stops the query between batches (purger.job); to the whole
@@ -296,7 +310,8 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
             process.wait(timeout=120)
             if _group_alive(process.pid):  # Spark's worker daemon, if it outlived the driver
                 os.killpg(process.pid, signal.SIGKILL)
-        wrongly_deleted, missing, doubled, unexpected = end_state(spark, platform, own, eligible, live)
+        wrongly_deleted, missing, doubled, unexpected = end_state(spark, platform, objects, own, eligible, live,
+                                                                  written)
         reliability("kill -9 and restart", injected=sum(kills.values()), survived=sum(kills.values()),
                     wrongly_deleted=len(wrongly_deleted), left_behind=0, ledger_missing=len(missing),
                     ledger_doubled=len(doubled), **{k.replace(" ", "_"): v for k, v in kills.items()})
@@ -304,6 +319,7 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
         assert not missing and not doubled and not unexpected
     finally:
         platform.close()
+        objects.close()
 
 
 def _group_alive(pgid: int) -> bool:

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from core.config import PurgerConfig, S3Endpoint
 from simulation.mailbox import Platform
+from simulation.policy_objects import SETTINGS, PolicyObjects, ledger_rows
 from purger.replay import follow, start_replay
 from core.vocabulary import EARLIER_ATTEMPT, STATUSES
 from policies import policy_set
@@ -34,7 +35,8 @@ CAP = 4  # deletions per second
 
 @pytest.fixture(scope="module")
 def ops(config, tmp_path_factory) -> PurgerConfig:
-    return own_config(config, tmp_path_factory.mktemp("ops"), "ops", max_deletions_per_second=CAP)
+    every_policy = config.model_copy(update={"policies": {**config.policies, **SETTINGS}})
+    return own_config(every_policy, tmp_path_factory.mktemp("ops"), "ops", max_deletions_per_second=CAP)
 
 
 @pytest.fixture(scope="module")
@@ -171,13 +173,23 @@ def scrape(config: PurgerConfig) -> dict[str, float]:
 
 
 def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platform):
+    """The metrics, for every policy's kinds; and the cap on deletions holds for every policy's objects."""
+    objects = PolicyObjects(ops)
     running = start_purger(spark, ops)
     try:
         messages = deletable(ops_platform, ops, 3, "metrics")
-        wait_for(lambda: all(ops_platform.row(m) is None for m in messages), what="the deletions")
-        wait_for(lambda: running.metrics.totals[("message", "purged")] >= 3, what="the sink's batch to finish")
+        written = [o for i in range(3) for o in objects.write(f"metrics-{uuid.uuid4().hex[:6]}-{i}")]
+        objects.flush()
+        wait_for(lambda: all(ops_platform.row(m) is None for m in messages)
+                 and all(objects.gone(o) for o in written if o.eligible), what="the deletions")
+        rows = Counter(kind for o in written if o.eligible for _, kind, _ in ledger_rows(o))
+        wait_for(lambda: running.metrics.totals[("message", "purged")] >= 3
+                 and all(running.metrics.totals[(kind, "purged")] >= n for kind, n in rows.items()),
+                 what="the sink's batches to finish")
         samples = scrape(ops)
         assert samples['purger_outcomes_total{kind="message",status="purged"}'] >= 3
+        for kind, n in rows.items():
+            assert samples[f'purger_outcomes_total{{kind="{kind}",status="purged"}}'] == n, kind
         assert samples["purger_purge_lag_seconds_count"] >= 3
         assert "purger_deletions_per_second" in samples and "purger_processed_rows_per_second" in samples
         # The listener has seen Spark's progress; the query's own observed metrics are in it.
@@ -190,35 +202,56 @@ def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platfo
         assert f"spark_streaming_{ops.stream.query_name}_inputRate" in spark_metrics.replace(".", "_")
     finally:
         running.stop()
+        objects.close()
+    # The cap, as in the forced-retries test, over every policy's candidates: users and units of work
+    # included, each paced as one deletion however many rows go with it.
+    candidates = purged(Ledger(spark, ops.ledger)).where(
+        F.col("kind").isin("rule_event", "user", "unit_of_work") & F.col("reason").isNull())
+    assert candidates.count() == 9
+    for batch in candidates.groupBy("batch_id").agg(
+            F.count(F.lit(1)).alias("n"),
+            (F.max("deleted_at").cast("double") - F.min("deleted_at").cast("double")).alias("span_s")).collect():
+        if batch["n"] >= 3:
+            assert batch["n"] - 2 <= CAP * batch["span_s"] * 1.1, batch
 
 
 def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_path_factory):
-    dry = own_config(config, tmp_path_factory.mktemp("dry"), "dry", dry_run=True)
-    platform = Platform(dry)
+    """Every policy: would_delete for each row a real run would delete, dependents included; nothing deleted."""
+    every_policy = config.model_copy(update={"policies": {**config.policies, **SETTINGS}})
+    dry = own_config(every_policy, tmp_path_factory.mktemp("dry"), "dry", dry_run=True)
+    platform, objects = Platform(dry), PolicyObjects(dry)
     try:
         messages = deletable(platform, dry, 4, "dry")
         live = f"dry-live-{uuid.uuid4().hex[:6]}"
         platform.enqueue(live, f"p-{live}", extract_count=2)
         platform.flush()
+        written = objects.write(f"dry-{uuid.uuid4().hex[:6]}")
+        objects.flush()
+        would_go = set().union(*(ledger_rows(o) for o in written if o.eligible))
         running = start_purger(spark, dry)
         ledger = Ledger(spark, dry.ledger)
         try:
-            def decided() -> set[str]:
+            def decided() -> set[tuple[str, str, str]]:
                 if not ledger.exists():
                     return set()
-                return {r["id"] for r in ledger.records().where(F.col("status") == "would_delete").collect()}
-            wait_for(lambda: decided() >= set(messages), what="would_delete for every eligible message")
+                return {(r["policy"], r["kind"], r["id"]) for r in
+                        ledger.records().where(F.col("status") == "would_delete").collect()}
+            wait_for(lambda: decided() >= {("mailbox", "message", m) for m in messages} | would_go,
+                     what="would_delete for every eligible message and every row of the eligible objects")
             wait_for_watermark(running.query, now() + timedelta(seconds=1))
         finally:
             running.stop()
         for m in messages + [live]:
             assert platform.row(m) is not None and platform.payload_intact(f"p-{m}"), m
+        assert all(objects.intact(o) for o in written), "a dry run deleted a row"
         records = ledger.records().collect()
         assert {r["status"] for r in records} == {"would_delete"}
-        assert all(f"payload p-{r['id']} would be released" in r["reason"] for r in records)
+        assert {(r["policy"], r["kind"], r["id"]) for r in records if r["kind"] != "message"} == would_go
+        assert all(f"payload p-{r['id']} would be released" in r["reason"] for r in records if r["kind"] == "message")
         assert ledger.records().where(F.col("id") == live).count() == 0
     finally:
         platform.close()
+        objects.close()
 
 
 def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark, config, tmp_path_factory):
@@ -248,25 +281,30 @@ def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark
 
 
 def test_a_replay_from_earliest_reaches_the_same_end_state(spark, config, tmp_path_factory):
-    """A history of its own (messages purged, one kept by the double-check), purged by a first run, then
-    replayed into a fresh checkpoint: the same rows and payloads remain, and the replay deletes nothing
-    (what was eligible is gone already)."""
-    own = own_config(config, tmp_path_factory.mktemp("replay"), "replay")
-    platform = Platform(own)
+    """A history of its own (messages purged, one kept by the double-check; an object of each other built-in
+    policy purged and one kept), purged by a first run, then replayed into a fresh checkpoint: the same rows
+    and payloads remain, and the replay deletes nothing (what was eligible is gone already)."""
+    every_policy = config.model_copy(update={"policies": {**config.policies, **SETTINGS}})
+    own = own_config(every_policy, tmp_path_factory.mktemp("replay"), "replay")
+    platform, objects = Platform(own), PolicyObjects(own)
     sent: dict[str, bool] = {}
     try:
         first = start_purger(spark, own)
         try:
             deletable(platform, own, 6, "replay", sent)
             kept_by_the_double_check(platform, own, "replay-kept", sent)
+            written = objects.write(f"replay-{uuid.uuid4().hex[:8]}")
+            objects.flush()
             wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}")
-                                 for m, stays in sent.items() if not stays),
+                                 for m, stays in sent.items() if not stays)
+                     and all(objects.gone(o) for o in written if o.eligible),
                      timeout_s=120, what="the first run to purge the history")
         finally:
             first.stop()
         assert first.failure is None
         before = {m: (platform.row(m) is not None, platform.payload_intact(f"p-{m}")) for m in sent}
         assert before == {m: (stays, stays) for m, stays in sent.items()}
+        assert all(objects.intact(o) for o in written if not o.eligible)
         original = Ledger(spark, own.ledger).records().select("query_id").distinct().collect()
         started = now()
         running, backlog = start_replay(spark, own, since_ms=None)
@@ -274,14 +312,17 @@ def test_a_replay_from_earliest_reaches_the_same_end_state(spark, config, tmp_pa
             assert backlog.total >= 2 * len(sent)
             follow(running.query, backlog, show=False, timeout_s=180)
             wait_for_watermark(running.query, started + timedelta(seconds=5), timeout_s=90)
-            wait_for(lambda: running.sink.totals[("payload", "already_gone")] >= sum(not s for s in sent.values()),
-                     timeout_s=90, what="the replay to revisit every purged payload")
+            wait_for(lambda: running.sink.totals[("payload", "already_gone")] >= sum(not s for s in sent.values())
+                     and all(running.sink.totals[(o.kind, "already_gone")] >= 1 for o in written if o.eligible),
+                     timeout_s=90, what="the replay to revisit every purged payload and object")
         finally:
             running.stop()
         after = {m: (platform.row(m) is not None, platform.payload_intact(f"p-{m}")) for m in sent}
         assert after == before
+        assert all(objects.intact(o) for o in written if not o.eligible)
     finally:
         platform.close()
+        objects.close()
     replay_records = Ledger(spark, own.ledger).records().where(
         ~F.col("query_id").isin([r["query_id"] for r in original]))
     assert replay_records.where(F.col("status") == "purged").count() == 0

@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
 
 from core.config import ConfigError, build_config  # noqa: E402
-from core.policy import Attempt, Candidate, Eligibility, Resources  # noqa: E402
+from core.policy import Attempt, Candidate, Eligibility  # noqa: E402
 from core.times import epoch_ms, now_ms  # noqa: E402
 from core.vocabulary import (  # noqa: E402
     ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE,
@@ -36,7 +36,7 @@ from push_clients_policy import (  # noqa: E402
 )
 from sinks.ledger import Ledger  # noqa: E402
 from tests.support.configs import own_config  # noqa: E402
-from tests.support.policies import RecordingControl  # noqa: E402
+from tests.support.policies import RecordingControl, resources  # noqa: E402
 from tests.support.waits import ago, now, wait_for, wait_for_watermark  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -149,8 +149,7 @@ def purge(cfg, platform):
 
     def run(client_id, retry=False, dry_run=False):
         control = RecordingControl("push_clients")
-        purger = policy.purger(Resources(platform.session, cfg.cassandra.keyspace, stores=None, control=control,
-                                         retry_ms=2_000, dry_run=dry_run))
+        purger = policy.purger(resources(platform.session, cfg.cassandra.keyspace, control, dry_run))
         outcomes = list(purger.purge(Candidate(PUSH_CLIENT, client_id, INACTIVE, eligible_at_ms=0),
                                      Attempt(retry=retry)))
         return outcomes, control.rechecks
@@ -178,9 +177,8 @@ def raced(purger, client, n, writer):
 
 
 def race_purger(platform, cfg):
-    return load_policy("push_clients", SECTION).purger(Resources(
-        platform.session, cfg.cassandra.keyspace, stores=None, control=RecordingControl("push_clients"),
-        retry_ms=2_000, dry_run=False))
+    return load_policy("push_clients", SECTION).purger(
+        resources(platform.session, cfg.cassandra.keyspace, RecordingControl("push_clients")))
 
 
 def new_client(platform, name, at=None, messages=3, emit=False):

@@ -34,12 +34,12 @@ import pytest
 from kafka import KafkaConsumer
 from pyspark.sql import functions as F
 
-from connectors import kafka_producer
 from core.times import format_timestamp, now_ms
 from policies import policy_set
 from policies.rule_events import COMPLETE, FAILED, PROCESSING, UNPROCESSED
-from policies.units_of_work import COLLECTIONS, Period, day_of
+from policies.units_of_work import Period, day_of
 from purger.running import start_purger
+from simulation.policy_objects import CHILDREN, PolicyObject, ledger_rows, mailboxes
 from simulation.rule_events import RuleEventsPlatform
 from simulation.units_of_work import EXAMPLES_DATE, NINE_EXAMPLES, UnitsOfWorkPlatform
 from simulation.users import UsersPlatform
@@ -53,7 +53,6 @@ RULE_PERIODS = {"complete": timedelta(seconds=3), "failed": timedelta(seconds=4)
                 "unprocessed": timedelta(seconds=20), "processing": timedelta(hours=1)}
 USER_GRACE = timedelta(seconds=3)
 DATA_CENTRES = ["dc1", "dc2"]
-CHILDREN = 5  # objects per unit of work: one in each collection
 LONG_AGO = timedelta(seconds=60)
 
 # The policy that names each kind's records in the ledger.
@@ -121,18 +120,12 @@ def write_unit(platform: UnitsOfWorkPlatform, uow: str, row: dict) -> None:
 
 def unit_rows(uow: str) -> set[tuple[str, str, str]]:
     """What purging a unit of work deletes, as the ledger names it: (policy, kind, id)."""
-    return ({("units_of_work", "uow_object", f"{uow}/{COLLECTIONS[n % len(COLLECTIONS)]}/o{n}")
-             for n in range(CHILDREN)} | {("units_of_work", "unit_of_work", uow)})
-
-
-def mailboxes(user: str) -> tuple[str, str]:
-    return f"{user}/inbox", "shared/sales"
+    return ledger_rows(PolicyObject("units_of_work", "unit_of_work", uow, eligible=True))
 
 
 def user_rows(user: str) -> set[tuple[str, str, str]]:
     """What purging a user deletes: its permission rows, its virtual root, its users row."""
-    return ({("users", "mailbox_permission", f"{user}/{mailbox}") for mailbox in mailboxes(user)}
-            | {("users", "virtual_root", user), ("users", "user", user)})
+    return ledger_rows(PolicyObject("users", "user", user, eligible=True))
 
 
 def gone_at(condition, timeout_s: float, what: str) -> datetime:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.config import CassandraConfig, KafkaConfig
-from core.policy import Attempt, Candidate, Eligibility, Resources
+from core.policy import Attempt, Candidate, Eligibility
 from core.times import epoch_ms, now_ms, parse_timestamp
 from core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
 from policies import PolicyError, load_policy
@@ -17,7 +17,9 @@ from policies.rule_events import (
     COMPLETE, FAILED, KIND, PROCESSING, RULE_EVENT_STATUS, STATUSES, UNPROCESSED, RuleEventsPolicy, StatusEvent,
     rule_name,
 )
-from tests.support.policies import RecordingControl, emitted, fold_in_batches, keyspace_fixture, topic_fixture
+from tests.support.policies import (
+    RecordingControl, emitted, fold_in_batches, keyspace_fixture, resources, topic_fixture,
+)
 
 # Distinct periods, but two equal ones, so both halves of the tie rule are exercised.
 PERIODS_MS = {COMPLETE: 7_000, FAILED: 30_000, UNPROCESSED: 30_000, PROCESSING: 10_000}
@@ -133,8 +135,7 @@ def purge(keyspace):
 
     def run(rule_event_id, rule, retry=False, dry_run=False):
         control = RecordingControl("rule_events")
-        purger = policy.purger(Resources(session, name, stores=None, control=control, retry_ms=2_000,
-                                         dry_run=dry_run))
+        purger = policy.purger(resources(session, name, control, dry_run))
         outcomes = list(purger.purge(Candidate(KIND, rule_event_id, rule, eligible_at_ms=0), Attempt(retry=retry)))
         return outcomes, control.rechecks
 

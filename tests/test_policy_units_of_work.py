@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.policy import Attempt, Candidate, Eligibility, Resources
+from core.policy import Attempt, Candidate, Eligibility
 from core.times import now_ms, parse_timestamp
 from core.vocabulary import (
     ALREADY_GONE, EARLIER_ATTEMPT, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, category,
@@ -22,7 +22,9 @@ from policies.units_of_work import (
     deadline_ms, eligible_on, first_eligible_day, row_state,
 )
 from simulation.units_of_work import EXAMPLES_DATE, NINE_EXAMPLES, UnitsOfWorkPlatform
-from tests.support.policies import RecordingControl, arrivals, emitted, policy_keyspace, policy_topic
+from tests.support.policies import (
+    RecordingControl, arrivals, emitted, policy_keyspace, policy_topic, resources,
+)
 
 UTC = timezone.utc
 
@@ -198,8 +200,8 @@ def store():
 
 def purger_for(store, control, dry_run=False, **tweaks):
     session, keyspace, _ = store
-    resources = Resources(session, keyspace, stores=None, control=control, retry_ms=2000, dry_run=dry_run)
-    return UnitsOfWorkPolicy(UnitsOfWorkSettings(enabled=True, **tweaks)).purger(resources)
+    return UnitsOfWorkPolicy(UnitsOfWorkSettings(enabled=True, **tweaks)).purger(
+        resources(session, keyspace, control, dry_run))
 
 
 def candidate(uow: str) -> Candidate:
@@ -254,7 +256,8 @@ def test_a_dry_run_deletes_nothing(store):
                                 archived_at=None), children=4)
     purger = purger_for(store, RecordingControl("units_of_work"), dry_run=True)
     outcomes = list(purger.purge(candidate("dry"), Attempt(False)))
-    assert [(o.status, o.reason) for o in outcomes] == [(WOULD_DELETE, f"due: {RETENTION}, with 4 {UOW_OBJECT}s")]
+    assert [(o.status, o.kind) for o in outcomes] == [(WOULD_DELETE, UOW_OBJECT)] * 4 + [(WOULD_DELETE, None)]
+    assert len({o.id for o in outcomes[:4]}) == 4 and all(o.id.startswith("dry/") for o in outcomes[:4])
     unit, children = platform.rows("dry")
     assert unit["purge_started_at"] is None and children == 4
 
@@ -266,19 +269,25 @@ def test_a_crash_after_the_first_child_is_finished_by_the_retry_and_writers_keep
                                   archived_at=None), children=5)
     purger = purger_for(store, RecordingControl("units_of_work"))
     with pytest.raises(Crash):
-        list(purger.purge(candidate("crash"), Attempt(retry=False, failpoint=crash_at("after_uow_child_delete"))))
+        list(purger.purge(candidate("crash"),
+                          Attempt(retry=False, failpoint=crash_at("after_uow_child_delete"), batch="q/1")))
     unit, children = platform.rows("crash")
     assert unit["purge_started_at"] is not None and children == 4
     # Claimed: a writer is refused, and treats the unit as gone.
     assert not platform.archive("crash", datetime.now(UTC))
     assert platform.rows("crash")[0]["archived_at"] is None
-    outcomes = list(purger.purge(candidate("crash"), Attempt(retry=True)))
-    assert [(o.status, o.kind) for o in outcomes] == [(PURGED, UOW_OBJECT)] * 4 + [(PURGED, None)]
+    outcomes = list(purger.purge(candidate("crash"), Attempt(retry=True, batch="q/1")))
+    # The first child went with the crashed attempt; the journal kept its key, so the retry records it.
+    assert [(o.status, o.kind, o.reason) for o in outcomes] == [(PURGED, UOW_OBJECT, EARLIER_ATTEMPT)] + \
+        [(PURGED, UOW_OBJECT, None)] * 4 + [(PURGED, None, None)]
+    assert len({o.id for o in outcomes}) == 6
     assert platform.rows("crash") == (None, 0)
-    # Found gone: by the attempt that failed on a retry, else already gone; nothing comes back.
-    [again] = list(purger.purge(candidate("crash"), Attempt(retry=True)))
-    assert (again.status, again.reason) == (PURGED, EARLIER_ATTEMPT)
-    assert [o.status for o in purger.purge(candidate("crash"), Attempt(retry=False))] == [ALREADY_GONE]
+    # Found gone in another retry of the batch (its last attempt's outcomes lost too): the unit and every
+    # object the batch's journal kept, by the attempt that failed; in a later batch, already gone.
+    again = list(purger.purge(candidate("crash"), Attempt(retry=True, batch="q/1")))
+    assert {(o.status, o.kind, o.id, o.reason) for o in again} == {
+        (PURGED, o.kind, o.id, EARLIER_ATTEMPT) for o in outcomes}
+    assert [o.status for o in purger.purge(candidate("crash"), Attempt(retry=False, batch="q/2"))] == [ALREADY_GONE]
     assert not platform.finish("crash", datetime.now(UTC)) and platform.rows("crash") == (None, 0)
 
 

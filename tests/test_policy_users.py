@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.config import CassandraConfig, KafkaConfig
-from core.policy import Attempt, Candidate, Eligibility, Resources
+from core.policy import Attempt, Candidate, Eligibility
 from core.times import epoch_ms, now_ms, parse_timestamp
 from core.vocabulary import ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
 from policies import PolicyError, load_policy
@@ -28,7 +28,9 @@ from policies.users import (
     MAILBOX_PERMISSION, PURGING, USER, USER_ABSENT, USER_ADDED, USER_REMOVED, VIRTUAL_ROOT, UserEvent,
     UsersPolicy,
 )
-from tests.support.policies import RecordingControl, emitted, fold_in_batches, keyspace_fixture, topic_fixture
+from tests.support.policies import (
+    RecordingControl, emitted, fold_in_batches, keyspace_fixture, resources, topic_fixture,
+)
 
 GRACE_MS = 1_000
 DCS = ("dc1", "dc2")
@@ -164,8 +166,7 @@ def purger(keyspace, grace="1h", dry_run=False):
     session, name = keyspace
     control = RecordingControl("users")
     policy = load_policy("users", {"enabled": True, "user_grace": grace})
-    return policy.purger(Resources(session, name, stores=None, control=control, retry_ms=2_000,
-                                   dry_run=dry_run)), control
+    return policy.purger(resources(session, name, control, dry_run)), control
 
 
 @pytest.fixture
@@ -283,10 +284,20 @@ def test_a_purge_that_crashed_after_claiming_the_user_is_finished_by_the_retry(p
     (outcome,), _ = purge(user_id, dry_run=True)
     assert (outcome.status, outcome.reason) == (SKIPPED, f"{BEING_DELETED}: by a real run")
     outcomes, rechecks = purge(user_id, retry=True)
-    # The first permission row went with the crashed attempt, whose outcome was lost with it.
+    # The first permission row went with the crashed attempt, whose outcome was lost with it: the
+    # journal kept its key, so the retry records it, by the earlier attempt.
+    assert deleted(outcomes) == [(PURGED, MAILBOX_PERMISSION, f"{user_id}/archive"),
+                                 (PURGED, MAILBOX_PERMISSION, f"{user_id}/inbox"), (PURGED, VIRTUAL_ROOT, user_id),
+                                 (PURGED, None, None)]
+    assert [o.reason for o in outcomes] == [EARLIER_ATTEMPT, None, None, None]
+    assert platform.rows(user_id) == GONE and rechecks == []
+    # Not on a retried batch, a row found gone was recorded by the attempt that deleted it.
+    user_id = absent_user(platform)
+    with pytest.raises(Crash, match="after_user_dependent_delete"):
+        purge(user_id, failpoint=crash)
+    outcomes, _ = purge(user_id)
     assert deleted(outcomes) == [(PURGED, MAILBOX_PERMISSION, f"{user_id}/inbox"), (PURGED, VIRTUAL_ROOT, user_id),
                                  (PURGED, None, None)]
-    assert platform.rows(user_id) == GONE and rechecks == []
 
 
 @pytest.mark.integration

@@ -14,6 +14,7 @@ import pytest
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from typer.testing import CliRunner
 
+from connectors import cassandra_session
 from core.config import PurgerConfig
 from policies.mailbox import MailboxPolicy
 from purger.cli import app
@@ -53,7 +54,9 @@ def cassandra_address(config: PurgerConfig) -> str:
 def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tmp_path):
     run = uuid.uuid4().hex[:8]
     own = variant(config, kafka={"control_topic": f"test.{run}.setup.control",
-                                 "dead_letter_topic": f"test.{run}.setup.dead-letter"})
+                                 "dead_letter_topic": f"test.{run}.setup.dead-letter"},
+                  cassandra={"journal_table": f"journal_{run}"})
+    keyspace = config.cassandra.keyspace
     bootstrap = config.kafka.bootstrap_servers
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
@@ -65,6 +68,8 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
             f"on Kafka {bootstrap}",
             f"created topic test.{run}.setup.dead-letter (kafka.dead_letter_topic: 1 partition, kept 30 days) "
             f"on Kafka {bootstrap}",
+            f"created table {keyspace}.journal_{run} (cassandra.journal_table, the purger's journal) "
+            f"on Cassandra {cassandra_address(config)}",
         ]
         described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(
             [own.kafka.control_topic, own.kafka.dead_letter_topic])}
@@ -77,12 +82,15 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
         again = setup(own, tmp_path)
         assert again.exit_code == 0, again.output
         assert again.stderr == "" and "created" not in again.stdout
-        assert again.stdout.splitlines()[0] == "nothing to create: the purger's own topics exist"
+        assert again.stdout.splitlines()[0] == "nothing to create: the purger's own topics and journal table exist"
         assert f"in place on Kafka {bootstrap}: events topic {config.kafka.topics[0]}, " \
                f"topic {own.kafka.control_topic}, topic {own.kafka.dead_letter_topic}" in again.stdout
     finally:
         admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic])
         admin.close()
+        session = cassandra_session(config.cassandra)
+        session.execute(f"DROP TABLE IF EXISTS {keyspace}.journal_{run}")
+        session.cluster.shutdown()
 
 
 def test_an_events_topic_that_does_not_exist_is_one_line(config, tmp_path):

@@ -62,9 +62,11 @@ The purger, for a client found due:
 
    Not applied: the client connected meanwhile; ``skipped`` (``live:
    connected while being purged``) and a recheck a period later.
-3. ``purging`` (this attempt's claim or a failed attempt's): read and delete
-   each message row, then ``DELETE FROM push_routers WHERE client_id = ? IF
-   purging = true``.
+3. ``purging`` (this attempt's claim or a failed attempt's): read the message
+   rows, keep their keys in the purger's journal
+   (``core.policy.delete_dependents``, so that a retry records the ones a
+   crashed attempt deleted), delete each, then ``DELETE FROM push_routers
+   WHERE client_id = ? IF purging = true``.
 
 The platform (``push_clients_platform.PushClientsPlatform``):
 
@@ -112,18 +114,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any, Iterator
 
 from cassandra import ConsistencyLevel
 
 from core.config import Duration
 from core.policy import (
-    Attempt, Candidate, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger, Resources, Rule,
-    Settings, earliest,
+    Attempt, Candidate, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger,
+    Resources, Rule, Settings, delete_dependents, earliest, found_gone,
 )
 from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
 from core.vocabulary import (
-    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, PURGED, SKIPPED,
+    BEING_DELETED, KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, PURGED, SKIPPED,
     WOULD_DELETE, reason,
 )
 
@@ -207,7 +210,7 @@ class PushClientsPurger(Purger):
         execute, client_id, resources = self.resources.session.execute, candidate.id, self.resources
         row = execute(self.read_router, (client_id,)).one()
         if row is None:
-            yield self._gone(attempt)
+            yield from found_gone(candidate, resources.journal, attempt, resources.dry_run)
             return
         if not row.purging:
             kept = self._kept(client_id, row)
@@ -228,15 +231,14 @@ class PushClientsPurger(Purger):
             yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
             return
         # Claimed: no connect applies until the row is gone, so these are the inactive client's messages.
-        for i, message_id in enumerate(self._messages(client_id)):
-            execute(self.delete_message, (client_id, message_id))
-            if i == 0:
-                attempt.failpoint("after_push_message_delete")
-            yield Outcome(PURGED, kind=PUSH_MESSAGE, id=f"{client_id}/{message_id}", deleted_at_ms=now_ms())
+        messages = [Dependent(PUSH_MESSAGE, f"{client_id}/{m}", partial(execute, self.delete_message, (client_id, m)))
+                    for m in self._messages(client_id)]
+        yield from delete_dependents(candidate, messages, bool(row.purging), resources.journal, attempt,
+                                     "after_push_message_delete")
         if execute(self.delete_router, (client_id,)).was_applied:
             yield Outcome(PURGED, deleted_at_ms=now_ms())
         else:
-            yield self._gone(attempt)  # another attempt finished it meanwhile
+            yield from found_gone(candidate, None, attempt, resources.dry_run)  # another attempt finished it
 
     def _kept(self, client_id: str, row: Any) -> Outcome | None:
         """Why the live row keeps the client, or None if it may go now; a recheck when it will be due."""
@@ -256,12 +258,6 @@ class PushClientsPurger(Purger):
 
     def _messages(self, client_id: str) -> list[str]:
         return [r.message_id for r in self.resources.session.execute(self.read_messages, (client_id,))]
-
-    def _gone(self, attempt: Attempt) -> Outcome:
-        if attempt.retry and not self.resources.dry_run:
-            # The failed attempt's outcomes never reached the ledger: its deletion is recorded now.
-            return Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
-        return Outcome(ALREADY_GONE)
 
 
 class PushClientsPolicy(Policy):

@@ -21,7 +21,8 @@ from typing import Any, Iterator, Sequence
 import pytest
 
 from core.config import CassandraConfig, KafkaConfig
-from core.policy import Control, ObjectKind, Policy
+from core.policy import Control, ObjectKind, Policy, Resources
+from sinks.journal import CassandraJournal, JOURNAL_SCHEMA
 
 
 class RecordingControl(Control):
@@ -39,10 +40,17 @@ class RecordingControl(Control):
         raise AssertionError(f"{self.policy} sends no control events of its own")
 
 
+def resources(session: Any, keyspace: str, control: Control, dry_run: bool = False) -> Resources:
+    """What a policy's purger needs, on ``keyspace`` (made by ``policy_keyspace``): no object stores."""
+    return Resources(session, keyspace, stores=None, control=control,
+                     journal=CassandraJournal(session, keyspace, CassandraConfig().journal_table), retry_ms=2_000,
+                     dry_run=dry_run)
+
+
 @contextmanager
 def policy_keyspace(policy_class: type[Policy], prefix: str) -> Iterator[tuple[Any, str]]:
-    """A fresh keyspace ``<prefix>_<random>`` with the policy's schema: (a Cassandra session, its name); dropped
-    after, and the session shut down."""
+    """A fresh keyspace ``<prefix>_<random>`` with the policy's schema and the purger's journal: (a Cassandra
+    session, its name); dropped after, and the session shut down."""
     from connectors import cassandra_session
 
     session = cassandra_session(CassandraConfig())
@@ -52,6 +60,7 @@ def policy_keyspace(policy_class: type[Policy], prefix: str) -> Iterator[tuple[A
         for statement in policy_class.schema.format(keyspace=name).split(";"):
             if statement.strip():
                 session.execute(statement)
+        session.execute(JOURNAL_SCHEMA.format(keyspace=name, table=CassandraConfig().journal_table))
         yield session, name
     finally:
         session.execute(f"DROP KEYSPACE {name}")

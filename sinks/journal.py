@@ -1,0 +1,52 @@
+"""The purger's journal in Cassandra (``core.policy.Journal``): the dependents a claimed purge is about to
+delete, per batch, so that a retry of the batch records those a crashed attempt deleted.
+
+One table of the purger's own, in the configured keyspace (``cassandra.journal_table``); ``purger setup``
+creates it. An entry is read only by a retry of the batch that wrote it, so entries expire on their own
+(``default_time_to_live``, 30 days: a batch retried later than that records the dependents its failed
+attempt deleted as nothing, the object itself still as purged).
+
+Example::
+
+    journal = CassandraJournal(session, "mailbox", "purger_journal")
+    journal.keep("user", "u1", "query-1/42", {"virtual_root:u1", "mailbox_permission:u1/inbox"})
+    journal.kept("user", "u1", "query-1/42")   # {'virtual_root:u1', 'mailbox_permission:u1/inbox'}
+    journal.kept("user", "u1", "query-1/43")   # None: another batch's
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.policy import Journal
+
+JOURNAL_TTL_S = 30 * 24 * 3600
+
+JOURNAL_SCHEMA = """
+CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
+  kind        text,
+  object_id   text,
+  purge_batch text,     -- <query id>/<batch id> of the purge that wrote it
+  rows        set<text>,  -- kind:id of each dependent, as the ledger names them
+  PRIMARY KEY ((kind, object_id))
+) WITH default_time_to_live = %d
+""" % JOURNAL_TTL_S
+
+JOURNAL_COLUMNS = frozenset({"kind", "object_id", "purge_batch", "rows"})
+
+
+class CassandraJournal(Journal):
+    def __init__(self, session: Any, keyspace: str, table: str) -> None:
+        self.session = session
+        name = f"{keyspace}.{table}"
+        self.insert = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch, rows) VALUES (?, ?, ?, ?)")
+        self.select = session.prepare(f"SELECT purge_batch, rows FROM {name} WHERE kind = ? AND object_id = ?")
+
+    def keep(self, kind: str, object_id: str, batch: str, rows: set[str]) -> None:
+        self.session.execute(self.insert, (kind, object_id, batch, rows))
+
+    def kept(self, kind: str, object_id: str, batch: str) -> set[str] | None:
+        found = self.session.execute(self.select, (kind, object_id)).one()
+        if found is None or found.purge_batch != batch:
+            return None
+        return set(found.rows or ())
