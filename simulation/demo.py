@@ -43,7 +43,7 @@ from sinks.ledger import Report
 class DemoReport:
     # scenario -> (expected, observed) message counts: purged for purge scenarios, kept otherwise
     scenarios: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # "<policy>: <kind>s purged|kept" -> (expected, observed) object counts, for the other policies
+    # "<policy>: <kind> objects purged|kept" -> (expected, observed) counts, for the other policies
     objects: dict[str, tuple[int, int]] = field(default_factory=dict)
     wrongly_deleted: set[str] = field(default_factory=set)
     left_behind: set[str] = field(default_factory=set)
@@ -145,10 +145,10 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
             else:
                 report.scenarios[name] = (len(members), sum(platform.row(m) is not None for m in members))
         for o in written:
-            outcome = "purged" if o.eligible else "kept"
-            expected, observed = report.objects.get(f"{o.policy}: {o.kind}s {outcome}", (0, 0))
+            what = f"{o.policy}: {o.kind} objects {'purged' if o.eligible else 'kept'}"
+            expected, observed = report.objects.get(what, (0, 0))
             found = objects.gone(o) if o.eligible else objects.intact(o)
-            report.objects[f"{o.policy}: {o.kind}s {outcome}"] = (expected + 1, observed + found)
+            report.objects[what] = (expected + 1, observed + found)
         report.wrongly_deleted = {m for m in scenario_of if m not in purged and platform.row(m) is None}
         report.wrongly_deleted |= {o.id for o in written if not o.eligible and not objects.intact(o)}
         report.left_behind = {m for m in purged if platform.row(m) is not None}
