@@ -41,6 +41,8 @@ from typing import Callable, Sequence
 
 from devstack import artifacts
 from devstack.stack import Processes, Server, StackError, _port_open
+from purger import PACKAGES
+from purger.logs import log4j2_options
 
 HOST = "127.0.0.1"
 # Clear of the stack (Kafka 9092/9093, Cassandra 9042/7000/7199, S3Proxy 9000) and of the
@@ -60,7 +62,6 @@ EXECUTOR_MEMORY = "512m"  # one executor per worker, within WORKER_MEMORY
 
 ENTRY_SCRIPT = "purger_job.py"
 PACKAGES_ZIP = "purger-packages.zip"
-PACKAGES = ("core", "connectors", "policies", "purger", "streams", "sinks")
 
 
 class ClusterError(StackError):
@@ -83,7 +84,8 @@ def submit_dir() -> Path:
     return runtime_dir() / "spark-submit"
 
 
-# Spark logs at INFO by default, a dozen lines per micro-batch; keep what says where things run.
+# The master's and workers' own logs: warnings, and the deploy messages that say where things run. The
+# job's driver and executors log as `purger run` does (purger.logs).
 _LOG4J2 = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
@@ -94,19 +96,12 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
 logger.deploy.name = org.apache.spark.deploy
 logger.deploy.level = info
-logger.backend.name = org.apache.spark.scheduler.cluster
-logger.backend.level = info
-logger.context.name = org.apache.spark.SparkContext
-logger.context.level = info
-logger.ui.name = org.apache.spark.ui.SparkUI
-logger.ui.level = info
-logger.executor.name = org.apache.spark.executor.CoarseGrainedExecutorBackend
-logger.executor.level = info
 """
 
 
 def conf_dir() -> Path:
-    """SPARK_CONF_DIR for the daemons, their executors and spark-submit: the log settings only.
+    """SPARK_CONF_DIR for the daemons and spark-submit: the daemons' log settings only (the job's driver
+    and executors are given the purger's, ``submit_command``).
 
     Its own directory, so a spark-env.sh or spark-defaults.conf elsewhere cannot change them.
     """
@@ -325,6 +320,8 @@ def submit_command(
         "spark.cores.max": str(total_cores),
         # A progress bar per micro-batch would fill the log; the Spark UI shows the query's progress.
         "spark.ui.showConsoleProgress": "false",
+        # The purger's log settings for the driver and the executors, read from this machine's install.
+        **log4j2_options(),
     }
     if ui_port is not None:
         conf["spark.ui.port"] = str(ui_port)

@@ -2,6 +2,7 @@
 
     purger stack up|down|status   the local Kafka, Cassandra and S3Proxy
     purger run [--config F] [--dry-run]          the streaming purge job, until interrupted
+               [--log-level INFO]                a line per batch; WARNING: warnings only
     purger replay [--from earliest|TIME]         the same, from a fresh checkpoint, with a progress bar
     purger report [--date D]                     the daily purge report, from the ledger
     purger pending [--hours N]                   what the checkpoint's state will purge in the next N hours
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 import typer
 
 from core.config import ConfigError, PurgerConfig, load_config
+from purger.logs import LogLevel, log_to_stderr, set_spark_log_level
 
 if TYPE_CHECKING:  # the Spark modules load when a command needs them
     from purger.running import RunningPurger
@@ -37,6 +39,9 @@ app.add_typer(cluster_app, name="cluster")
 
 T = TypeVar("T")
 ConfigOption = typer.Option(None, "--config", "-c", help="TOML configuration file (defaults apply without one).")
+LogLevelOption = typer.Option(LogLevel.INFO, "--log-level", case_sensitive=False,
+                              help="The purger's own log level (a line per batch at INFO); Spark logs at WARN, "
+                                   "or at this level when it is higher.")
 
 
 def _config(path: Optional[Path]):
@@ -122,13 +127,15 @@ def _check_platform(settings: PurgerConfig) -> None:
     _exit_on_problems(check(settings))
 
 
-def _run(settings: PurgerConfig, start: Callable[..., RunningPurger]) -> None:
+def _run(settings: PurgerConfig, log_level: LogLevel, start: Callable[..., RunningPurger]) -> None:
     """Check the platform, start the purger with ``start(spark, settings, stop_requested)`` and run it until
     Ctrl-C or SIGTERM (which set ``stop_requested``); the query then stops between micro-batches."""
     from purger.spark import spark_session
 
+    log_to_stderr(log_level)
     _check_platform(settings)
     spark = spark_session(settings.stream)
+    set_spark_log_level(spark, log_level)
     stop_requested = _set_on_signals(signal.SIGINT, signal.SIGTERM)  # after the session: PySpark sets its own
     running = start(spark, settings, stop_requested)
     typer.echo(f"purger running: query {settings.stream.query_name!r}, checkpoint "
@@ -182,11 +189,13 @@ def run(
     starting_offsets: Optional[str] = typer.Option(
         None, help="For a fresh checkpoint: earliest, latest, or Spark's JSON offsets (default: from the config)."
     ),
+    log_level: LogLevel = LogLevelOption,
 ) -> None:
     """Run the purge job until interrupted (Ctrl-C stops it cleanly)."""
     from purger.running import start_purger
 
-    _run(_with_dry_run(_config(config), dry_run), lambda spark, s, _: start_purger(spark, s, starting_offsets))
+    _run(_with_dry_run(_config(config), dry_run), log_level,
+         lambda spark, s, _: start_purger(spark, s, starting_offsets))
 
 
 def _moment(value: str) -> Optional[int]:
@@ -207,6 +216,7 @@ def replay(
     config: Optional[Path] = ConfigOption,
     since: str = typer.Option("earliest", "--from", help="earliest, or an ISO time: replay the events from then."),
     dry_run: bool = DryRunOption,
+    log_level: LogLevel = LogLevelOption,
 ) -> None:
     """Replay the events topics into a fresh checkpoint (the old one is renamed), catch up, keep running."""
     from purger.replay import follow, start_replay
@@ -221,7 +231,7 @@ def replay(
             typer.echo("caught up; running on")
         return running
 
-    _run(settings, start)
+    _run(settings, log_level, start)
 
 
 @app.command("report")
@@ -332,12 +342,14 @@ def cluster_status() -> None:
 
 
 @app.command("submit")
-def submit(config: Optional[Path] = ConfigOption, dry_run: bool = DryRunOption) -> None:
+def submit(config: Optional[Path] = ConfigOption, dry_run: bool = DryRunOption,
+           log_level: LogLevel = LogLevelOption) -> None:
     """Run the job with spark-submit on the local cluster (`purger cluster up`) until Ctrl-C."""
     from devstack.cluster import run_submission
 
     _check_platform(_config(config))  # a mistake in the file or a missing table is reported before anything starts
-    raise typer.Exit(_or_exit(lambda: run_submission(config, job_args=["--dry-run"] if dry_run else [])))
+    job_args = [*(["--dry-run"] if dry_run else []), "--log-level", log_level.value]
+    raise typer.Exit(_or_exit(lambda: run_submission(config, job_args=job_args)))
 
 
 @app.command("demo")

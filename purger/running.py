@@ -90,8 +90,14 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
     report = Report(spark, config.ledger, policy_set(config))
     reporting = _every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
-                       lambda: spark.sparkContext.setLocalProperty("spark.scheduler.pool", "purger-report"))
+                       lambda: _set_up_report_thread(spark))
     return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, reporting))
+
+
+def _set_up_report_thread(spark: SparkSession) -> None:
+    """The report's jobs: in a scheduler pool of their own, and named in the Spark UI beside the batches'."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", "purger-report")
+    spark.sparkContext.setJobDescription("daily report")
 
 
 def _every(interval_s: float, action: Callable[[], None], name: str,

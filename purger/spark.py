@@ -14,6 +14,7 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from core.config import StreamConfig
+from purger.logs import log4j2_options
 
 
 def _submitted() -> bool:
@@ -39,6 +40,8 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
             builder.master(stream.master)
             .config("spark.driver.memory", stream.driver_memory)
             .config("spark.jars", jars)
+            # The purger's log settings for the JVM started here; spark-submit is given them (devstack.cluster).
+            .config(map=log4j2_options())
         )
     return (
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")

@@ -3,8 +3,9 @@
 The batch's outcomes are computed once and kept on the executors (a local
 checkpoint, so the deletes are never run twice to compute them again), appended
 to the ledger exactly once per batch (``sinks.ledger``), and summed for the
-metrics. The daily report is refreshed beside the query, not in it
-(``purger.running``).
+metrics and one INFO line (``batch_summary``). Each step's jobs carry the batch
+and the step as their description in the Spark UI. The daily report is
+refreshed beside the query, not in it (``purger.running``).
 
 Example::
 
@@ -15,20 +16,25 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
-from typing import Protocol
+from contextlib import contextmanager
+from typing import Iterator, Protocol
 
-from pyspark.sql import DataFrame
+import numpy as np
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from core.config import PurgerConfig
-from core.vocabulary import PURGED
+from core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from sinks.attempts import failpoint, first_attempt
 from sinks.ledger import Ledger, lag_seconds
 from sinks.purge import OUTCOME_SCHEMA, purge_partition
 from sinks.throttle import per_task_rate
+
+log = logging.getLogger(__name__)
 
 
 class BatchObserver(Protocol):
@@ -37,6 +43,43 @@ class BatchObserver(Protocol):
     totals: Counter[tuple[str, str]]
 
     def batch_done(self, counts: dict[tuple[str, str], int], lags_s: list[float], sink_seconds: float) -> None: ...
+
+
+_SUMMARY_STATUSES = ((PURGED, "purged"), (WOULD_DELETE, "would be deleted"), (ALREADY_GONE, "already gone"),
+                     (SKIPPED, "skipped"), (ERROR, "errors"), (DEAD_LETTERED, "dead-lettered"))
+_SUMMARY_WHEN_ANY = {WOULD_DELETE, ALREADY_GONE}  # a dry run's and a replay's: shown when there are some
+
+
+def batch_summary(batch_id: int, counts: dict[tuple[str, str], int], lags_s: list[float],
+                  sink_seconds: float) -> str:
+    """The purger's line for a batch: its outcome records (the report's ``candidates``) by status, the
+    p99 purge lag of its deletions (exact, as the report computes it), and the sink's time.
+
+    >>> batch_summary(42, {("message", "purged"): 3, ("payload", "purged"): 9, ("message", "skipped"): 1},
+    ...               [2.0, 4.0, 3.0], 1.43)
+    'batch 42: 13 candidates, 12 purged, 1 skipped, 0 errors, 0 dead-lettered, lag p99 4.0 s, in 1.4 s'
+    """
+    by_status: Counter[str] = Counter()
+    for (_, status), n in counts.items():
+        by_status[status] += n
+    shown = [f"{by_status[status]} {label}" for status, label in _SUMMARY_STATUSES
+             if by_status[status] or status not in _SUMMARY_WHEN_ANY]
+    if lags_s:
+        shown.append(f"lag p99 {float(np.percentile(lags_s, 99)):.1f} s")
+    return f"batch {batch_id}: {sum(by_status.values())} candidates, {', '.join(shown)}, in {sink_seconds:.1f} s"
+
+
+@contextmanager
+def job_description(spark: SparkSession, description: str) -> Iterator[None]:
+    """Name the jobs run inside in the Spark UI; then restore the description before (Spark's own for the
+    micro-batch). foreachBatch runs in the query's thread, whose local properties the jobs carry."""
+    context = spark.sparkContext
+    before = context.getLocalProperty("spark.job.description")
+    context.setJobDescription(description)
+    try:
+        yield
+    finally:
+        context.setJobDescription(before)  # type: ignore[arg-type]  # None removes it
 
 
 class SinkClosed(RuntimeError):
@@ -86,22 +129,30 @@ class PurgeSink:
                              spark.sparkContext.defaultParallelism)
         retried = not first_attempt(spark, f"{config.stream.checkpoint_location}/purger-attempts", batch_id)
         query_id = self.query_id
-        # Computed once and kept: computing the outcomes again would run the deletes again.
-        outcomes = spark.createDataFrame(
-            candidates.rdd.mapPartitions(lambda rows: purge_partition(rows, config, batch_id, rate, retried, query_id)),
-            OUTCOME_SCHEMA,
-        ).localCheckpoint(eager=True)
-        counts = outcomes.groupBy("kind", "status").agg(
-            F.count(F.lit(1)).alias("count"),
-            F.collect_list(F.when(F.col("status") == PURGED, lag_seconds())).alias("lags"),
-        ).collect()
+        # Computed once and kept: computing the outcomes again would run the deletes again. This job runs
+        # the whole micro-batch: the events read, the stateful stage, and the purge of its candidates.
+        with job_description(spark, f"batch {batch_id}: purge candidates"):
+            outcomes = spark.createDataFrame(
+                candidates.rdd.mapPartitions(
+                    lambda rows: purge_partition(rows, config, batch_id, rate, retried, query_id)),
+                OUTCOME_SCHEMA,
+            ).localCheckpoint(eager=True)
+        with job_description(spark, f"batch {batch_id}: counts"):
+            counts = outcomes.groupBy("kind", "status").agg(
+                F.count(F.lit(1)).alias("count"),
+                F.collect_list(F.when(F.col("status") == PURGED, lag_seconds())).alias("lags"),
+            ).collect()
         if counts:
-            self._ledger = self._ledger or Ledger(spark, config.ledger)
-            failpoint("before_ledger_write")
-            self._ledger.append(outcomes, self.query_id, batch_id)
-            failpoint("after_ledger_write")
-            self.observer.batch_done({(r["kind"], r["status"]): r["count"] for r in counts},
-                                     [lag for r in counts for lag in r["lags"]], time.monotonic() - started)
+            with job_description(spark, f"batch {batch_id}: ledger"):
+                self._ledger = self._ledger or Ledger(spark, config.ledger)
+                failpoint("before_ledger_write")
+                self._ledger.append(outcomes, self.query_id, batch_id)
+                failpoint("after_ledger_write")
+            by_kind_and_status = {(r["kind"], r["status"]): r["count"] for r in counts}
+            lags_s = [lag for r in counts for lag in r["lags"]]
+            sink_seconds = time.monotonic() - started
+            self.observer.batch_done(by_kind_and_status, lags_s, sink_seconds)
+            log.info("%s", batch_summary(batch_id, by_kind_and_status, lags_s, sink_seconds))
         outcomes.unpersist()
 
     @property

@@ -1,0 +1,170 @@
+"""The purger's logs and the names of its jobs: a line per batch with its counts, Spark's per-key noise
+switched off, ``--log-level``, and each batch's jobs named in the Spark UI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import pytest
+
+from core.config import PurgerConfig
+from core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
+from purger.logs import LogLevel, set_spark_log_level
+from simulation.mailbox import Platform
+from sinks.ledger import Ledger
+from sinks.sink import batch_summary
+from tests.support.configs import own_config, write_config
+from tests.support.waits import wait_for
+from tests.test_operations import deletable
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH_LINE = re.compile(
+    r"INFO sinks\.sink: batch (?P<batch>\d+): (?P<candidates>\d+) candidates, (?P<purged>\d+) purged, "
+    r"(?:(?P<would_delete>\d+) would be deleted, )?(?:(?P<already_gone>\d+) already gone, )?"
+    r"(?P<skipped>\d+) skipped, (?P<error>\d+) errors, (?P<dead_lettered>\d+) dead-lettered")
+# Spark's warnings per key (every new object's empty state), per batch (one longer than the trigger interval)
+# and per block computed twice: thousands of lines in a two-minute run before log4j2.properties.
+NOISE = ("Value state message doesn't contain a value", "Current batch is falling behind",
+         "already exists on this machine")
+
+
+def test_the_batch_line_counts_outcomes_by_status_over_kinds():
+    counts = {("message", PURGED): 3, ("payload", PURGED): 9, ("message", SKIPPED): 2,
+              ("payload", ERROR): 1, ("dead_letter", DEAD_LETTERED): 4}
+    line = batch_summary(7, counts, [1.0] * 99 + [101.0], 2.345)
+    assert line == ("batch 7: 19 candidates, 12 purged, 2 skipped, 1 errors, 4 dead-lettered, lag p99 2.0 s, "
+                    "in 2.3 s")
+    assert BATCH_LINE.search(f"INFO sinks.sink: {line}")["purged"] == "12"
+
+
+def test_the_batch_line_shows_a_dry_runs_and_a_replays_statuses_only_when_there_are_some():
+    line = batch_summary(0, {("message", WOULD_DELETE): 2, ("payload", ALREADY_GONE): 1}, [], 0.5)
+    assert line == ("batch 0: 3 candidates, 0 purged, 2 would be deleted, 1 already gone, 0 skipped, 0 errors, "
+                    "0 dead-lettered, in 0.5 s")
+    assert BATCH_LINE.search(f"INFO sinks.sink: {line}")["would_delete"] == "2"
+
+
+@pytest.mark.parametrize("level, spark_level", [(LogLevel.DEBUG, "WARN"), (LogLevel.INFO, "WARN"),
+                                                (LogLevel.WARNING, "WARN"), (LogLevel.ERROR, "ERROR")])
+def test_spark_logs_at_warn_unless_the_purgers_level_is_higher(level, spark_level):
+    levels: list[str] = []
+    set_spark_log_level(SimpleNamespace(sparkContext=SimpleNamespace(setLogLevel=levels.append)), level)
+    assert levels == [spark_level]
+
+
+# --- a purger of its own process ----------------------------------------------------------------------
+
+
+def run_until(config_file: Path, log: Path, done: Callable[[], bool], *options: str) -> list[str]:
+    """Run `python -m purger.job` until ``done()``, stop it with SIGTERM, and return what it printed."""
+    with log.open("wb") as output:
+        process = subprocess.Popen([sys.executable, "-m", "purger.job", "--config", str(config_file), *options],
+                                   cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: done() or process.poll() is not None, timeout_s=300, what="the purger's deletions")
+        assert process.poll() is None, f"the purger ended ({process.returncode}):\n{log.read_text()[-3000:]}"
+    finally:
+        process.terminate()  # the driver alone: it stops the query between batches (purger.cli)
+        try:
+            assert process.wait(timeout=120) == 0
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # PySpark's worker daemon, if it outlived the driver
+            except ProcessLookupError:
+                pass
+    return log.read_text().splitlines()
+
+
+def ledger_counts(spark, config: PurgerConfig) -> dict[int, Counter[str]]:
+    """The ledger's records per batch, by status."""
+    per_batch: dict[int, Counter[str]] = {}
+    for r in Ledger(spark, config.ledger).records().groupBy("batch_id", "status").count().collect():
+        per_batch.setdefault(r["batch_id"], Counter())[r["status"]] = r["count"]
+    return per_batch
+
+
+@pytest.mark.integration
+def test_a_run_logs_one_line_per_batch_and_no_per_key_warnings(spark, config, tmp_path_factory):
+    """A purger in its own process logs each batch's counts in one line, which match its ledger records,
+    and little else: not Spark's warning per key. With --log-level WARNING the lines are not there."""
+    tmp = tmp_path_factory.mktemp("logs")
+    own = own_config(config, tmp, "logs")
+    own = own.model_copy(update={"metrics": own.metrics.model_copy(update={"port": 0})})
+    config_file = write_config(own, tmp / "purger.toml")
+    platform = Platform(own)
+    try:
+        def purged(messages: list[str]) -> Callable[[], bool]:
+            return lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in messages)
+
+        quiet_messages = deletable(platform, own, 2, "logs-quiet")
+        quiet = run_until(config_file, tmp / "quiet.log", purged(quiet_messages), "--log-level", "WARNING")
+        assert not [line for line in quiet if BATCH_LINE.search(line)], "\n".join(quiet)
+        batches_before = set(ledger_counts(spark, own))
+        assert batches_before
+
+        messages = deletable(platform, own, 3, "logs")
+        lines = run_until(config_file, tmp / "purger.log", purged(messages))
+    finally:
+        platform.close()
+    text = "\n".join(lines)
+    assert not [noise for noise in NOISE if noise in text or noise in "\n".join(quiet)], text
+
+    logged = {int(m["batch"]): m for m in map(BATCH_LINE.search, lines) if m}
+    ledger = {batch: counts for batch, counts in ledger_counts(spark, own).items() if batch not in batches_before}
+    assert set(logged) == set(ledger), text
+    for batch, m in logged.items():
+        counts = ledger[batch]
+        assert int(m["candidates"]) == sum(counts.values()), m.group(0)
+        for status in (PURGED, SKIPPED, ERROR, DEAD_LETTERED):
+            assert int(m[status]) == counts[status], (status, m.group(0))
+    # Each message's row, and its payload's row and two blobs.
+    assert sum(int(m[PURGED]) for m in logged.values()) == 4 * len(messages)
+    # Besides the batch lines, a few at start and stop: the command's own, Spark's advice on the host, and what
+    # the Python worker that sets the stateful stage up prints (once per query start).
+    other = [line for line in lines if line.strip() and not BATCH_LINE.search(line)]
+    assert len(other) <= 15, text
+
+
+# --- the Spark UI -------------------------------------------------------------------------------------
+
+
+def ui_jobs(spark) -> list[dict]:
+    """The jobs of this session, from the Spark UI's REST API."""
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/jobs"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+@pytest.mark.integration
+def test_each_batch_names_its_jobs_in_the_spark_ui(spark, config, tmp_path_factory):
+    """The jobs of a batch that purged are named after the batch and the step: the purge, the counts and the
+    ledger; the daily report's jobs beside them after the report."""
+    from purger.running import start_purger
+
+    own = own_config(config, tmp_path_factory.mktemp("jobs"), "jobs")
+    platform = Platform(own)
+    running = start_purger(spark, own)
+    try:
+        messages = deletable(platform, own, 2, "jobs")
+        wait_for(lambda: running.sink.totals[("message", PURGED)] >= len(messages), what="the deletions")
+        # Delta's jobs prefix the description with "Delta: ".
+        wait_for(lambda: any("daily report" in job.get("description", "") for job in ui_jobs(spark)),
+                 what="the daily report's jobs")
+    finally:
+        running.stop()
+        platform.close()
+    batches = {r["batch_id"] for r in Ledger(spark, own.ledger).records().select("batch_id").collect()}
+    descriptions = {job.get("description", "") for job in ui_jobs(spark)}
+    for batch in batches:
+        for step in ("purge candidates", "counts", "ledger"):
+            assert any(d.startswith(f"batch {batch}: {step}") for d in descriptions), (batch, step, descriptions)
