@@ -25,7 +25,7 @@ from sinks.ledger import Ledger
 from sinks.sink import batch_summary
 from tests.support.configs import own_config, write_config
 from tests.support.waits import wait_for
-from tests.test_operations import deletable
+from tests.support.mailbox import deletable
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH_LINE = re.compile(

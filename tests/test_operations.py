@@ -26,6 +26,7 @@ from sinks.ledger import LAG_PERCENTILES, Ledger, Report
 from sinks.purge import OUTCOME_SCHEMA
 from purger.running import start_purger
 from tests.support.configs import mailbox, own_config
+from tests.support.mailbox import deletable
 from tests.support.waits import ago, now, observed, wait_for, wait_for_watermark
 
 pytestmark = pytest.mark.integration
@@ -44,20 +45,6 @@ def ops_platform(ops):
     platform = Platform(ops)
     yield platform
     platform.close()
-
-
-def deletable(platform: Platform, config: PurgerConfig, n: int, tag: str,
-              sent: dict[str, bool] | None = None) -> list[str]:
-    """``n`` messages deleted by the platform long enough ago, each with a payload in both data centres;
-    noted in ``sent`` (message id -> row expected to stay) when given."""
-    ids = [f"{tag}-{uuid.uuid4().hex[:6]}-{i}" for i in range(n)]
-    for m in ids:
-        platform.enqueue(m, f"p-{m}")
-        platform.delete(m, at=ago(mailbox(config).deleted_ttl))
-        if sent is not None:
-            sent[m] = False
-    platform.flush()
-    return ids
 
 
 def kept_by_the_double_check(platform: Platform, config: PurgerConfig, tag: str,

@@ -8,6 +8,8 @@ import uuid
 
 from pyspark.sql import Row
 
+from core.config import PurgerConfig
+from simulation.mailbox import Platform
 from sinks.purge import purge_partition
 from tests.support.configs import mailbox
 from tests.support.waits import ago
@@ -35,3 +37,17 @@ def unreferenced_payload(platform, config, dcs=("dc1", "dc2")):
     platform.enqueue(m, p, dcs=dcs, at=ago(mailbox(config).payload_grace))
     platform.session.execute(f"DELETE FROM {mailbox(config).payload_refs_table} WHERE payload_id = %s", (p,))
     return p
+
+
+def deletable(platform: Platform, config: PurgerConfig, n: int, tag: str,
+              sent: dict[str, bool] | None = None) -> list[str]:
+    """``n`` messages deleted by the platform long enough ago, each with a payload in both data centres;
+    noted in ``sent`` (message id -> row expected to stay) when given."""
+    ids = [f"{tag}-{uuid.uuid4().hex[:6]}-{i}" for i in range(n)]
+    for m in ids:
+        platform.enqueue(m, f"p-{m}")
+        platform.delete(m, at=ago(mailbox(config).deleted_ttl))
+        if sent is not None:
+            sent[m] = False
+    platform.flush()
+    return ids
