@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 from kafka import KafkaConsumer
@@ -217,12 +218,8 @@ FAILPOINTS = ("after_message_delete", "after_blob_delete", "before_ledger_write"
               "after_user_dependent_delete", "before_uow_claim", "after_uow_child_delete")
 
 
-def write_work(platform: Platform, objects: PolicyObjects, prefix: str, n: int, config, eligible: list[str],
-               live: list[str], written: list[PolicyObject]) -> None:
-    """``n`` deleted messages, eligible at once, and one live message; their ids added to the lists. And one
-    eligible and one kept object of each other policy, added to ``written``."""
-    written += objects.write(f"{prefix}-{uuid.uuid4().hex[:8]}")
-    objects.flush()
+def write_work(platform: Platform, prefix: str, n: int, config, eligible: list[str], live: list[str]) -> None:
+    """``n`` deleted messages, eligible at once, and one live message; their ids added to the lists."""
     for _ in range(n):
         m = f"{prefix}-{uuid.uuid4().hex[:8]}"
         platform.enqueue(m, f"p-{m}", at=ago(mailbox(config).deleted_ttl))
@@ -234,12 +231,12 @@ def write_work(platform: Platform, objects: PolicyObjects, prefix: str, n: int, 
     platform.flush()
 
 
-def end_state(spark, platform: Platform, objects: PolicyObjects, config, eligible: list[str], live: list[str],
-              written: list[PolicyObject]) -> tuple[list, set, set, set]:
+def end_state(spark, platform: Platform, config, eligible: list[str], live: list[str],
+              objects: PolicyObjects | None = None, written: Sequence[PolicyObject] = ()) -> tuple[list, set, set, set]:
     """What a run left: the live messages deleted (row, payload row or a blob) and the kept objects of the
     other policies not intact, and the ledger's `purged` records against one per eligible message, payload
-    row and blob, and per row of the other policies' eligible objects: (wrongly_deleted, missing, doubled,
-    unexpected)."""
+    row and blob, and per row of the other policies' eligible objects (``written``, through ``objects``):
+    (wrongly_deleted, missing, doubled, unexpected)."""
     wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
     wrongly_deleted += [o.id for o in written if not o.eligible and not objects.intact(o)]
     records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()
@@ -270,7 +267,9 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
     rng = random.Random(5)
 
     def more_work(n: int = 3) -> None:
-        write_work(platform, objects, "kill", n, own, eligible, live, written)
+        write_work(platform, "kill", n, own, eligible, live)
+        written.extend(objects.write(f"kill-{uuid.uuid4().hex[:8]}"))
+        objects.flush()
 
     def start(**env: str) -> subprocess.Popen:
         log = open(tmp / "purger.log", "ab")
@@ -310,8 +309,8 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
             process.wait(timeout=120)
             if _group_alive(process.pid):  # Spark's worker daemon, if it outlived the driver
                 os.killpg(process.pid, signal.SIGKILL)
-        wrongly_deleted, missing, doubled, unexpected = end_state(spark, platform, objects, own, eligible, live,
-                                                                  written)
+        wrongly_deleted, missing, doubled, unexpected = end_state(spark, platform, own, eligible, live,
+                                                                  objects, written)
         reliability("kill -9 and restart", injected=sum(kills.values()), survived=sum(kills.values()),
                     wrongly_deleted=len(wrongly_deleted), left_behind=0, ledger_missing=len(missing),
                     ledger_doubled=len(doubled), **{k.replace(" ", "_"): v for k, v in kills.items()})
