@@ -32,7 +32,7 @@ from typing import Callable
 from devstack import artifacts
 from core.config import PurgerConfig, build_config
 from policies import events_topics, policy_set
-from sinks.journal import JOURNAL_SCHEMA
+from sinks.journal import create_journal
 
 KAFKA_PORT = 9092
 KAFKA_CONTROLLER_PORT = 9093
@@ -312,7 +312,7 @@ def create_schema(config: PurgerConfig) -> None:
             for statement in policy.schema.format(keyspace=keyspace).split(";"):
                 if statement.strip():
                     session.execute(statement, timeout=60)
-        session.execute(JOURNAL_SCHEMA.format(keyspace=keyspace, table=config.cassandra.journal_table), timeout=60)
+        create_journal(session, keyspace, config.cassandra.journal_table)
     finally:
         session.cluster.shutdown()
 

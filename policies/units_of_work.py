@@ -77,8 +77,7 @@ from core.policy import (
 )
 from core.times import epoch_ms, format_timestamp, from_epoch_ms, now_ms
 from core.vocabulary import (
-    BEING_DELETED, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE,
-    reason,
+    BEING_DELETED, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
 
 UNIT_OF_WORK = "unit_of_work"

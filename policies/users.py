@@ -102,8 +102,7 @@ from core.policy import (
 )
 from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
 from core.vocabulary import (
-    BEING_DELETED, LIVE_REASON, NOT_YET_DUE, PRESENT, PURGED, SKIPPED,
-    WOULD_DELETE, reason,
+    BEING_DELETED, LIVE_REASON, NOT_YET_DUE, PRESENT, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
 
 USER = "user"

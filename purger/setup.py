@@ -34,9 +34,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from connectors import ServerUnavailable, cassandra_session, s3_client
-from core.config import KafkaConfig, PurgerConfig
+from core.config import CassandraConfig, KafkaConfig, PurgerConfig
 from policies import policy_set
-from sinks.journal import JOURNAL_COLUMNS, JOURNAL_SCHEMA
+from sinks.journal import JOURNAL_COLUMNS, create_journal
 
 if TYPE_CHECKING:
     from kafka.admin import KafkaAdminClient
@@ -225,7 +225,7 @@ def _cassandra(config: PurgerConfig, create: bool, findings: Findings) -> None:
         session.cluster.shutdown()
 
 
-def _journal(session: Any, cassandra: Any, where: str, columns: dict[str, set[str]], create: bool,
+def _journal(session: Any, cassandra: CassandraConfig, where: str, columns: dict[str, set[str]], create: bool,
              findings: Findings) -> None:
     """The purger's own table: created when missing, or one problem line."""
     keyspace, table = _cql_name(cassandra.keyspace), _cql_name(cassandra.journal_table)
@@ -235,7 +235,7 @@ def _journal(session: Any, cassandra: Any, where: str, columns: dict[str, set[st
             "and run `purger setup` again (it holds nothing a stopped purger needs)"
             for column in sorted(JOURNAL_COLUMNS - columns[table]))
     elif create:
-        session.execute(JOURNAL_SCHEMA.format(keyspace=cassandra.keyspace, table=cassandra.journal_table), timeout=60)
+        create_journal(session, cassandra.keyspace, cassandra.journal_table)
         findings.created.append(f"table {keyspace}.{table} (cassandra.journal_table, the purger's journal) on {where}")
     else:
         findings.problems.append(f"{where}: table {keyspace}.{table} (cassandra.journal_table, the purger's own) "

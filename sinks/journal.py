@@ -22,7 +22,7 @@ from core.policy import Journal
 
 JOURNAL_TTL_S = 30 * 24 * 3600
 
-JOURNAL_SCHEMA = """
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
   kind        text,
   object_id   text,
@@ -33,6 +33,11 @@ CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
 """ % JOURNAL_TTL_S
 
 JOURNAL_COLUMNS = frozenset({"kind", "object_id", "purge_batch", "rows"})
+
+
+def create_journal(session: Any, keyspace: str, table: str) -> None:
+    """Create the journal table ``keyspace.table`` if it does not exist."""
+    session.execute(_SCHEMA.format(keyspace=keyspace, table=table), timeout=60)
 
 
 class CassandraJournal(Journal):

@@ -126,8 +126,7 @@ from core.policy import (
 )
 from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
 from core.vocabulary import (
-    BEING_DELETED, KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, PURGED, SKIPPED,
-    WOULD_DELETE, reason,
+    BEING_DELETED, KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
 
 NAME = "push_clients"

@@ -22,7 +22,7 @@ import pytest
 
 from core.config import CassandraConfig, KafkaConfig
 from core.policy import Control, ObjectKind, Policy, Resources
-from sinks.journal import CassandraJournal, JOURNAL_SCHEMA
+from sinks.journal import CassandraJournal, create_journal
 
 
 class RecordingControl(Control):
@@ -60,7 +60,7 @@ def policy_keyspace(policy_class: type[Policy], prefix: str) -> Iterator[tuple[A
         for statement in policy_class.schema.format(keyspace=name).split(";"):
             if statement.strip():
                 session.execute(statement)
-        session.execute(JOURNAL_SCHEMA.format(keyspace=name, table=CassandraConfig().journal_table))
+        create_journal(session, name, CassandraConfig().journal_table)
         yield session, name
     finally:
         session.execute(f"DROP KEYSPACE {name}")
