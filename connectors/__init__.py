@@ -31,7 +31,7 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
 
     auth = None
     if config.username:
-        auth = PlainTextAuthProvider(config.username, config.password or "")
+        auth = PlainTextAuthProvider(config.username, config.password.get_secret_value() if config.password else "")
     cluster = Cluster(
         config.hosts,
         port=config.port,
@@ -57,11 +57,13 @@ def s3_client(config: ObjectStoreConfig, attempts: int = 3, read_timeout_s: floa
     import boto3
     from botocore.config import Config
 
+    keys = {}
+    if config.credentials == "keys":
+        keys = {"aws_access_key_id": config.access_key, "aws_secret_access_key": config.secret_key.get_secret_value()}
     return boto3.client(
         "s3",
         endpoint_url=config.endpoint,
-        aws_access_key_id=config.access_key,
-        aws_secret_access_key=config.secret_key,
+        **keys,  # or else boto3's own chain: AWS_* variables, ~/.aws, an instance or pod role
         region_name=config.region,
         config=Config(
             s3={"addressing_style": "path"},

@@ -4,7 +4,11 @@ Every key has a default that matches SPEC section 4 or the local stack, so an
 empty file is a valid configuration for the demo. Endpoints can be overridden
 from the environment (``PURGER_KAFKA_BOOTSTRAP``, ``PURGER_CASSANDRA_HOSTS``,
 ``PURGER_S3_ENDPOINT``) so the same file serves the local stack, Docker and a
-real deployment.
+real deployment. So can credentials (``PURGER_KAFKA_USERNAME``,
+``PURGER_KAFKA_PASSWORD``, ``PURGER_CASSANDRA_USERNAME``,
+``PURGER_CASSANDRA_PASSWORD``, ``PURGER_S3_ACCESS_KEY``, ``PURGER_S3_SECRET_KEY``),
+which then need not be in the file. Secrets are ``SecretStr``: printed, logged
+or dumped, they read ``**********``.
 
 Example::
 
@@ -22,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -55,8 +59,35 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class KafkaSecurity(_Section):
+    """How every Kafka client of the purger connects: the Spark source, the producers (clock, control
+    reports, dead letters), the replay's and setup's clients."""
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    username: str | None = None
+    password: SecretStr | None = None
+    # PEM files: the authority that signed the brokers' certificates (the system's when unset), and a
+    # client certificate and key for brokers that require one (ssl.client.auth=required).
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    check_hostname: bool = True
+
+    @model_validator(mode="after")
+    def _sasl_needs_a_login(self) -> "KafkaSecurity":
+        if self.protocol.startswith("SASL") and not (self.username and self.password):
+            raise ValueError(f"protocol {self.protocol} needs username and password "
+                             "(or PURGER_KAFKA_USERNAME and PURGER_KAFKA_PASSWORD)")
+        return self
+
+
 class KafkaConfig(_Section):
     bootstrap_servers: str = "127.0.0.1:9092"
+    security: KafkaSecurity = Field(default_factory=KafkaSecurity)
+    # Any other Kafka client property by its Java name, e.g. "client.dns.lookup": given to the Spark
+    # source as kafka.<name>, and to the Python clients where kafka-python has it (dots as underscores).
+    properties: dict[str, str] = Field(default_factory=dict)
     topics: list[str] = Field(default_factory=lambda: ["mailbox.events"], min_length=1)
     # Where a fresh checkpoint starts reading; an existing checkpoint always resumes.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
@@ -68,20 +99,42 @@ class KafkaConfig(_Section):
     dead_letter_topic: str = "purger.dead-letter"
 
 
+class CassandraTls(_Section):
+    # PEM files: the authority that signed the nodes' certificates, and a client certificate and key
+    # for nodes that require one (require_client_auth).
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+    check_hostname: bool = True
+
+
 class CassandraConfig(_Section):
     hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1"], min_length=1)
     port: int = Field(default=9042, gt=0, lt=65536)
     keyspace: str = "mailbox"
     # The purger's own table in that keyspace (sinks.journal), created by `purger setup`.
     journal_table: str = "purger_journal"
+    # PasswordAuthenticator's login.
     username: str | None = None
-    password: str | None = None
+    password: SecretStr | None = None
+    # Client encryption: set to connect over TLS.
+    tls: CassandraTls | None = None
+    # The data centre whose nodes the purger talks to (the first contact point's when unset).
+    local_data_centre: str | None = None
+    # Reads and plain writes. The conditional deletes' check runs at serial_consistency: SERIAL runs the
+    # check across every data centre, so a revival written through another one is never lost;
+    # LOCAL_SERIAL only in the local one (README, "Consistency").
+    consistency: Literal["ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"] = "LOCAL_QUORUM"
+    serial_consistency: Literal["SERIAL", "LOCAL_SERIAL"] = "SERIAL"
 
 
 class S3Endpoint(_Section):
     endpoint: str = "http://127.0.0.1:9000"
+    # "keys": access_key and secret_key below (the local stack's by default); "aws": the standard AWS
+    # credential chain (AWS_* environment variables, ~/.aws, an instance or pod role), keys unused.
+    credentials: Literal["keys", "aws"] = "keys"
     access_key: str = "purger"
-    secret_key: str = "purger-secret"
+    secret_key: SecretStr = SecretStr("purger-secret")
     region: str = "us-east-1"
 
 
@@ -165,6 +218,11 @@ class ConfigError(ValueError):
 def _environment_overrides(raw: dict[str, Any]) -> dict[str, Any]:
     if bootstrap := os.environ.get("PURGER_KAFKA_BOOTSTRAP"):
         raw.setdefault("kafka", {})["bootstrap_servers"] = bootstrap
+    for name, key in (("USERNAME", "username"), ("PASSWORD", "password")):
+        if value := os.environ.get(f"PURGER_KAFKA_{name}"):
+            raw.setdefault("kafka", {}).setdefault("security", {})[key] = value
+        if value := os.environ.get(f"PURGER_CASSANDRA_{name}"):
+            raw.setdefault("cassandra", {})[key] = value
     if hosts := os.environ.get("PURGER_CASSANDRA_HOSTS"):
         # host[:port][,host...]
         names = [h.strip() for h in hosts.split(",") if h.strip()]
@@ -176,6 +234,12 @@ def _environment_overrides(raw: dict[str, Any]) -> dict[str, Any]:
         stores = raw.setdefault("stores", {dc: {"bucket": dc} for dc in ("dc1", "dc2")})
         for store in stores.values():
             store["endpoint"] = endpoint
+    for name, key in (("ACCESS_KEY", "access_key"), ("SECRET_KEY", "secret_key")):
+        if value := os.environ.get(f"PURGER_S3_{name}"):
+            stores = raw.setdefault("stores", {dc: {"bucket": dc} for dc in ("dc1", "dc2")})
+            for store in stores.values():
+                store[key] = value
+            raw.setdefault("ledger", {}).setdefault("s3", {})[key] = value
     return raw
 
 

@@ -330,7 +330,7 @@ def _configure_s3proxy(home: Path) -> list[str]:
                 f"s3proxy.endpoint=http://127.0.0.1:{S3_PORT}",
                 "s3proxy.authorization=aws-v2-or-v4",
                 f"s3proxy.identity={store.access_key}",
-                f"s3proxy.credential={store.secret_key}",
+                f"s3proxy.credential={store.secret_key.get_secret_value()}",
                 "jclouds.provider=filesystem",
                 f"jclouds.filesystem.basedir={home / 'data'}",
             ]

@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import pickle
 import threading
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ _made: dict[str, Clients] = {}
 
 def executor_clients(config: PurgerConfig) -> Clients:
     """This executor process's clients for a configuration, made once."""
-    key = config.model_dump_json()
+    key = pickle.dumps(config)  # not its JSON, where every secret reads "**********"
     with _lock:
         if key not in _made:
             policies = policy_set(config)

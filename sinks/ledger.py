@@ -64,11 +64,17 @@ def _use_s3a(spark: SparkSession, ledger: LedgerConfig) -> None:
     if not (ledger.path.startswith("s3a://") or ledger.report_path.startswith("s3a://")):
         return
     s3 = ledger.s3
+    if s3.credentials == "keys":
+        # Spark's UI shows these settings with the secret redacted (spark.redaction.regex).
+        credentials = {"fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+                       "fs.s3a.access.key": s3.access_key, "fs.s3a.secret.key": s3.secret_key.get_secret_value()}
+    else:
+        credentials = {"fs.s3a.aws.credentials.provider":
+                       "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"}
     for key, value in {
         "fs.s3a.endpoint": s3.endpoint,
         "fs.s3a.endpoint.region": s3.region,
-        "fs.s3a.access.key": s3.access_key,
-        "fs.s3a.secret.key": s3.secret_key,
+        **credentials,
         "fs.s3a.path.style.access": "true",
         "fs.s3a.connection.ssl.enabled": str(s3.endpoint.startswith("https")).lower(),
     }.items():

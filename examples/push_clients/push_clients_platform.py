@@ -48,7 +48,8 @@ class PushClientsPlatform:
                  keyspace: str | None = None) -> None:
         self.topic = topic
         self.producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=5)
-        auth = PlainTextAuthProvider(cassandra.username, cassandra.password or "") if cassandra.username else None
+        auth = (PlainTextAuthProvider(cassandra.username, cassandra.password.get_secret_value() if cassandra.password else "")
+                if cassandra.username else None)
         self.cluster = Cluster(cassandra.hosts, port=cassandra.port, auth_provider=auth, protocol_version=5)
         self.session = self.cluster.connect()
         prepare = self.session.prepare
