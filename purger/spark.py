@@ -46,6 +46,9 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
     return (
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        # Each ledger commit rebuilds the table's snapshot in this many tasks: Delta's 50 made it a
+        # 53-task job per batch; the ledger's log is small (BENCHMARKS.md, bench.ledger).
+        .config("spark.databricks.delta.snapshotPartitions", "2")
         # Python transformWithState refuses the default HDFS-backed provider.
         .config(
             "spark.sql.streaming.stateStore.providerClass",

@@ -8,6 +8,8 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from core.config import MetricsConfig, PurgerConfig
 from devstack.stack import prepare
 from policies import policy_set
@@ -57,13 +59,17 @@ def toml(raw: dict, prefix: str = "") -> str:
     return "\n".join([*head, *lines, "", *tables])
 
 
-def write_config(config: PurgerConfig, path: Path) -> Path:
-    """The configuration as a TOML file, for a purger in another process."""
+def write_config(config: PurgerConfig, path: Path, secrets: bool = True) -> Path:
+    """The configuration as a TOML file, for a purger in another process; without ``secrets``, the file has
+    no password or secret key (the process is to take them from its environment)."""
     def plain(value):
         if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items() if v is not None}
+            return {k: plain(v) for k, v in value.items()
+                    if v is not None and (secrets or not isinstance(v, SecretStr))}
         if isinstance(value, timedelta):
             return value.total_seconds()
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
         return value
 
     path.write_text(toml(plain(config.model_dump())))
