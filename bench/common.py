@@ -33,7 +33,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from core.config import PurgerConfig, build_config
-from connectors import kafka_producer
+from connectors import kafka_client, kafka_producer
 from devstack.stack import LocalStack
 from streams.clock import tick
 
@@ -113,7 +113,7 @@ def _commit() -> str:
 
 
 def topic_end_offsets(config: PurgerConfig, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
-    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers)
+    consumer = kafka_client(KafkaConsumer, config.kafka)
     try:
         partitions = [TopicPartition(t, p) for t in topics or config.kafka.topics
                       for p in sorted(consumer.partitions_for_topic(t) or ())]
@@ -126,8 +126,8 @@ def read_all_with_kafka_python(config: PurgerConfig) -> tuple[int, float]:
     """Baseline: a plain kafka-python read of the events topics from the earliest offset; (records, seconds)."""
     ends = topic_end_offsets(config)
     total = sum(ends.values())
-    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers, auto_offset_reset="earliest",
-                             enable_auto_commit=False, max_poll_records=5000, fetch_max_bytes=64 * 2**20)
+    consumer = kafka_client(KafkaConsumer, config.kafka, auto_offset_reset="earliest", enable_auto_commit=False,
+                            max_poll_records=5000, fetch_max_bytes=64 * 2**20)
     consumer.assign([TopicPartition(t, p) for t, p in ends])
     consumer.seek_to_beginning()
     read = 0

@@ -6,17 +6,26 @@ Example::
     from connectors import cassandra_session, s3_client
     config = load_config()
     session = cassandra_session(config.cassandra)
+    read = read_serially(session, session.prepare("SELECT * FROM mailbox.messages WHERE message_id = ?"))
     s3 = s3_client(config.stores["dc1"])
+    consumer = KafkaConsumer(**kafka_client_options(config.kafka, KafkaConsumer))
+    reader = spark.read.format("kafka").options(**spark_kafka_options(config.kafka))
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import socket
+import ssl
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from core.config import CassandraConfig, KafkaConfig, ObjectStoreConfig
+from core.config import CassandraConfig, CassandraTls, ConfigError, KafkaConfig, S3Endpoint
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
+    from cassandra.query import Statement
+
+    AnyStatement = TypeVar("AnyStatement", bound=Statement)
     from kafka import KafkaProducer
 
 
@@ -24,7 +33,18 @@ class ServerUnavailable(RuntimeError):
     """A server did not answer; the message names its address."""
 
 
+class KafkaRefused(ServerUnavailable):
+    """Kafka brokers answered but refused this client: its login or their certificate. The message names the
+    address and the keys to check."""
+
+
+_Client = TypeVar("_Client")
+
+
 def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "Session":
+    """A session on ``config``'s nodes (login, TLS, local data centre and consistency levels as configured);
+    ``ServerUnavailable``, one line naming the address and what to do, when it cannot connect."""
+    from cassandra import ConsistencyLevel, InvalidRequest
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
     from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
@@ -32,12 +52,19 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
     auth = None
     if config.username:
         auth = PlainTextAuthProvider(config.username, config.password.get_secret_value() if config.password else "")
+    address = ", ".join(f"{h}:{config.port}" for h in config.hosts)
     cluster = Cluster(
         config.hosts,
         port=config.port,
         auth_provider=auth,
+        ssl_context=_tls_context(config.tls, address) if config.tls else None,
         execution_profiles={
-            EXEC_PROFILE_DEFAULT: ExecutionProfile(load_balancing_policy=DCAwareRoundRobinPolicy(), request_timeout=30)
+            EXEC_PROFILE_DEFAULT: ExecutionProfile(
+                load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=config.local_data_centre),
+                consistency_level=ConsistencyLevel.name_to_value[config.consistency],
+                serial_consistency_level=ConsistencyLevel.name_to_value[config.serial_consistency],
+                request_timeout=30,
+            )
         },
         protocol_version=5,
         # After an outage, look for the nodes every few seconds rather than backing off to minutes:
@@ -48,11 +75,54 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
         return cluster.connect(keyspace)
     except (NoHostAvailable, OSError) as error:
         cluster.shutdown()
-        address = ", ".join(f"{h}:{config.port}" for h in config.hosts)
-        raise ServerUnavailable(f"Cassandra at {address} does not answer ({_reasons(error)})") from None
+        raise ServerUnavailable(f"Cassandra at {address} {_cassandra_refusal(error, config)}") from None
+    except InvalidRequest:  # the keyspace does not exist
+        cluster.shutdown()
+        raise ServerUnavailable(f"Cassandra at {address}: keyspace {keyspace} does not exist; create it, or "
+                                "correct cassandra.keyspace") from None
 
 
-def s3_client(config: ObjectStoreConfig, attempts: int = 3, read_timeout_s: float = 30):  # -> botocore S3 client
+def read_serially(session: "Session", statement: "AnyStatement") -> "AnyStatement":
+    """``statement``, a read, set to run at the session's serial consistency (cassandra.serial_consistency):
+    it then sees the outcome of every lightweight transaction, including one not yet settled, in every
+    data centre (SERIAL) or in the local one (LOCAL_SERIAL)."""
+    from cassandra import ConsistencyLevel
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT
+
+    level = session.get_execution_profile(EXEC_PROFILE_DEFAULT).serial_consistency_level
+    statement.consistency_level = level if level is not None else ConsistencyLevel.SERIAL
+    return statement
+
+
+def _tls_context(tls: CassandraTls, address: str) -> ssl.SSLContext:
+    """Client encryption from the configured PEM files; a file that cannot be read is one line naming it."""
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+        context.check_hostname = tls.check_hostname
+    except (OSError, ssl.SSLError) as error:
+        raise ServerUnavailable(f"Cassandra at {address}: cannot read the PEM files of [cassandra.tls] ({error}); "
+                                "correct cassandra.tls.ca_file") from None
+    return context
+
+
+def _cassandra_refusal(error: Exception, config: CassandraConfig) -> str:
+    """Why the nodes refused or did not answer, and what to do, from the driver's reason per host."""
+    reasons = _reasons(error)
+    if "AuthenticationFailed" in reasons or "Bad credentials" in reasons or "Provided username" in reasons:
+        return (f"refused the login of {config.username!r}: correct cassandra.username and cassandra.password "
+                "(or PURGER_CASSANDRA_USERNAME and PURGER_CASSANDRA_PASSWORD)")
+    if "requires authentication" in reasons:
+        return ("requires a login: set cassandra.username and cassandra.password (or PURGER_CASSANDRA_USERNAME "
+                "and PURGER_CASSANDRA_PASSWORD)")
+    if "SSL" in reasons or "certificate" in reasons.lower():
+        return (f"refused TLS ({reasons}): set cassandra.tls.ca_file to the authority that signed the nodes' "
+                "certificates, and check cassandra.tls.check_hostname against the names in them")
+    if config.tls is None and ("reset" in reasons or "closed" in reasons.lower()):
+        return (f"closed the connection ({reasons}): if its nodes require TLS, set [cassandra.tls] with ca_file")
+    return f"does not answer ({reasons}): check cassandra.hosts, cassandra.port and that the nodes run"
+
+
+def s3_client(config: S3Endpoint, attempts: int = 3, read_timeout_s: float = 30):  # -> botocore S3 client
     """``attempts`` and ``read_timeout_s`` bound how long a store that does not answer holds a call."""
     import boto3
     from botocore.config import Config
@@ -77,14 +147,159 @@ def s3_client(config: ObjectStoreConfig, attempts: int = 3, read_timeout_s: floa
     )
 
 
-def kafka_producer(config: KafkaConfig, **options) -> "KafkaProducer":
+def kafka_client_options(config: KafkaConfig, client: type) -> dict[str, Any]:
+    """Keyword options for a kafka-python client of class ``client`` (``KafkaProducer``, ``KafkaConsumer``,
+    ``KafkaAdminClient``): the bootstrap servers, ``kafka.security``, and each of ``kafka.properties``
+    that kafka-python knows for that class (its name with dots as underscores), as the type of its default.
+    The options hold the password: never log them."""
+    known = client.DEFAULT_CONFIG
+    options: dict[str, Any] = {}
+    for name, value in config.properties.items():
+        key = name.replace(".", "_")
+        if key in known:
+            options[key] = _as_type_of(known[key], value, name)
+    security = config.security
+    options.update(bootstrap_servers=config.bootstrap_servers, security_protocol=security.protocol)
+    if security.protocol.startswith("SASL_"):
+        # kafka-python takes the SCRAM login under the same names as the PLAIN one.
+        options.update(sasl_mechanism=security.sasl_mechanism, sasl_plain_username=security.username,
+                       sasl_plain_password=security.password.get_secret_value())
+    if security.protocol.endswith("SSL"):
+        options.update(ssl_cafile=security.ca_file, ssl_check_hostname=security.check_hostname)
+    return options
+
+
+def spark_kafka_options(config: KafkaConfig) -> dict[str, str]:
+    """The Spark Kafka source's ``kafka.*`` options: the bootstrap servers, ``kafka.security`` and every
+    one of ``kafka.properties``. The JAAS option holds the password: never log the options."""
+    security = config.security
+    options = {f"kafka.{name}": value for name, value in config.properties.items()}
+    options.update({"kafka.bootstrap.servers": config.bootstrap_servers, "kafka.security.protocol": security.protocol})
+    if security.protocol.startswith("SASL_"):
+        module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if security.sasl_mechanism == "PLAIN"
+                  else "org.apache.kafka.common.security.scram.ScramLoginModule")
+        options.update({
+            "kafka.sasl.mechanism": security.sasl_mechanism,
+            "kafka.sasl.jaas.config": f"{module} required username={_jaas_quoted(security.username)} "
+                                      f"password={_jaas_quoted(security.password.get_secret_value())};",
+        })
+    if security.protocol.endswith("SSL"):
+        if security.ca_file:
+            options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": security.ca_file})
+        if not security.check_hostname:
+            # Kafka's way to turn the check of the broker's name against its certificate off.
+            options["kafka.ssl.endpoint.identification.algorithm"] = ""
+    return options
+
+
+def kafka_client(client: type[_Client], config: KafkaConfig, **options: Any) -> _Client:
+    """A kafka-python client of class ``client`` on ``config`` (``options`` added to or over
+    ``kafka_client_options``). Brokers that refuse the login or whose certificate is not trusted raise
+    ``KafkaRefused``, which says what to check; other failures raise kafka-python's own errors."""
+    from kafka.errors import KafkaError
+
+    # kafka-python retries a refused login until its bootstrap timeout, then raises a timeout: the
+    # refusal itself is only in its log.
+    refusals = _RefusalsSeen()
+    logger = logging.getLogger("kafka")
+    logger.addHandler(refusals)
+    try:
+        return client(**{**kafka_client_options(config, client), **options})
+    except KafkaError:
+        if refused := _untrusted_certificate(config) or refusals.explained(config):
+            raise KafkaRefused(refused) from None
+        raise
+    finally:
+        logger.removeHandler(refusals)
+
+
+def kafka_producer(config: KafkaConfig, **options: Any) -> "KafkaProducer":
     from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
 
     try:
-        return KafkaProducer(bootstrap_servers=config.bootstrap_servers, **options)
+        return kafka_client(KafkaProducer, config, **options)
     except KafkaTimeoutError:
         raise ServerUnavailable(f"Kafka at {config.bootstrap_servers} does not answer") from None
+
+
+class _RefusalsSeen(logging.Handler):
+    """The refusals kafka-python logs while a client connects."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.errors: list[Exception] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from kafka.errors import KafkaConnectionError, SaslAuthenticationFailedError, UnsupportedSaslMechanismError
+
+        args = record.args if isinstance(record.args, tuple) else ()
+        self.errors.extend(a for a in args if isinstance(a, (SaslAuthenticationFailedError,
+                                                             UnsupportedSaslMechanismError, KafkaConnectionError)))
+
+    def explained(self, config: KafkaConfig) -> str | None:
+        """The refusal as one line, once the brokers' certificate is known to be trusted."""
+        from kafka.errors import KafkaConnectionError, SaslAuthenticationFailedError, UnsupportedSaslMechanismError
+
+        security, address = config.security, config.bootstrap_servers
+        if not security.protocol.startswith("SASL_"):
+            return None
+        if any(isinstance(e, UnsupportedSaslMechanismError) for e in self.errors):
+            return (f"Kafka at {address} does not take the SASL mechanism {security.sasl_mechanism}: check "
+                    "kafka.security.sasl_mechanism")
+        # A broker sends its refusal and closes the connection at once; kafka-python at times reads the close
+        # first and logs only "socket disconnected": on a connection made (its certificate trusted), that is
+        # the refusal too.
+        if any(isinstance(e, SaslAuthenticationFailedError)
+               or (isinstance(e, KafkaConnectionError) and "socket disconnected" in str(e)) for e in self.errors):
+            return (f"Kafka at {address} refused the login of user {security.username!r} "
+                    f"({security.sasl_mechanism}): check kafka.security.username and password")
+        return None
+
+
+def _untrusted_certificate(config: KafkaConfig) -> str | None:
+    """Why the first broker's certificate fails this configuration's TLS check, if it does."""
+    security = config.security
+    if not security.protocol.endswith("SSL"):
+        return None
+    address = config.bootstrap_servers.split(",")[0].strip()
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=security.ca_file)
+    context.check_hostname = security.check_hostname
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as plain, \
+                context.wrap_socket(plain, server_hostname=host):
+            return None
+    except ssl.SSLCertVerificationError as error:
+        trusted = f"kafka.security.ca_file ({security.ca_file})" if security.ca_file else "the system's authorities"
+        return (f"Kafka at {address} presented a certificate that {trusted} does not vouch for "
+                f"({error.verify_message}): set kafka.security.ca_file to the authority that signed the brokers' "
+                "certificates")
+    except (OSError, ValueError):
+        return None
+
+
+def _as_type_of(default: Any, value: str, name: str) -> Any:
+    """A property's text as the type kafka-python's default for it has (text when the default is None)."""
+    try:
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false"):
+                raise ValueError
+            return value.lower() == "true"
+        if isinstance(default, (int, float)):
+            return type(default)(value)
+    except ValueError:
+        raise ConfigError(f"kafka.properties.{name}: {value!r} is not a {type(default).__name__}, as the "
+                          "Kafka clients take it") from None
+    if default is None or isinstance(default, str):
+        return value
+    raise ConfigError(f"kafka.properties.{name}: the purger's Python clients take no text for it (kafka-python "
+                      f"wants a {type(default).__name__}); leave it out")
+
+
+def _jaas_quoted(text: str) -> str:
+    """A JAAS option value: in double quotes, with quotes and backslashes escaped."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _reasons(error: Exception) -> str:

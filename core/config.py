@@ -67,11 +67,9 @@ class KafkaSecurity(_Section):
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
     username: str | None = None
     password: SecretStr | None = None
-    # PEM files: the authority that signed the brokers' certificates (the system's when unset), and a
-    # client certificate and key for brokers that require one (ssl.client.auth=required).
+    # A PEM file: the authority that signed the brokers' certificates (the system's when unset). A path
+    # that every executor can read too: the Spark source and the sink's producers open it there.
     ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
     check_hostname: bool = True
 
     @model_validator(mode="after")
@@ -98,13 +96,26 @@ class KafkaConfig(_Section):
     # Bad input, with the original bytes as the record value and the reason in its headers.
     dead_letter_topic: str = "purger.dead-letter"
 
+    @model_validator(mode="after")
+    def _properties_leave_security_alone(self) -> "KafkaConfig":
+        taken = sorted(set(self.properties) & KAFKA_PROPERTIES_FROM_SECTION)
+        if taken:
+            raise ValueError(f"properties may not set {', '.join(taken)}: the purger derives it from "
+                             "kafka.bootstrap_servers and [kafka.security]; set those instead")
+        return self
+
+
+# The Kafka client properties the purger derives from bootstrap_servers and [kafka.security]: given again
+# in kafka.properties, one of the two would silently win.
+KAFKA_PROPERTIES_FROM_SECTION = frozenset({
+    "bootstrap.servers", "security.protocol", "sasl.mechanism", "sasl.jaas.config", "ssl.truststore.type",
+    "ssl.truststore.location", "ssl.endpoint.identification.algorithm",
+})
+
 
 class CassandraTls(_Section):
-    # PEM files: the authority that signed the nodes' certificates, and a client certificate and key
-    # for nodes that require one (require_client_auth).
+    # The authority that signed the nodes' certificates (PEM), readable by every executor.
     ca_file: str
-    cert_file: str | None = None
-    key_file: str | None = None
     check_hostname: bool = True
 
 

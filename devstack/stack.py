@@ -26,13 +26,17 @@ import subprocess
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from devstack import artifacts
-from core.config import PurgerConfig, build_config
+from core.config import CassandraConfig, PurgerConfig, S3Endpoint, build_config
 from policies import events_topics, policy_set
 from sinks.journal import create_journal
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
 
 KAFKA_PORT = 9092
 KAFKA_CONTROLLER_PORT = 9093
@@ -93,10 +97,10 @@ def _java() -> str:
     return str(java)
 
 
-def _port_open(port: int) -> bool:
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
 # --- Kafka ---------------------------------------------------------------------------------
@@ -191,9 +195,10 @@ def create_topics(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS
     from kafka.admin import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
+    from connectors import kafka_client
     from purger.setup import own_topics
 
-    admin = KafkaAdminClient(bootstrap_servers=config.kafka.bootstrap_servers)
+    admin = kafka_client(KafkaAdminClient, config.kafka)
     try:
         existing = set(admin.list_topics())
         options = {topic: {"num_partitions": partitions, "replication_factor": 1} for topic in events_topics(config)}
@@ -228,21 +233,53 @@ _CASSANDRA_JPMS = [
 ]
 
 
-def _configure_cassandra(home: Path) -> list[str]:
+@dataclass(frozen=True)
+class CassandraNode:
+    """What sets one Cassandra node apart: its address, data centre, token, JMX port and cluster, and for
+    a node that checks its clients, a login and client encryption. The stack's nodes and the tests' secure
+    node are all written by ``_configure_cassandra`` from one of these."""
+
+    address: str = "127.0.0.1"
+    data_centre: str = "dc1"
+    initial_token: int = 0
+    jmx_port: int = 7199
+    cluster_name: str = "purger-local"
+    seed: str = "127.0.0.1"
+    # PasswordAuthenticator and CassandraAuthorizer rather than letting every client in.
+    password_login: bool = False
+    # Client encryption (TLS required): a PKCS12 keystore with the node's certificate, and its password.
+    keystore: Path | None = None
+    keystore_password: str = ""
+
+
+def _configure_cassandra(node: CassandraNode, home: Path) -> list[str]:
     data = home / "data"
     yaml = home / "cassandra.yaml"
+    security = (
+        "authenticator: PasswordAuthenticator\nauthorizer: CassandraAuthorizer\nrole_manager: CassandraRoleManager\n"
+        if node.password_login else "authenticator: AllowAllAuthenticator\nauthorizer: AllowAllAuthorizer\n"
+    )
+    if node.keystore:
+        security += f"""client_encryption_options:
+  enabled: true
+  optional: false
+  keystore: {node.keystore}
+  keystore_password: "{node.keystore_password}"
+  store_type: PKCS12
+  require_client_auth: false
+"""
     yaml.write_text(
-        f"""cluster_name: purger-local
+        f"""cluster_name: {node.cluster_name}
 num_tokens: 1
-initial_token: 0
+initial_token: {node.initial_token}
 partitioner: org.apache.cassandra.dht.Murmur3Partitioner
-endpoint_snitch: SimpleSnitch
+endpoint_snitch: GossipingPropertyFileSnitch
 seed_provider:
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
     parameters:
-      - seeds: "127.0.0.1:7000"
-listen_address: 127.0.0.1
-rpc_address: 127.0.0.1
+      - seeds: "{node.seed}:7000"
+listen_address: {node.address}
+rpc_address: {node.address}
 storage_port: 7000
 native_transport_port: {CASSANDRA_PORT}
 start_native_transport: true
@@ -259,10 +296,10 @@ concurrent_reads: 8
 concurrent_writes: 8
 concurrent_compactors: 1
 auto_snapshot: false
-authenticator: AllowAllAuthenticator
-authorizer: AllowAllAuthorizer
-"""
+{security}"""
     )
+    rackdc = home / "cassandra-rackdc.properties"
+    rackdc.write_text(f"dc={node.data_centre}\nrack=rack1\n")
     jamm = next(artifacts.CASSANDRA.directory.glob("jamm-*.jar"))
     (home / "logback.xml").write_text(
         '<configuration><appender name="STDOUT" class="ch.qos.logback.core.ConsoleAppender">'
@@ -271,13 +308,18 @@ authorizer: AllowAllAuthorizer
     )
     return [
         f"-Dcassandra.config=file://{yaml}",
+        f"-Dcassandra-rackdc.properties=file://{rackdc}",
         f"-Dcassandra.storagedir={data}",
         f"-Dcassandra.logdir={home}",
         f"-Dlogback.configurationFile={home / 'logback.xml'}",
         "-Dcassandra-foreground=yes",
         "-Dcassandra.skip_wait_for_gossip_to_settle=0",
-        "-Dcassandra.initial_token=0",
-        "-Dcassandra.jmx.local.port=7199",
+        # A node joining a running cluster waits this long for gossip before it bootstraps (30 s by default).
+        "-Dcassandra.ring_delay_ms=5000",
+        f"-Dcassandra.initial_token={node.initial_token}",
+        f"-Dcassandra.jmx.local.port={node.jmx_port}",
+        # The default superuser (cassandra/cassandra) is created 10 s after start unless told otherwise.
+        *(["-Dcassandra.superuser_setup_delay_ms=0"] if node.password_login else []),
         "-Djava.net.preferIPv4Stack=true",
         "-Djdk.attach.allowAttachSelf=true",
         "-Dio.netty.tryReflectionSetAccessible=true",
@@ -288,26 +330,55 @@ authorizer: AllowAllAuthorizer
     ]
 
 
-def _cassandra_ready() -> None:
+def _cassandra_answers(client: CassandraConfig) -> None:
     from connectors import cassandra_session
 
-    session = cassandra_session(build_config({}).cassandra)
+    session = cassandra_session(client)
     try:
         session.execute("SELECT release_version FROM system.local").one()
     finally:
         session.cluster.shutdown()
 
 
-def create_schema(config: PurgerConfig) -> None:
-    """Create the keyspace and the enabled policies' reference tables (SPEC sections 3 and 7) if they do
-    not exist; a real platform already has them."""
+def cassandra_server(name: str, node: CassandraNode, heap: str, client: CassandraConfig) -> Server:
+    """A Cassandra node as a ``Server`` for ``Processes``: ready once ``client`` (its address, and login and TLS
+    if it checks them) can query it."""
+    return Server(name, f"{node.address}:{CASSANDRA_PORT}", artifacts.CASSANDRA,
+                  "org.apache.cassandra.service.CassandraDaemon", heap, partial(_configure_cassandra, node),
+                  partial(_cassandra_answers, client), 180)
+
+
+def nodetool(node: CassandraNode, *command: str) -> None:
+    """Run a nodetool command against ``node`` over its JMX port."""
+    result = subprocess.run(
+        [_java(), "-Xmx128m", *_CASSANDRA_JPMS, "-cp", str(artifacts.CASSANDRA.directory / "*"),
+         "org.apache.cassandra.tools.NodeTool", "-h", "127.0.0.1", "-p", str(node.jmx_port), *command],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        raise StackError(f"nodetool {' '.join(command)} on Cassandra {node.address} (JMX port {node.jmx_port}) "
+                         f"failed (exit {result.returncode}):\n{result.stdout}{result.stderr}")
+
+
+def keyspace_replication(session: "Session", data_centres: Sequence[str] = ()) -> str:
+    """A keyspace's replication: one replica in each of ``data_centres``, by default only in the data centre
+    of the node ``session`` talks to, so that stopping a node of another data centre never makes it
+    unavailable."""
+    if not data_centres:
+        data_centres = [session.execute("SELECT data_center FROM system.local").one().data_center]
+    return "{'class': 'NetworkTopologyStrategy', " + ", ".join(f"'{dc}': 1" for dc in data_centres) + "}"
+
+
+def create_schema(config: PurgerConfig, data_centres: Sequence[str] = ()) -> None:
+    """Create the keyspace (replicated as ``keyspace_replication`` says) and the enabled policies' reference
+    tables (SPEC sections 3 and 7) if they do not exist; a real platform already has them."""
     from connectors import cassandra_session
 
     keyspace = config.cassandra.keyspace
     session = cassandra_session(config.cassandra)
     try:
         session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} "
-                        "WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}", timeout=60)
+                        f"WITH replication = {keyspace_replication(session, data_centres)}", timeout=60)
         for policy in policy_set(config).policies:
             for statement in policy.schema.format(keyspace=keyspace).split(";"):
                 if statement.strip():
@@ -320,30 +391,29 @@ def create_schema(config: PurgerConfig) -> None:
 # --- S3Proxy -------------------------------------------------------------------------------
 
 
-def _configure_s3proxy(home: Path) -> list[str]:
-    store = build_config({}).stores["dc1"]
-    (home / "data").mkdir(parents=True, exist_ok=True)
-    properties = home / "s3proxy.properties"
-    properties.write_text(
-        "\n".join(
-            [
-                f"s3proxy.endpoint=http://127.0.0.1:{S3_PORT}",
-                "s3proxy.authorization=aws-v2-or-v4",
-                f"s3proxy.identity={store.access_key}",
-                f"s3proxy.credential={store.secret_key.get_secret_value()}",
-                "jclouds.provider=filesystem",
-                f"jclouds.filesystem.basedir={home / 'data'}",
-            ]
-        )
-        + "\n"
-    )
-    return ["--", "--properties", str(properties)]
+def s3proxy_server(name: str, store: S3Endpoint) -> Server:
+    """An S3Proxy on the port of ``store.endpoint`` that takes ``store``'s keys, its buckets as directories."""
+    port = int(store.endpoint.rsplit(":", 1)[1])
 
+    def configure(home: Path) -> list[str]:
+        (home / "data").mkdir(parents=True, exist_ok=True)
+        properties = home / "s3proxy.properties"
+        properties.write_text("\n".join([
+            f"s3proxy.endpoint=http://127.0.0.1:{port}",
+            "s3proxy.authorization=aws-v2-or-v4",
+            f"s3proxy.identity={store.access_key}",
+            f"s3proxy.credential={store.secret_key.get_secret_value()}",
+            "jclouds.provider=filesystem",
+            f"jclouds.filesystem.basedir={home / 'data'}",
+        ]) + "\n")
+        return ["--", "--properties", str(properties)]
 
-def _s3_ready() -> None:
-    from connectors import s3_client
+    def ready() -> None:
+        from connectors import s3_client
 
-    s3_client(build_config({}).stores["dc1"]).list_buckets()
+        s3_client(store).list_buckets()
+
+    return Server(name, f"127.0.0.1:{port}", artifacts.S3PROXY, "org.gaul.s3proxy.Main", "256m", configure, ready, 90)
 
 
 def create_buckets(config: PurgerConfig) -> None:
@@ -357,20 +427,27 @@ def create_buckets(config: PurgerConfig) -> None:
             client.create_bucket(Bucket=store.bucket)
 
 
-def prepare(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS) -> None:
-    """Create what a configuration expects on any servers: its topics, keyspace and buckets."""
+def prepare(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS, data_centres: Sequence[str] = ()) -> None:
+    """Create what a configuration expects on any servers: its topics, keyspace (replicated to
+    ``data_centres``, as ``keyspace_replication``) and buckets."""
     create_topics(config, partitions)
-    create_schema(config)
+    create_schema(config, data_centres)
     create_buckets(config)
 
+
+# The stack's Cassandra nodes: node 1 in data centre dc1, always; node 2 in dc2 with `up(data_centres=2)`.
+CASSANDRA_NODES = [
+    CassandraNode(),
+    CassandraNode("127.0.0.2", "dc2", initial_token=2**62, jmx_port=7299),
+]
+SECOND_NODE = cassandra_server("cassandra-dc2", CASSANDRA_NODES[1], "768m",
+                               CassandraConfig(hosts=["127.0.0.2"], local_data_centre="dc2"))
 
 SERVERS = [
     Server("kafka", f"127.0.0.1:{KAFKA_PORT}", artifacts.KAFKA, "kafka.Kafka", "512m",
            _configure_kafka, _kafka_ready, 90),
-    Server("cassandra", f"127.0.0.1:{CASSANDRA_PORT}", artifacts.CASSANDRA,
-           "org.apache.cassandra.service.CassandraDaemon", "1g", _configure_cassandra, _cassandra_ready, 180),
-    Server("s3proxy", f"127.0.0.1:{S3_PORT}", artifacts.S3PROXY, "org.gaul.s3proxy.Main", "256m",
-           _configure_s3proxy, _s3_ready, 90),
+    cassandra_server("cassandra", CASSANDRA_NODES[0], "1g", CassandraConfig()),
+    s3proxy_server("s3proxy", S3Endpoint(endpoint=f"http://127.0.0.1:{S3_PORT}")),
 ]
 
 
@@ -456,29 +533,52 @@ class LocalStack:
         self.processes = Processes(servers if servers is not None else SERVERS, log)
         self.log = log
 
-    def up(self, config: PurgerConfig | None = None) -> None:
-        """Start every server that is not running, wait for each, then create topics, schema, buckets."""
+    def up(self, config: PurgerConfig | None = None, data_centres: int = 1) -> None:
+        """Start every server that is not running, wait for each, then create topics, schema, buckets. With
+        ``data_centres=2``, Cassandra's second node (data centre dc2) too, and the keyspace replicated to both."""
+        if data_centres not in (1, 2):
+            raise StackError(f"the local stack has 1 or 2 data centres, not {data_centres}")
         config = config or build_config({})
         artifacts.spark_connector_jars()  # so the first Spark session starts without a download
         for server in self.processes.servers:
-            self._start(server)
+            self.start_server(server)
+        if data_centres == 2:
+            self.add_second_node()
         self.log("creating topics, keyspace and buckets")
-        prepare(config)
+        prepare(config, data_centres=[node.data_centre for node in CASSANDRA_NODES[:data_centres]])
+
+    def add_second_node(self) -> None:
+        """Start Cassandra's node 2 (data centre dc2 on 127.0.0.2) from empty data, and wait until it has
+        joined node 1's cluster."""
+        self.start_server(SECOND_NODE)
+
+    def remove_second_node(self) -> None:
+        """Decommission node 2, so that the ranges it took of the system keyspaces replicated by
+        SimpleStrategy (system_distributed, system_traces) go back to node 1, then stop it."""
+        if SECOND_NODE.pid():
+            self.log(f"{SECOND_NODE.name}: decommissioning")
+            # --force: system_distributed asks for 3 replicas, which one node left cannot hold anyway.
+            nodetool(CASSANDRA_NODES[1], "decommission", "--force")
+        self.processes.stop(SECOND_NODE)
 
     def stop(self, name: str) -> None:
         """Stop one server, keeping its data (fault tests: a server going away)."""
-        self.processes.stop(self.processes.named(name))
+        self.processes.stop(self._server(name))
 
     def start(self, name: str) -> None:
         """Start one server again on the data it had."""
-        self._start(self.processes.named(name), fresh=False)
+        self.start_server(self._server(name), fresh=False)
 
-    def _start(self, server: Server, fresh: bool = True) -> None:
+    def _server(self, name: str) -> Server:
+        return SECOND_NODE if name == SECOND_NODE.name else self.processes.named(name)
+
+    def start_server(self, server: Server, fresh: bool = True) -> None:
+        """Start ``server`` unless it runs, from empty data when ``fresh``, and wait until it answers."""
         if pid := server.pid():
             self.log(f"{server.name}: already running (pid {pid}) on {server.address}")
             return
-        port = int(server.address.rsplit(":", 1)[1])
-        if _port_open(port):
+        host, port = server.address.rsplit(":", 1)
+        if _port_open(int(port), host):
             raise StackError(
                 f"{server.name}: {server.address} is taken by a process this stack did not start; "
                 "stop it or point the purger at it with the PURGER_* environment variables"
@@ -497,11 +597,17 @@ class LocalStack:
         ])
 
     def down(self) -> None:
-        """Stop the servers this stack started, by their recorded process ids."""
+        """Stop the servers this stack started, by their recorded process ids (the next `up` starts from empty
+        data, so node 2 needs no decommission)."""
+        self.processes.stop(SECOND_NODE)
         self.processes.stop_all()
 
     def status(self) -> dict[str, str]:
-        return self.processes.status()
+        """Each server's state; Cassandra's node 2 only while it runs."""
+        status = self.processes.status()
+        if pid := SECOND_NODE.pid():
+            status[SECOND_NODE.name] = f"running (pid {pid}) on {SECOND_NODE.address}"
+        return status
 
     def running(self) -> bool:
         return self.processes.running()

@@ -36,8 +36,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterator
 
-from cassandra import ConsistencyLevel
-
+from connectors import read_serially
 from core.config import Duration
 from core.policy import (
     Attempt, Candidate, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger, Resources, Rule,
@@ -161,9 +160,9 @@ class RuleEventsPurger(Purger):
         name = f"{resources.keyspace}.{table}"
         self.deletes = {rule.name: self.session.prepare(f"DELETE FROM {name} WHERE rule_event_id = ? IF {rule.check}")
                         for rule in rules.values()}
-        self.read = self.session.prepare(f"SELECT status, updated_at FROM {name} WHERE rule_event_id = ?")
         # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
-        self.read.consistency_level = ConsistencyLevel.SERIAL
+        self.read = read_serially(
+            self.session, self.session.prepare(f"SELECT status, updated_at FROM {name} WHERE rule_event_id = ?"))
 
     def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
         resources = self.resources

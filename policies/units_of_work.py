@@ -71,6 +71,7 @@ from typing import Any, Iterator, Literal, Mapping, get_args
 from cassandra import ConsistencyLevel
 from pydantic import field_validator
 
+from connectors import read_serially
 from core.policy import (
     Attempt, Candidate, Control, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy,
     Purger, Resources, Rule, Settings, delete_dependents, earliest, found_gone,
@@ -324,10 +325,10 @@ class UnitsOfWorkPurger(Purger):
         units = f"{resources.keyspace}.{settings.units_table}"
         objects = f"{resources.keyspace}.{settings.objects_table}"
         prepare = self.session.prepare
-        self.read_unit = prepare(f"SELECT journey_type, started_at, finished_at, archived_at, purge_started_at "
-                                 f"FROM {units} WHERE unit_of_work_id = ?")
         # Serial: sees the outcome of every lightweight transaction, a writer's or a claim's.
-        self.read_unit.consistency_level = ConsistencyLevel.SERIAL
+        self.read_unit = read_serially(self.session, prepare(
+            f"SELECT journey_type, started_at, finished_at, archived_at, purge_started_at "
+            f"FROM {units} WHERE unit_of_work_id = ?"))
         self.claim = prepare(f"UPDATE {units} SET purge_started_at = ? WHERE unit_of_work_id = ? IF {rule.check}")
         self.read_objects = prepare(f"SELECT collection, object_id FROM {objects} WHERE unit_of_work_id = ?")
         # Quorum: sees every object a writer added before its serial read found the unit unclaimed.

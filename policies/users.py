@@ -92,9 +92,9 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, Iterator, NamedTuple
 
-from cassandra import ConsistencyLevel
 from pydantic import field_validator
 
+from connectors import read_serially
 from core.config import Duration
 from core.policy import (
     Attempt, Candidate, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger,
@@ -252,9 +252,9 @@ class UsersPurger(Purger):
         prepare = resources.session.prepare
         users, roots, permissions = (f"{resources.keyspace}.{table}" for table in (
             settings.users_table, settings.virtual_roots_table, settings.permissions_table))
-        self.read_user = prepare(f"SELECT state, present_in, updated_at FROM {users} WHERE user_id = ?")
         # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
-        self.read_user.consistency_level = ConsistencyLevel.SERIAL
+        self.read_user = read_serially(
+            resources.session, prepare(f"SELECT state, present_in, updated_at FROM {users} WHERE user_id = ?"))
         self.claim = prepare(f"UPDATE {users} SET state = '{PURGING}' WHERE user_id = ? "
                              f"IF state = '{LIVE}' AND {rule.check}")
         self.delete_user = prepare(f"DELETE FROM {users} WHERE user_id = ? IF state = '{PURGING}'")

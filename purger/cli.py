@@ -1,6 +1,7 @@
 """The `purger` command.
 
-    purger stack up|down|status   the local Kafka, Cassandra and S3Proxy
+    purger stack up|down|status                  the local Kafka, Cassandra and S3Proxy
+                [--data-centres 2]               and Cassandra's second node, data centre dc2
     purger run [--config F] [--dry-run]          the streaming purge job, until interrupted
                [--log-level INFO]                a line per batch; WARNING: warnings only
     purger replay [--from earliest|TIME]         the same, from a fresh checkpoint, with a progress bar
@@ -68,16 +69,19 @@ def _echo_status(statuses: dict[str, str]) -> None:
         typer.echo(f"{name:14} {state}")
 
 
-def _stack_up(settings: PurgerConfig) -> None:
+def _stack_up(settings: PurgerConfig, data_centres: int = 1) -> None:
     from devstack.stack import LocalStack
 
-    _or_exit(lambda: LocalStack().up(settings))
+    _or_exit(lambda: LocalStack().up(settings, data_centres))
 
 
 @stack_app.command("up")
-def stack_up(config: Optional[Path] = ConfigOption) -> None:
+def stack_up(config: Optional[Path] = ConfigOption,
+             data_centres: int = typer.Option(1, "--data-centres", min=1, max=2,
+                                              help="2: a second Cassandra node, data centre dc2 on 127.0.0.2, "
+                                                   "and the keyspace replicated to both.")) -> None:
     """Fetch the jars (cached), start every server, wait until each answers, create topics, schema, buckets."""
-    _stack_up(_config(config))
+    _stack_up(_config(config), data_centres)
 
 
 @stack_app.command("down")

@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from tqdm import tqdm
 
+from connectors import kafka_client
 from core.config import ConfigError, PurgerConfig
 from policies import events_topics
 from streams.clock import caught_up
@@ -59,7 +60,7 @@ class Backlog:
 
 def backlog(config: PurgerConfig, since_ms: int | None) -> Backlog:
     """The events topics' offsets at ``since_ms`` (or their beginning) and their current ends."""
-    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers)
+    consumer = kafka_client(KafkaConsumer, config.kafka)
     try:
         partitions = [TopicPartition(t, p) for t in events_topics(config)
                       for p in sorted(consumer.partitions_for_topic(t) or ())]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from connectors import ServerUnavailable, cassandra_session, s3_client
+from connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
 from core.config import CassandraConfig, KafkaConfig, PurgerConfig
 from policies import policy_set
 from sinks.journal import JOURNAL_COLUMNS, create_journal
@@ -119,9 +119,11 @@ def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
     kafka = config.kafka
     where = f"Kafka {kafka.bootstrap_servers}"
     try:
-        admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers,
-                                 bootstrap_timeout_ms=ANSWER_TIMEOUT_S * 1000,
-                                 request_timeout_ms=ANSWER_TIMEOUT_S * 2000)
+        admin = kafka_client(KafkaAdminClient, kafka, bootstrap_timeout_ms=ANSWER_TIMEOUT_S * 1000,
+                             request_timeout_ms=ANSWER_TIMEOUT_S * 2000)
+    except KafkaRefused as error:
+        findings.problems.append(str(error))
+        return
     except KafkaError:
         findings.problems.append(f"Kafka at {kafka.bootstrap_servers} does not answer within {ANSWER_TIMEOUT_S} s: "
                                  "check kafka.bootstrap_servers and that the brokers run")
@@ -189,7 +191,7 @@ def _cassandra(config: PurgerConfig, create: bool, findings: Findings) -> None:
     try:
         session = cassandra_session(cassandra)
     except ServerUnavailable as error:
-        findings.problems.append(f"{error}: check cassandra.hosts, cassandra.port and the credentials")
+        findings.problems.append(str(error))  # names the address, the reason and what to do
         return
     try:
         keyspace = _cql_name(cassandra.keyspace)

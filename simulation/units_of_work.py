@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from cassandra import ConsistencyLevel
 
+from connectors import read_serially
 from core.config import CassandraConfig, KafkaConfig
 from policies.units_of_work import COLLECTIONS, UOW_ARCHIVED, UOW_FINISHED, UOW_STARTED, UnitsOfWorkSettings
 from simulation.events import EventWriter
@@ -101,8 +102,7 @@ class UnitsOfWorkPlatform(EventWriter):
                             "IF purge_started_at = null AND started_at != null")
             for column in ("finished_at", "archived_at")
         }
-        self._read_unit = prepare(f"SELECT * FROM {units} WHERE unit_of_work_id = ?")
-        self._read_unit.consistency_level = ConsistencyLevel.SERIAL
+        self._read_unit = read_serially(self.session, prepare(f"SELECT * FROM {units} WHERE unit_of_work_id = ?"))
         self._count_objects = prepare(f"SELECT COUNT(*) FROM {objects} WHERE unit_of_work_id = ?")
 
     def start(self, uow_id: str, journey_type: str, at: datetime, children: int = 0) -> None:

@@ -26,8 +26,7 @@ import time
 from datetime import datetime
 from typing import Any, Sequence
 
-from cassandra import ConsistencyLevel
-
+from connectors import read_serially
 from core.config import CassandraConfig, KafkaConfig
 from policies.users import LIVE, USER_ADDED, USER_REMOVED, UsersSettings
 from simulation.clock import now
@@ -57,8 +56,7 @@ class UsersPlatform(EventWriter):
                                   f"WHERE user_id = ? IF state = '{LIVE}'")
         self._write_root = prepare(f"INSERT INTO {roots} (user_id, mailbox) VALUES (?, ?)")
         self._write_permission = prepare(f"INSERT INTO {permissions} (user_id, mailbox, permissions) VALUES (?, ?, ?)")
-        self._read_user = prepare(f"SELECT * FROM {users} WHERE user_id = ?")
-        self._read_user.consistency_level = ConsistencyLevel.SERIAL
+        self._read_user = read_serially(self.session, prepare(f"SELECT * FROM {users} WHERE user_id = ?"))
         self._read_root = prepare(f"SELECT mailbox FROM {roots} WHERE user_id = ?")
         self._read_permissions = prepare(f"SELECT mailbox, permissions FROM {permissions} WHERE user_id = ?")
 

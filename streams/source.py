@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
+from connectors import spark_kafka_options
 from core.config import KafkaConfig, PurgerConfig
 from policies import events_topics
 
@@ -17,7 +18,7 @@ def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_
            starting_timestamp_ms: int | None = None) -> DataFrame:
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .options(**spark_kafka_options(kafka))
         .option("subscribe", ",".join(topics))
     )
     if starting_timestamp_ms is not None:

@@ -18,35 +18,30 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 from kafka import KafkaConsumer
 from pyspark.sql import functions as F
-from tenacity import Retrying, stop_after_delay, wait_fixed
 
 from connectors import cassandra_session
 from simulation.mailbox import Platform
-from simulation.policy_objects import SETTINGS, PolicyObject, PolicyObjects, ledger_rows
+from simulation.policy_objects import SETTINGS, PolicyObject, PolicyObjects
 from core.vocabulary import PURGED, SKIPPED
 from policies.mailbox.deletes import MessageDeleter
 from sinks.ledger import Ledger
 from sinks.purge import purge_partition
 from policies.mailbox.rules import Retention
 from tests.support.configs import mailbox, own_config, write_config
-from tests.support.faults import bad_records
-from tests.support.mailbox import candidate, unreferenced_payload
-from tests.support.waits import ago, now, wait_for
+from tests.support.faults import bad_records, reliability
+from tests.support.mailbox import candidate, end_state, unreferenced_payload, write_work, purge_through_outages
+from tests.support.races import revival_race
+from tests.support.waits import ago, wait_for
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTEMPTS = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "2000"))
 RANDOM_KILLS = int(os.environ.get("PURGER_FAULT_RANDOM_KILLS", "2"))
-
-
-def reliability(fault: str, **counts) -> None:
-    print("RELIABILITY", fault, " ".join(f"{k}={v}" for k, v in counts.items()))
 
 
 def test_a_corpus_of_bad_input_is_dead_lettered_and_deletes_nothing(spark, config, tmp_path_factory):
@@ -117,55 +112,14 @@ def test_a_revival_racing_the_double_check_is_never_lost(race_platform, config):
     sink deletes it. The double-check and the delete are one conditional statement, so either the revival
     lands first and the row is kept, or the delete does and the revival finds no row: both applying would
     be a lost revival (a live object deleted)."""
-    platform = race_platform
     session = cassandra_session(config.cassandra)
     deleter = MessageDeleter(session, config.cassandra.keyspace, mailbox(config), Retention.from_settings(mailbox(config)))
-    revive = session.prepare(f"UPDATE {config.cassandra.keyspace}.{mailbox(config).messages_table} SET extract_count = 1, updated_at = ? "
-                             f"WHERE message_id = ? IF EXISTS")
-    outcomes: Counter[str] = Counter()
-    lost, left = [], []
-
-    def attempt(i: int) -> None:
-        m = f"race-revive-{uuid.uuid4().hex[:8]}-{i}"
-        platform.enqueue(m, f"p-{m}", size=100, extract_count=1, at=ago(mailbox(config).expired_ttl))
-        platform.dequeue(m, 0, at=ago(mailbox(config).expired_ttl))
-        # Cassandra stamps a lightweight transaction with its millisecond clock, the driver a plain write
-        # with microseconds: a delete within the same millisecond as the row's last write would carry an
-        # older timestamp and leave that write's cells visible. A platform's last write comes at least a
-        # retention period before the purge; here, the next millisecond is enough.
-        time.sleep(0.002)
-        gate = threading.Barrier(2)
-        result: dict[str, object] = {}
-
-        def delete():
-            gate.wait()
-            time.sleep(random.random() * 0.004)
-            result["delete"] = deleter.delete(m, "expired_by_counter").status
-
-        def revival():
-            gate.wait()
-            time.sleep(random.random() * 0.004)
-            result["revived"] = session.execute(revive, (now(), m)).was_applied
-
-        threads = [threading.Thread(target=delete), threading.Thread(target=revival)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        outcomes[f"{result['delete']}, revival {'applied' if result['revived'] else 'found no row'}"] += 1
-        if result["delete"] == PURGED and result["revived"]:
-            lost.append(m)
-        if result["delete"] == SKIPPED and not result["revived"]:
-            left.append(m)  # kept, but nobody revived it: an eligible row left behind
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        list(pool.map(attempt, range(ATTEMPTS)))
+    race = revival_race(race_platform, deleter, session, config, ATTEMPTS)
     reliability("revival between double-check and delete", injected=ATTEMPTS, survived=ATTEMPTS,
-                wrongly_deleted=len(lost), left_behind=len(left), **{k.replace(" ", "_").replace(",", ""): v
-                                                                  for k, v in outcomes.items()})
-    assert lost == [] and left == []
+                wrongly_deleted=len(race.lost), left_behind=len(race.left), **race.counts())
+    assert race.lost == [] and race.left == []
     # The race was real: each side won some.
-    assert outcomes[f"{PURGED}, revival found no row"] and outcomes[f"{SKIPPED}, revival applied"], outcomes
+    assert race.outcomes[f"{PURGED}, revival found no row"] and race.outcomes[f"{SKIPPED}, revival applied"], race.outcomes
 
 
 def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, config):
@@ -216,36 +170,6 @@ def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, conf
 
 FAILPOINTS = ("after_message_delete", "after_blob_delete", "before_ledger_write", "after_ledger_write",
               "after_user_dependent_delete", "before_uow_claim", "after_uow_child_delete")
-
-
-def write_work(platform: Platform, prefix: str, n: int, config, eligible: list[str], live: list[str]) -> None:
-    """``n`` deleted messages, eligible at once, and one live message; their ids added to the lists."""
-    for _ in range(n):
-        m = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        platform.enqueue(m, f"p-{m}", at=ago(mailbox(config).deleted_ttl))
-        platform.delete(m, at=ago(mailbox(config).deleted_ttl))
-        eligible.append(m)
-    m = f"{prefix}-live-{uuid.uuid4().hex[:8]}"
-    platform.enqueue(m, f"p-{m}", extract_count=1)
-    live.append(m)
-    platform.flush()
-
-
-def end_state(spark, platform: Platform, config, eligible: list[str], live: list[str],
-              objects: PolicyObjects | None = None, written: Sequence[PolicyObject] = ()) -> tuple[list, set, set, set]:
-    """What a run left: the live messages deleted (row, payload row or a blob) and the kept objects of the
-    other policies not intact, and the ledger's `purged` records against one per eligible message, payload
-    row and blob, and per row of the other policies' eligible objects (``written``, through ``objects``):
-    (wrongly_deleted, missing, doubled, unexpected)."""
-    wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
-    wrongly_deleted += [o.id for o in written if not o.eligible and not objects.intact(o)]
-    records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()
-                      .where(F.col("status") == "purged").collect())
-    expected = {("message", m, None) for m in eligible}
-    expected |= {("payload", f"p-{m}", dc) for m in eligible for dc in (None, "dc1", "dc2")}
-    expected |= {(kind, row_id, None) for o in written if o.eligible for _, kind, row_id in ledger_rows(o)}
-    return (wrongly_deleted, expected - set(records), {k for k, n in records.items() if n > 1},
-            set(records) - expected)
 
 
 def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, config, tmp_path_factory):
@@ -339,36 +263,11 @@ def test_cassandra_down_for_30s_and_a_kafka_restart_lose_nothing(spark, config, 
     if servers != "local":
         pytest.skip("stopping and starting servers needs the local stack")
     from devstack.stack import LocalStack
-    from purger.running import start_purger
 
     stack = LocalStack(log=lambda _: None)
     own = own_config(config, tmp_path_factory.mktemp("outages"), "outages")
-    platform = Platform(own)
-    eligible: list[str] = []
-    live: list[str] = []
 
-    def more_work(n: int = 4) -> None:
-        # The platform's own session reconnects after an outage; until then it cannot write.
-        Retrying(stop=stop_after_delay(120), wait=wait_fixed(2), reraise=True)(
-            write_work, platform, "outage", n, own, eligible, live)
-
-    running = start_purger(spark, own)
-    restarts = 0
-
-    def supervised(condition):
-        def check() -> bool:
-            nonlocal running, restarts
-            if not running.query.isActive:
-                running.stop()
-                running, restarts = start_purger(spark, own), restarts + 1
-            return condition()
-        return check
-
-    try:
-        more_work()
-        wait_for(supervised(lambda: running.sink.totals[("message", "purged")] >= 1), timeout_s=120,
-                 what="the first deletions")
-        more_work(8)
+    def outages(more_work) -> None:
         stack.stop("cassandra")
         time.sleep(30)
         stack.start("cassandra")
@@ -376,19 +275,10 @@ def test_cassandra_down_for_30s_and_a_kafka_restart_lose_nothing(spark, config, 
         stack.stop("kafka")
         time.sleep(10)
         stack.start("kafka")
-        more_work()
-        wait_for(supervised(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}")
-                                        for m in eligible)),
-                 timeout_s=420, what="every eligible object after the outages")
-        time.sleep(5)  # the last batch's ledger write
-    finally:
-        running.stop()
-    errors = running.sink.totals[("message", "error")] + running.sink.totals[("payload", "error")]
-    wrongly_deleted, missing, doubled, unexpected = end_state(spark, platform, own, eligible, live)
-    error_records = Ledger(spark, own.ledger).records().where(F.col("status") == "error").count()
-    reliability("cassandra down 30 s, kafka restarted", injected=2, survived=2, query_restarts=restarts,
-                error_outcomes=error_records, wrongly_deleted=len(wrongly_deleted), left_behind=0,
-                ledger_missing=len(missing), ledger_doubled=len(doubled))
-    platform.close()
-    assert wrongly_deleted == [] and not missing and not doubled and not unexpected
-    assert errors or error_records or restarts, "the outage was not seen by the purger"
+
+    run = purge_through_outages(spark, own, "outage", outages)
+    reliability("cassandra down 30 s, kafka restarted", injected=2, survived=2, query_restarts=run.restarts,
+                error_outcomes=run.error_records, wrongly_deleted=len(run.wrongly_deleted), left_behind=0,
+                ledger_missing=len(run.missing), ledger_doubled=len(run.doubled))
+    assert run.wrongly_deleted == [] and not run.missing and not run.doubled and not run.unexpected
+    assert run.errors or run.error_records or run.restarts, "the outage was not seen by the purger"

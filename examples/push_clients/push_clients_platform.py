@@ -29,10 +29,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from cassandra import ConsistencyLevel
-from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import Cluster
 from kafka import KafkaProducer
 
+from connectors import cassandra_session, read_serially
 from core.config import CassandraConfig, KafkaConfig
 from core.times import format_timestamp
 from push_clients_policy import MESSAGES, PUSH_CLIENT_CONNECTED, PUSH_CLIENT_REGISTERED, ROUTERS
@@ -48,10 +47,7 @@ class PushClientsPlatform:
                  keyspace: str | None = None) -> None:
         self.topic = topic
         self.producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=5)
-        auth = (PlainTextAuthProvider(cassandra.username, cassandra.password.get_secret_value() if cassandra.password else "")
-                if cassandra.username else None)
-        self.cluster = Cluster(cassandra.hosts, port=cassandra.port, auth_provider=auth, protocol_version=5)
-        self.session = self.cluster.connect()
+        self.session = cassandra_session(cassandra)
         prepare = self.session.prepare
         routers, messages = (f"{keyspace or cassandra.keyspace}.{table}" for table in (ROUTERS, MESSAGES))
         # (a) A connect never creates a row: on a missing one, "purging = null" alone would apply.
@@ -65,8 +61,7 @@ class PushClientsPlatform:
         self._unwrite_message = prepare(f"DELETE FROM {messages} WHERE client_id = ? AND message_id = ?")
         for statement in (self._write_message, self._unwrite_message):
             statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-        self._read_router = prepare(f"SELECT * FROM {routers} WHERE client_id = ?")
-        self._read_router.consistency_level = ConsistencyLevel.SERIAL
+        self._read_router = read_serially(self.session, prepare(f"SELECT * FROM {routers} WHERE client_id = ?"))
         self._read_messages = prepare(f"SELECT message_id, body FROM {messages} WHERE client_id = ?")
         self._read_messages.consistency_level = ConsistencyLevel.LOCAL_QUORUM
         self._last = datetime.min.replace(tzinfo=timezone.utc)
@@ -114,7 +109,7 @@ class PushClientsPlatform:
 
     def close(self) -> None:
         self.producer.close()
-        self.cluster.shutdown()
+        self.session.cluster.shutdown()
 
     def _emit(self, event_type: str, client_id: str, at: datetime) -> None:
         event = {"event_id": str(uuid.uuid4()), "type": event_type, "event_time": format_timestamp(at),

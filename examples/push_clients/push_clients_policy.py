@@ -119,6 +119,7 @@ from typing import Any, Iterator
 
 from cassandra import ConsistencyLevel
 
+from connectors import read_serially
 from core.config import Duration
 from core.policy import (
     Attempt, Candidate, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger,
@@ -194,9 +195,9 @@ class PushClientsPurger(Purger):
         self.rule = rule
         prepare = resources.session.prepare
         routers, messages = f"{resources.keyspace}.{ROUTERS}", f"{resources.keyspace}.{MESSAGES}"
-        self.read_router = prepare(f"SELECT last_connected_at, purging FROM {routers} WHERE client_id = ?")
         # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
-        self.read_router.consistency_level = ConsistencyLevel.SERIAL
+        self.read_router = read_serially(
+            resources.session, prepare(f"SELECT last_connected_at, purging FROM {routers} WHERE client_id = ?"))
         self.claim = prepare(f"UPDATE {routers} SET purging = true WHERE client_id = ? "
                              f"IF purging = null AND {rule.check}")
         self.delete_router = prepare(f"DELETE FROM {routers} WHERE client_id = ? IF purging = true")

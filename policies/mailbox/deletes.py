@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterator
 
-from cassandra import ConsistencyLevel
-
+from connectors import read_serially
 from core.policy import Attempt, Candidate, Eligibility, Outcome, Purger, Resources
 from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
 from core.vocabulary import (
@@ -103,9 +102,8 @@ class MessageDeleter:
             name: session.prepare(f"DELETE FROM {messages} WHERE message_id = ? IF {rule.check}")
             for name, rule in retention.message_rules.items()
         }
-        self.read = session.prepare(f"SELECT * FROM {messages} WHERE message_id = ?")
         # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
-        self.read.consistency_level = ConsistencyLevel.SERIAL
+        self.read = read_serially(session, session.prepare(f"SELECT * FROM {messages} WHERE message_id = ?"))
         self.delete_ref = session.prepare(f"DELETE FROM {refs} WHERE payload_id = ? AND message_id = ?")
         self.two_refs = session.prepare(f"SELECT message_id FROM {refs} WHERE payload_id = ? LIMIT 2")
 
@@ -162,8 +160,8 @@ class PayloadRows:
     def __init__(self, session: "Session", keyspace: str, settings: "MailboxSettings") -> None:
         self.session = session
         table = f"{keyspace}.{settings.payloads_table}"
-        self.read_statement = session.prepare(f"SELECT state, last_ref_at, dcs FROM {table} WHERE payload_id = ?")
-        self.read_statement.consistency_level = ConsistencyLevel.SERIAL
+        self.read_statement = read_serially(
+            session, session.prepare(f"SELECT state, last_ref_at, dcs FROM {table} WHERE payload_id = ?"))
         self.mark_deleting = session.prepare(
             f"UPDATE {table} SET state = '{DELETING}' WHERE payload_id = ? IF state = '{LIVE}' AND last_ref_at = ?"
         )

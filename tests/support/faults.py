@@ -142,3 +142,8 @@ def bad_records(message_ids: list[str], n: int, seed: int = 11) -> list[tuple[st
 
 
 _DROP = object()
+
+
+def reliability(fault: str, **counts) -> None:
+    """A fault test's counts as one ``RELIABILITY`` line (``pytest -s``), the figures RELIABILITY.md quotes."""
+    print("RELIABILITY", fault, " ".join(f"{k}={v}" for k, v in counts.items()))

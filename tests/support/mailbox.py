@@ -5,14 +5,22 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from pyspark.sql import Row
+from pyspark.sql import functions as F
+from tenacity import Retrying, stop_after_delay, wait_fixed
 
 from core.config import PurgerConfig
+from core.vocabulary import ERROR, PURGED
 from simulation.mailbox import Platform
+from simulation.policy_objects import PolicyObject, PolicyObjects, ledger_rows
+from sinks.ledger import Ledger
 from sinks.purge import purge_partition
 from tests.support.configs import mailbox
-from tests.support.waits import ago
+from tests.support.waits import ago, wait_for
 
 
 def new_id(prefix="sink"):
@@ -51,3 +59,97 @@ def deletable(platform: Platform, config: PurgerConfig, n: int, tag: str,
             sent[m] = False
     platform.flush()
     return ids
+
+
+def write_work(platform: Platform, prefix: str, n: int, config, eligible: list[str], live: list[str]) -> None:
+    """``n`` deleted messages, eligible at once, and one live message; their ids added to the lists."""
+    for _ in range(n):
+        m = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        platform.enqueue(m, f"p-{m}", at=ago(mailbox(config).deleted_ttl))
+        platform.delete(m, at=ago(mailbox(config).deleted_ttl))
+        eligible.append(m)
+    m = f"{prefix}-live-{uuid.uuid4().hex[:8]}"
+    platform.enqueue(m, f"p-{m}", extract_count=1)
+    live.append(m)
+    platform.flush()
+
+
+def end_state(spark, platform: Platform, config, eligible: list[str], live: list[str],
+              objects: PolicyObjects | None = None, written: Sequence[PolicyObject] = ()) -> tuple[list, set, set, set]:
+    """What a run left: the live messages deleted (row, payload row or a blob) and the kept objects of the
+    other policies not intact, and the ledger's `purged` records against one per eligible message, payload
+    row and blob, and per row of the other policies' eligible objects (``written``, through ``objects``):
+    (wrongly_deleted, missing, doubled, unexpected)."""
+    wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
+    wrongly_deleted += [o.id for o in written if not o.eligible and not objects.intact(o)]
+    records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()
+                      .where(F.col("status") == "purged").collect())
+    expected = {("message", m, None) for m in eligible}
+    expected |= {("payload", f"p-{m}", dc) for m in eligible for dc in (None, "dc1", "dc2")}
+    expected |= {(kind, row_id, None) for o in written if o.eligible for _, kind, row_id in ledger_rows(o)}
+    return (wrongly_deleted, expected - set(records), {k for k, n in records.items() if n > 1},
+            set(records) - expected)
+
+
+@dataclass
+class OutageRun:
+    """What a purger running through outages left: its restarts, errors, and the end state (``end_state``)."""
+
+    restarts: int
+    errors: int
+    error_records: int
+    wrongly_deleted: list[str]
+    missing: list
+    doubled: list
+    unexpected: list
+
+
+def purge_through_outages(spark, config: PurgerConfig, tag: str,
+                          outages: Callable[[Callable[[], None]], None]) -> OutageRun:
+    """A purger purges the platform's messages while ``outages(more_work)`` takes servers away and brings them
+    back, writing more work when it likes; a query that fails is restarted from its checkpoint, as a supervisor
+    would. Ends once every eligible message is gone."""
+    from purger.running import start_purger
+
+    platform = Platform(config)
+    eligible: list[str] = []
+    live: list[str] = []
+
+    def more_work(n: int = 4) -> None:
+        # The platform's session reconnects after an outage, and at SERIAL its conditional writes wait for
+        # every data centre: until then it cannot write.
+        Retrying(stop=stop_after_delay(120), wait=wait_fixed(2), reraise=True)(
+            write_work, platform, tag, n, config, eligible, live)
+
+    running = start_purger(spark, config)
+    restarts = 0
+
+    def supervised(condition: Callable[[], bool]) -> Callable[[], bool]:
+        def check() -> bool:
+            nonlocal running, restarts
+            if not running.query.isActive:
+                running.stop()
+                running, restarts = start_purger(spark, config), restarts + 1
+            return condition()
+        return check
+
+    try:
+        more_work()
+        wait_for(supervised(lambda: running.sink.totals[("message", PURGED)] >= 1), timeout_s=120,
+                 what="the first deletions")
+        more_work(8)
+        outages(more_work)
+        more_work()
+        wait_for(supervised(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}")
+                                        for m in eligible)),
+                 timeout_s=420, what="every eligible message after the outages")
+        time.sleep(5)  # the last batch's ledger write
+    finally:
+        running.stop()
+    try:
+        errors = running.sink.totals[("message", ERROR)] + running.sink.totals[("payload", ERROR)]
+        wrongly_deleted, missing, doubled, unexpected = end_state(spark, platform, config, eligible, live)
+        error_records = Ledger(spark, config.ledger).records().where(F.col("status") == ERROR).count()
+    finally:
+        platform.close()
+    return OutageRun(restarts, errors, error_records, wrongly_deleted, missing, doubled, unexpected)

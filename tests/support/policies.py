@@ -22,6 +22,7 @@ import pytest
 
 from core.config import CassandraConfig, KafkaConfig
 from core.policy import Control, ObjectKind, Policy, Resources
+from devstack.stack import keyspace_replication
 from sinks.journal import CassandraJournal, create_journal
 
 
@@ -55,7 +56,7 @@ def policy_keyspace(policy_class: type[Policy], prefix: str) -> Iterator[tuple[A
 
     session = cassandra_session(CassandraConfig())
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    session.execute(f"CREATE KEYSPACE {name} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}")
+    session.execute(f"CREATE KEYSPACE {name} WITH replication = {keyspace_replication(session)}")
     try:
         for statement in policy_class.schema.format(keyspace=name).split(";"):
             if statement.strip():

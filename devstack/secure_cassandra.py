@@ -1,0 +1,112 @@
+"""A Cassandra node that checks its clients: a login (PasswordAuthenticator) and TLS required.
+
+It runs on 127.0.0.3 as a cluster of its own, beside the local stack, from
+empty data each time. ``up`` makes a certificate authority and the node's
+certificate with keytool, starts the node (the stack's ``Server`` and yaml,
+see ``devstack.stack.CassandraNode``), and creates a login role for the
+purger with a random password, allowed to read, write and create tables in
+every keyspace. ``client()`` is the purger's ``[cassandra]`` section for it;
+``client(superuser=True)`` logs in as the node's default superuser, for
+creating keyspaces.
+
+Example::
+
+    from devstack.secure_cassandra import SecureCassandra
+    node = SecureCassandra()
+    node.up()
+    node.host, node.port, node.ca_file, node.username   # and node.password: never print it
+    session = cassandra_session(node.client())
+    node.down()
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+from pydantic import SecretStr
+
+from core.config import CassandraConfig, CassandraTls
+from devstack import artifacts
+from devstack.stack import CASSANDRA_PORT, CassandraNode, LocalStack, StackError, _java, cassandra_server
+
+NAME = "cassandra-secure"
+# Created by Cassandra at its first start with PasswordAuthenticator.
+SUPERUSER, SUPERUSER_PASSWORD = "cassandra", "cassandra"
+
+
+class SecureCassandra:
+    """One node with PasswordAuthenticator and client encryption on ``host``. See the module docstring."""
+
+    def __init__(self, host: str = "127.0.0.3", jmx_port: int = 7399, heap: str = "512m",
+                 log: Callable[[str], None] = print) -> None:
+        self.host, self.port = host, CASSANDRA_PORT
+        self.username = "purger"
+        self.password = secrets.token_urlsafe(16)
+        self._keystore_password = secrets.token_urlsafe(16)
+        home = artifacts.purger_home() / "stack" / NAME
+        # Beside the node's home, which each start empties.
+        self.tls_directory = home.with_name(f"{NAME}-tls")
+        self.ca_file = self.tls_directory / "ca.pem"
+        node = CassandraNode(host, "dc1", jmx_port=jmx_port, cluster_name="purger-secure", seed=host,
+                             password_login=True, keystore=self.tls_directory / "node.p12",
+                             keystore_password=self._keystore_password)
+        self.server = cassandra_server(NAME, node, heap, self.client(superuser=True))
+        self.stack = LocalStack([self.server], log)
+
+    def client(self, superuser: bool = False, keyspace: str = "mailbox") -> CassandraConfig:
+        """How the purger (or, with ``superuser``, an administrator) connects: login, TLS with the CA."""
+        username, password = (SUPERUSER, SUPERUSER_PASSWORD) if superuser else (self.username, self.password)
+        return CassandraConfig(hosts=[self.host], port=self.port, keyspace=keyspace, username=username,
+                               password=SecretStr(password), tls=CassandraTls(ca_file=str(self.ca_file)))
+
+    def up(self) -> None:
+        """Make the certificates, start the node from empty data, create the purger's role."""
+        from connectors import cassandra_session
+
+        make_certificates(self.tls_directory, self.host, self._keystore_password)
+        self.stack.start_server(self.server)
+        session = cassandra_session(self.client(superuser=True))
+        try:
+            session.execute(f"CREATE ROLE IF NOT EXISTS {self.username} WITH PASSWORD = %s AND LOGIN = true",
+                            (self.password,))
+            for permission in ("SELECT", "MODIFY", "CREATE"):
+                session.execute(f"GRANT {permission} ON ALL KEYSPACES TO {self.username}")
+        finally:
+            session.cluster.shutdown()
+
+    def down(self) -> None:
+        """Stop the node by its recorded pid."""
+        self.stack.down()
+
+
+def make_certificates(directory: Path, host: str, password: str) -> None:
+    """In ``directory`` (emptied first): a certificate authority, its certificate as ``ca.pem`` (for the driver),
+    and ``node.p12``, a PKCS12 keystore under ``password`` with a key and certificate for ``host`` signed by it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.iterdir():
+        old.unlink()
+    ca, node, ca_file = directory / "ca.p12", directory / "node.p12", directory / "ca.pem"
+    keytool = partial(_keytool, directory)
+    keytool("-genkeypair", "-alias", "ca", "-keyalg", "RSA", "-keysize", "2048", "-validity", "30",
+            "-dname", "CN=purger test authority", "-ext", "bc:c", "-keystore", ca, "-storepass", password)
+    keytool("-exportcert", "-rfc", "-alias", "ca", "-keystore", ca, "-storepass", password, "-file", ca_file)
+    keytool("-genkeypair", "-alias", "node", "-keyalg", "RSA", "-keysize", "2048", "-validity", "30",
+            "-dname", f"CN={host}", "-keystore", node, "-storepass", password)
+    keytool("-certreq", "-alias", "node", "-keystore", node, "-storepass", password, "-file", directory / "node.csr")
+    # The driver checks the node's address against the certificate's subject alternative names.
+    keytool("-gencert", "-rfc", "-alias", "ca", "-keystore", ca, "-storepass", password, "-validity", "30",
+            "-ext", f"san=ip:{host}", "-infile", directory / "node.csr", "-outfile", directory / "node.pem")
+    keytool("-importcert", "-noprompt", "-alias", "ca", "-file", ca_file, "-keystore", node, "-storepass", password)
+    keytool("-importcert", "-alias", "node", "-file", directory / "node.pem", "-keystore", node, "-storepass", password)
+
+
+def _keytool(directory: Path, *arguments: str | Path) -> None:
+    keytool = Path(_java()).resolve().with_name("keytool")
+    result = subprocess.run([str(keytool), "-storetype", "PKCS12", *map(str, arguments)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise StackError(f"keytool {arguments[0]} in {directory} failed (exit {result.returncode}): "
+                         f"{result.stdout}{result.stderr}")
