@@ -16,7 +16,7 @@ test: install
 	$(PYTHON) -m pytest
 
 # The fault suite (RELIABILITY.md), bounded as in CI; faults-full injects ten times more.
-FAULT_TESTS = tests/test_faults.py tests/test_policy_users.py::test_a_user_added_back_while_being_purged_never_loses_a_row tests/test_operations.py::test_the_ledger_holds_one_record_per_deletion_across_forced_retries \
+FAULT_TESTS = tests/test_faults.py tests/test_data_centres.py tests/test_policy_users.py::test_a_user_added_back_while_being_purged_never_loses_a_row tests/test_operations.py::test_the_ledger_holds_one_record_per_deletion_across_forced_retries \
 	tests/test_purge_stream.py::test_a_failing_data_centre_is_retried_until_done \
 	tests/test_sinks.py::test_one_data_centre_failing_does_not_hold_the_others_back
 faults: install
@@ -32,6 +32,7 @@ bench: install
 	$(PYTHON) -m bench.deletes --messages 20000
 	$(PYTHON) -m bench.lag --rate 20 --seconds 300
 	$(PYTHON) -m bench.state_scale --objects 1000000
+	$(PYTHON) -m bench.ledger --rows 200 --commits 25 --rounds 10
 
 bench-10m: install
 	$(PYTHON) -m bench.state_scale --objects 10000000
