@@ -86,11 +86,9 @@ def read_serially(session: "Session", statement: "AnyStatement") -> "AnyStatemen
     """``statement``, a read, set to run at the session's serial consistency (cassandra.serial_consistency):
     it then sees the outcome of every lightweight transaction, including one not yet settled, in every
     data centre (SERIAL) or in the local one (LOCAL_SERIAL)."""
-    from cassandra import ConsistencyLevel
     from cassandra.cluster import EXEC_PROFILE_DEFAULT
 
-    level = session.get_execution_profile(EXEC_PROFILE_DEFAULT).serial_consistency_level
-    statement.consistency_level = level if level is not None else ConsistencyLevel.SERIAL
+    statement.consistency_level = session.get_execution_profile(EXEC_PROFILE_DEFAULT).serial_consistency_level
     return statement
 
 

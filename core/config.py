@@ -241,16 +241,12 @@ def _environment_overrides(raw: dict[str, Any]) -> dict[str, Any]:
         section["hosts"] = [n.rsplit(":", 1)[0] for n in names]
         if ":" in names[0]:
             section["port"] = int(names[0].rsplit(":", 1)[1])
-    if endpoint := os.environ.get("PURGER_S3_ENDPOINT"):
-        stores = raw.setdefault("stores", {dc: {"bucket": dc} for dc in ("dc1", "dc2")})
-        for store in stores.values():
-            store["endpoint"] = endpoint
-    for name, key in (("ACCESS_KEY", "access_key"), ("SECRET_KEY", "secret_key")):
+    for name, key in (("ENDPOINT", "endpoint"), ("ACCESS_KEY", "access_key"), ("SECRET_KEY", "secret_key")):
         if value := os.environ.get(f"PURGER_S3_{name}"):
-            stores = raw.setdefault("stores", {dc: {"bucket": dc} for dc in ("dc1", "dc2")})
-            for store in stores.values():
+            for store in raw.setdefault("stores", {dc: {"bucket": dc} for dc in ("dc1", "dc2")}).values():
                 store[key] = value
-            raw.setdefault("ledger", {}).setdefault("s3", {})[key] = value
+            if key != "endpoint":  # the ledger's endpoint is [ledger.s3]'s own; the keys are one login for both
+                raw.setdefault("ledger", {}).setdefault("s3", {})[key] = value
     return raw
 
 

@@ -106,7 +106,13 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
 # --- Kafka ---------------------------------------------------------------------------------
 
 
-def _configure_kafka(home: Path) -> list[str]:
+def configure_kafka(home: Path, port: int = KAFKA_PORT, controller_port: int = KAFKA_CONTROLLER_PORT,
+                    listener: str = "PLAINTEXT", security: Sequence[str] = (), format_options: Sequence[str] = (),
+                    hidden: Sequence[str] = ()) -> list[str]:
+    """A single-node KRaft broker on 127.0.0.1, as ``Server.configure``: its properties, with one client
+    listener of protocol ``listener`` (also the brokers' own) and ``security``, that listener's further
+    properties; its log settings; its storage, formatted with ``format_options`` added (a SCRAM user, for
+    instance). ``hidden`` texts (passwords) are masked in a failed format's output."""
     data = home / "data"
     properties = home / "server.properties"
     properties.write_text(
@@ -114,12 +120,13 @@ def _configure_kafka(home: Path) -> list[str]:
             [
                 "process.roles=broker,controller",
                 "node.id=1",
-                f"controller.quorum.voters=1@127.0.0.1:{KAFKA_CONTROLLER_PORT}",
-                f"listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT}",
+                f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+                f"listeners={listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+                f"advertised.listeners={listener}://127.0.0.1:{port}",
                 "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"inter.broker.listener.name={listener}",
+                f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{listener}:{listener}",
+                *security,
                 f"log.dirs={data}",
                 "num.partitions=1",
                 "offsets.topic.replication.factor=1",
@@ -132,6 +139,7 @@ def _configure_kafka(home: Path) -> list[str]:
         )
         + "\n"
     )
+    properties.chmod(0o600)  # ``security`` may hold passwords
     (home / "log4j.properties").write_text(
         "log4j.rootLogger=INFO, stdout\n"
         "log4j.appender.stdout=org.apache.log4j.ConsoleAppender\n"
@@ -151,13 +159,15 @@ def _configure_kafka(home: Path) -> list[str]:
     classpath = str(artifacts.KAFKA.directory / "*")
     result = subprocess.run(
         [_java(), "-Xmx256m", f"-Dlog4j.configuration=file:{home / 'log4j.properties'}", "-cp", classpath,
-         "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties), "--ignore-formatted"],
+         "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties), "--ignore-formatted",
+         *format_options],
         capture_output=True, text=True,
     )
     if result.returncode != 0:
-        raise StackError(
-            f"formatting Kafka storage in {data} failed (exit {result.returncode}):\n{result.stdout}{result.stderr}"
-        )
+        output = result.stdout + result.stderr
+        for text in hidden:
+            output = output.replace(text, "**********")
+        raise StackError(f"formatting Kafka storage in {data} failed (exit {result.returncode}):\n{output}")
     return [f"-Dlog4j.configuration=file:{home / 'log4j.properties'}", "--", str(properties)]
 
 
@@ -445,7 +455,7 @@ SECOND_NODE = cassandra_server("cassandra-dc2", CASSANDRA_NODES[1], "768m",
 
 SERVERS = [
     Server("kafka", f"127.0.0.1:{KAFKA_PORT}", artifacts.KAFKA, "kafka.Kafka", "512m",
-           _configure_kafka, _kafka_ready, 90),
+           configure_kafka, _kafka_ready, 90),
     cassandra_server("cassandra", CASSANDRA_NODES[0], "1g", CassandraConfig()),
     s3proxy_server("s3proxy", S3Endpoint(endpoint=f"http://127.0.0.1:{S3_PORT}")),
 ]

@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from connectors import cassandra_session
 from core.config import PurgerConfig
 from core.vocabulary import PURGED
-from devstack.secure_cassandra import make_certificates
+from devstack.certificates import make_certificates
 from devstack.stack import create_schema
 from policies.mailbox.deletes import MessageDeleter
 from policies.mailbox.rules import Retention

@@ -107,7 +107,9 @@ def test_the_same_race_at_local_serial_is_measured(purger_config):
     """Not asserted: LOCAL_SERIAL runs each data centre's check apart, and the count printed is what it risks."""
     race = race_across_data_centres(at_serial_consistency(purger_config, "LOCAL_SERIAL"))
     report(race, "LOCAL_SERIAL")
-    assert race.attempts
+    # The race was real: each side won some.
+    assert race.outcomes[f"{PURGED}, revival found no row"] and race.outcomes[f"{SKIPPED}, revival applied"], \
+        race.outcomes
 
 
 def test_a_node_down_for_30s_loses_nothing(spark, purger_config, stack, tmp_path_factory):
