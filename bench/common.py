@@ -16,12 +16,15 @@ import json
 import os
 import platform as host
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
+from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -219,6 +222,28 @@ def process_tree_rss_mb(root_pid: int | None = None) -> dict[str, float]:
         kind = "java" if name == "java" else "python" if name.startswith("python") else name
         totals[kind] = totals.get(kind, 0.0) + rss / 1024
     return totals
+
+
+def job_steps(spark: SparkSession, since_ms: float) -> dict[str, float]:
+    """Median seconds per batch of each step of the purger's batches since ``since_ms``: its jobs, by the
+    descriptions the sink gives them ("batch 7: purge candidates"), from the Spark UI's REST API."""
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/jobs"
+    with urllib.request.urlopen(url) as answer:
+        jobs = json.load(answer)
+    steps: dict[str, list[float]] = defaultdict(list)
+    for job in jobs:
+        description = job.get("description") or ""
+        if not description.startswith("batch ") or ": " not in description or "completionTime" not in job:
+            continue
+        submitted, completed = (_epoch_ms(job[k]) for k in ("submissionTime", "completionTime"))
+        if submitted >= since_ms:
+            steps[description.split(": ", 1)[1]].append((completed - submitted) / 1000)
+    return {step: statistics.median(times) for step, times in steps.items()}
+
+
+def _epoch_ms(stamp: str) -> float:
+    """A time as the Spark UI's REST API writes it (2026-11-23T22:59:12.345GMT)."""
+    return datetime.strptime(stamp.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp() * 1000
 
 
 class PeakMemory:

@@ -14,7 +14,7 @@ Example::
 
     from core.config import load_config
     config = load_config("purger.toml")
-    config.stream.trigger_interval  # datetime.timedelta(seconds=5)
+    config.stream.trigger_interval  # datetime.timedelta(seconds=2)
 """
 
 from __future__ import annotations
@@ -156,16 +156,16 @@ class ObjectStoreConfig(S3Endpoint):
 class StreamConfig(_Section):
     query_name: str = "purger"
     checkpoint: str = "checkpoints/purger"
-    trigger_interval: Duration = timedelta(seconds=5)
+    trigger_interval: Duration = timedelta(seconds=2)
     # How long after a deadline the purger waits for straggling events before acting on it. Events
     # are never dropped as late (streams/processor.py); a longer delay only purges later.
-    watermark_delay: Duration = timedelta(seconds=10)
+    watermark_delay: Duration = timedelta(seconds=5)
     # How often an idle stream gets a clock tick (see streams/clock.py).
     # A tick is a few bytes: a short interval keeps the watermark within a second of the wall clock.
     clock_interval: Duration = timedelta(seconds=1)
     # When to try again a purge that failed (a data centre's store or Cassandra did not answer).
     retry_interval: Duration = timedelta(minutes=1)
-    shuffle_partitions: int = Field(default=4, gt=0)
+    shuffle_partitions: int = Field(default=2, gt=0)
     # A cap on deletions (double-checked purges of a message or a payload) per second, over all
     # partitions together: the share of the database's headroom the purger may take (README).
     max_deletions_per_second: float = Field(default=1000, gt=0)

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 from datetime import date, datetime, timezone
+from typing import Any
 
 from delta.exceptions import (
     ConcurrentAppendException, ConcurrentDeleteReadException, ConcurrentWriteException, MetadataChangedException,
@@ -50,9 +51,9 @@ LAG_PERCENTILES = (0.5, 0.95, 0.99)
 ALL_DCS = "all"  # the report's data centre for outcomes on Cassandra rows
 
 
-def lag_seconds() -> Column:
-    """Purge lag of an outcome row (``sinks.purge.OUTCOME_SCHEMA``): deleted-at minus eligible-at, seconds."""
-    return (F.col("deleted_at_ms") - F.col("eligible_at_ms")) / 1000
+def lag_seconds(eligible_at_ms: Any, deleted_at_ms: Any) -> Any:
+    """Purge lag: deleted-at minus eligible-at, in seconds; of two numbers, or of two columns."""
+    return (deleted_at_ms - eligible_at_ms) / 1000
 
 
 def _timestamp(ms_column: str) -> Column:
@@ -97,7 +98,7 @@ class Ledger:
             _timestamp("eligible_at_ms").alias("eligible_at"),
             _timestamp("decided_at_ms").alias("decided_at"),
             _timestamp("deleted_at_ms").alias("deleted_at"),
-            lag_seconds().alias("lag_s"),
+            lag_seconds(F.col("eligible_at_ms"), F.col("deleted_at_ms")).alias("lag_s"),
             "batch_id",
             F.lit(query_id).alias("query_id"),
             "worker",

@@ -1,9 +1,11 @@
 """The foreachBatch sink, on the driver: purge on the executors, then the ledger and the metrics.
 
 The batch's outcomes are computed once and kept on the executors (a local
-checkpoint, so the deletes are never run twice to compute them again), appended
-to the ledger exactly once per batch (``sinks.ledger``), and summed for the
-metrics and one INFO line (``batch_summary``). Each step's jobs carry the batch
+checkpoint, so the deletes are never run twice to compute them again), counted
+by the same job's tasks as they go (an accumulator, so a batch with nothing to
+purge is one Spark job), appended to the ledger exactly once per batch
+(``sinks.ledger``), and summed for the metrics and one INFO line
+(``batch_summary``). Each step's jobs carry the batch
 and the step as their description in the Spark UI. The daily report is
 refreshed beside the query, not in it (``purger.running``).
 
@@ -21,11 +23,11 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 import numpy as np
+from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from core.config import PurgerConfig
 from core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
@@ -69,6 +71,35 @@ def batch_summary(batch_id: int, counts: dict[tuple[str, str], int], lags_s: lis
     return f"batch {batch_id}: {sum(by_status.values())} candidates, {', '.join(shown)}, in {sink_seconds:.1f} s"
 
 
+class OutcomeTally(AccumulatorParam):
+    """Outcome rows (``OUTCOME_SCHEMA`` tuples) counted by (kind, status), with the purge lag of each
+    deletion: added up by each task of the purge job, summed on the driver. Spark merges a task's
+    additions once, from its successful attempt only."""
+
+    KIND, STATUS, ELIGIBLE_AT, DELETED_AT = (OUTCOME_SCHEMA.fieldNames().index(name)
+                                             for name in ("kind", "status", "eligible_at_ms", "deleted_at_ms"))
+
+    def zero(self, value: Any) -> tuple[Counter[tuple[str, str]], list[float]]:
+        return Counter(), []
+
+    def addInPlace(self, total: Any, more: Any) -> tuple[Counter[tuple[str, str]], list[float]]:
+        total[0].update(more[0])
+        total[1].extend(more[1])
+        return total
+
+    @classmethod
+    def counted(cls, outcomes: Iterator[tuple], tally: Accumulator) -> Iterator[tuple]:
+        """Pass ``outcomes`` on, then add their counts and lags to ``tally``."""
+        counts: Counter[tuple[str, str]] = Counter()
+        lags_s: list[float] = []
+        for outcome in outcomes:
+            counts[(outcome[cls.KIND], outcome[cls.STATUS])] += 1
+            if outcome[cls.STATUS] == PURGED:
+                lags_s.append(lag_seconds(outcome[cls.ELIGIBLE_AT], outcome[cls.DELETED_AT]))
+            yield outcome
+        tally.add((counts, lags_s))
+
+
 @contextmanager
 def job_description(spark: SparkSession, description: str) -> Iterator[None]:
     """Name the jobs run inside in the Spark UI; then restore the description before (Spark's own for the
@@ -97,6 +128,7 @@ class PurgeSink:
         self._ledger: Ledger | None = None  # made at the first batch, which brings the session
         self._gate = threading.Lock()  # held while a batch deletes and records
         self._closed = False
+        self._tally: Accumulator | None = None  # made at the first batch, with the session's context
 
     def bind(self, query_id: str) -> None:
         """The query's id (kept in its checkpoint, so the same after a restart) names its ledger writes."""
@@ -129,27 +161,24 @@ class PurgeSink:
                              spark.sparkContext.defaultParallelism)
         retried = not first_attempt(spark, f"{config.stream.checkpoint_location}/purger-attempts", batch_id)
         query_id = self.query_id
+        tally = self._tally = self._tally or spark.sparkContext.accumulator(OutcomeTally().zero(None), OutcomeTally())
+        tally.value = OutcomeTally().zero(None)  # one batch at a time (the gate)
         # Computed once and kept: computing the outcomes again would run the deletes again. This job runs
         # the whole micro-batch: the events read, the stateful stage, and the purge of its candidates.
         with job_description(spark, f"batch {batch_id}: purge candidates"):
             outcomes = spark.createDataFrame(
-                candidates.rdd.mapPartitions(
-                    lambda rows: purge_partition(rows, config, batch_id, rate, retried, query_id)),
+                candidates.rdd.mapPartitions(lambda rows: OutcomeTally.counted(
+                    purge_partition(rows, config, batch_id, rate, retried, query_id), tally)),
                 OUTCOME_SCHEMA,
             ).localCheckpoint(eager=True)
-        with job_description(spark, f"batch {batch_id}: counts"):
-            counts = outcomes.groupBy("kind", "status").agg(
-                F.count(F.lit(1)).alias("count"),
-                F.collect_list(F.when(F.col("status") == PURGED, lag_seconds())).alias("lags"),
-            ).collect()
-        if counts:
+        by_kind_and_status, lags_s = tally.value
+        if by_kind_and_status:
             with job_description(spark, f"batch {batch_id}: ledger"):
                 self._ledger = self._ledger or Ledger(spark, config.ledger)
                 failpoint("before_ledger_write")
                 self._ledger.append(outcomes, self.query_id, batch_id)
                 failpoint("after_ledger_write")
-            by_kind_and_status = {(r["kind"], r["status"]): r["count"] for r in counts}
-            lags_s = [lag for r in counts for lag in r["lags"]]
+            by_kind_and_status = dict(by_kind_and_status)
             sink_seconds = time.monotonic() - started
             self.observer.batch_done(by_kind_and_status, lags_s, sink_seconds)
             log.info("%s", batch_summary(batch_id, by_kind_and_status, lags_s, sink_seconds))
