@@ -155,6 +155,9 @@ def _run(settings: PurgerConfig, log_level: LogLevel, start: Callable[..., Runni
         if stop_requested.is_set():
             typer.echo("stopping")
         running.stop()
+        # Before the process exits: Spark's listener bus hands its last progress events to the Python
+        # listener while Python still answers (else an error with a Java stack trace at every stop).
+        spark.stop()
 
 
 def _set_on_signals(*signals: signal.Signals) -> threading.Event:
