@@ -19,7 +19,8 @@ Both run at the purger's default trigger interval.
 
 A variant's figure is the median ``triggerExecution`` of its batches after the
 first five, and its Spark jobs' median time per step (the Spark UI's job
-descriptions: "purge candidates", "counts", "ledger"), which is its profile.
+descriptions: "purge candidates", and "ledger" when a batch decided anything),
+which is its profile.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def under_load(run: BenchRun, name: str, query: StreamingQuery, seconds: float, 
     """Play ``rate`` messages per second at a running query for ``seconds``; its progress."""
     platform = Platform(run.config, events_only=True)
     try:
-        plans = Workload().plans(f"{run.run}-{name.replace(' ', '-').replace(',', '')}", int(rate * seconds))
+        plans = Workload().plans(f"{run.run}-{_slug(name)}", int(rate * seconds))
         play_all(platform, plans, rate=rate)
         if query.exception() is not None:
             raise RuntimeError(f"{name}: query failed: {query.exception()}")
@@ -137,8 +138,12 @@ def _set(spark: SparkSession, settings: dict[str, str | None]) -> None:
             spark.conf.set(key, value)
 
 
+def _slug(name: str) -> str:
+    return name.replace(" ", "-").replace(",", "")
+
+
 def _variant_config(config: PurgerConfig, run: BenchRun, name: str) -> PurgerConfig:
-    slug = name.replace(" ", "-").replace(",", "")
+    slug = _slug(name)
     stream = config.stream.model_copy(update={"checkpoint": str(run.work / f"checkpoint-{slug}"),
                                               "query_name": f"{run.run}-{slug}"})
     ledger = config.ledger.model_copy(update={"path": str(run.work / f"ledger-{slug}" / "records"),

@@ -79,7 +79,7 @@ class OutcomeTally(AccumulatorParam):
     KIND, STATUS, ELIGIBLE_AT, DELETED_AT = (OUTCOME_SCHEMA.fieldNames().index(name)
                                              for name in ("kind", "status", "eligible_at_ms", "deleted_at_ms"))
 
-    def zero(self, value: Any) -> tuple[Counter[tuple[str, str]], list[float]]:
+    def zero(self, value: Any = None) -> tuple[Counter[tuple[str, str]], list[float]]:
         return Counter(), []
 
     def addInPlace(self, total: Any, more: Any) -> tuple[Counter[tuple[str, str]], list[float]]:
@@ -89,13 +89,14 @@ class OutcomeTally(AccumulatorParam):
 
     @classmethod
     def counted(cls, outcomes: Iterator[tuple], tally: Accumulator) -> Iterator[tuple]:
-        """Pass ``outcomes`` on, then add their counts and lags to ``tally``."""
-        counts: Counter[tuple[str, str]] = Counter()
-        lags_s: list[float] = []
+        """Pass ``outcomes`` on, then add their counts and lags to ``tally``. A deletion without both
+        times (a policy that does not say when it deleted) is counted and has no lag."""
+        counts, lags_s = cls().zero()
         for outcome in outcomes:
             counts[(outcome[cls.KIND], outcome[cls.STATUS])] += 1
-            if outcome[cls.STATUS] == PURGED:
-                lags_s.append(lag_seconds(outcome[cls.ELIGIBLE_AT], outcome[cls.DELETED_AT]))
+            eligible_at, deleted_at = outcome[cls.ELIGIBLE_AT], outcome[cls.DELETED_AT]
+            if outcome[cls.STATUS] == PURGED and eligible_at is not None and deleted_at is not None:
+                lags_s.append(lag_seconds(eligible_at, deleted_at))
             yield outcome
         tally.add((counts, lags_s))
 
@@ -161,8 +162,10 @@ class PurgeSink:
                              spark.sparkContext.defaultParallelism)
         retried = not first_attempt(spark, f"{config.stream.checkpoint_location}/purger-attempts", batch_id)
         query_id = self.query_id
-        tally = self._tally = self._tally or spark.sparkContext.accumulator(OutcomeTally().zero(None), OutcomeTally())
-        tally.value = OutcomeTally().zero(None)  # one batch at a time (the gate)
+        if self._tally is None:
+            self._tally = spark.sparkContext.accumulator(OutcomeTally().zero(), OutcomeTally())
+        tally = self._tally
+        tally.value = OutcomeTally().zero()  # one batch at a time (the gate)
         # Computed once and kept: computing the outcomes again would run the deletes again. This job runs
         # the whole micro-batch: the events read, the stateful stage, and the purge of its candidates.
         with job_description(spark, f"batch {batch_id}: purge candidates"):

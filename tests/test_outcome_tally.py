@@ -1,0 +1,35 @@
+"""The sink's outcome counts, added up by the purge job's own tasks (``sinks.sink.OutcomeTally``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED
+from sinks.sink import OutcomeTally
+
+
+def outcome(kind: str, status: str, eligible_at_ms: int | None, deleted_at_ms: int | None) -> tuple:
+    """An ``OUTCOME_SCHEMA`` tuple."""
+    return ("mailbox", kind, "x", "rule", None, status, None, eligible_at_ms, 0, deleted_at_ms, 7, "host:1")
+
+
+def test_the_purge_jobs_tasks_count_every_outcome_and_the_lag_of_each_deletion(spark):
+    outcomes = [
+        outcome("message", PURGED, 1_000, 3_500),
+        outcome("message", PURGED, 2_000, 2_250),
+        outcome("payload", PURGED, 1_000, 11_000),
+        outcome("message", SKIPPED, 1_000, None),
+        outcome("payload", ALREADY_GONE, 1_000, None),
+        outcome("message", ERROR, 1_000, None),
+        # A policy that does not say when it deleted: counted, with no lag (as the ledger's lag_s is null).
+        outcome("message", PURGED, 1_000, None),
+    ]
+    tally = spark.sparkContext.accumulator(OutcomeTally().zero(), OutcomeTally())
+    passed_on = (spark.sparkContext.parallelize(outcomes, 3)
+                 .mapPartitions(lambda rows: OutcomeTally.counted(rows, tally)).collect())
+
+    assert passed_on == outcomes
+    counts, lags_s = tally.value
+    assert counts == Counter({("message", PURGED): 3, ("payload", PURGED): 1, ("message", SKIPPED): 1,
+                              ("payload", ALREADY_GONE): 1, ("message", ERROR): 1})
+    assert sorted(lags_s) == [0.25, 2.5, 10.0]
