@@ -115,6 +115,22 @@ def _commit() -> str:
     return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--", "..", ":!results.jsonl", ":!*.png", ":!*.md") else "")
 
 
+def overrides(pairs: list[str]) -> dict[str, dict[str, str]]:
+    """``section.key=value`` pairs (a benchmark's ``--set``) as configuration sections.
+
+    >>> overrides(["stream.watermark_delay=2s", "ledger.report_interval=10m"])
+    {'stream': {'watermark_delay': '2s'}, 'ledger': {'report_interval': '10m'}}
+    """
+    sections: dict[str, dict[str, str]] = defaultdict(dict)
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        section, _, key = name.partition(".")
+        if not (section and key and value):
+            raise SystemExit(f"--set {pair}: expected section.key=value, e.g. stream.watermark_delay=2s")
+        sections[section][key] = value
+    return dict(sections)
+
+
 def topic_end_offsets(config: PurgerConfig, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
     consumer = kafka_client(KafkaConsumer, config.kafka)
     try:
@@ -224,20 +240,27 @@ def process_tree_rss_mb(root_pid: int | None = None) -> dict[str, float]:
     return totals
 
 
-def job_steps(spark: SparkSession, since_ms: float) -> dict[str, float]:
-    """Median seconds per batch of each step of the purger's batches since ``since_ms``: its jobs, by the
-    descriptions the sink gives them ("batch 7: purge candidates"), from the Spark UI's REST API."""
+def spark_jobs(spark: SparkSession, since_ms: float) -> list[dict[str, Any]]:
+    """The application's finished jobs submitted since ``since_ms``, from the Spark UI's REST API: each
+    with its ``description`` (the sink's "batch 7: purge candidates", "daily report", or Spark's own)
+    and its ``start_ms`` and ``end_ms``."""
     url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/jobs"
     with urllib.request.urlopen(url) as answer:
         jobs = json.load(answer)
+    finished = [{"description": job.get("description") or job.get("name") or "",
+                 "start_ms": _epoch_ms(job["submissionTime"]), "end_ms": _epoch_ms(job["completionTime"])}
+                for job in jobs if "completionTime" in job and "submissionTime" in job]
+    return [job for job in finished if job["start_ms"] >= since_ms]
+
+
+def job_steps(spark: SparkSession, since_ms: float) -> dict[str, float]:
+    """Median seconds per batch of each step of the purger's batches since ``since_ms``: its jobs, by the
+    descriptions the sink gives them ("batch 7: purge candidates")."""
     steps: dict[str, list[float]] = defaultdict(list)
-    for job in jobs:
-        description = job.get("description") or ""
-        if not description.startswith("batch ") or ": " not in description or "completionTime" not in job:
-            continue
-        submitted, completed = (_epoch_ms(job[k]) for k in ("submissionTime", "completionTime"))
-        if submitted >= since_ms:
-            steps[description.split(": ", 1)[1]].append((completed - submitted) / 1000)
+    for job in spark_jobs(spark, since_ms):
+        description = job["description"]
+        if description.startswith("batch ") and ": " in description:
+            steps[description.split(": ", 1)[1]].append((job["end_ms"] - job["start_ms"]) / 1000)
     return {step: statistics.median(times) for step, times in steps.items()}
 
 

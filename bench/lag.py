@@ -11,6 +11,15 @@ eligible message is purged, then reads the ledger: lag percentiles per kind
 and, per 10 s of the run, events in, deletions and lag, plotted to
 ``bench/lag.png``. The baseline for the lag is what the settings alone make
 inevitable: the watermark delay plus one trigger interval.
+
+``--set section.key=value`` (repeatable) runs it with a setting other than its
+default, to compare a lever against the defaults in back-to-back runs:
+
+    python -m bench.lag --rate 20 --seconds 300 --set ledger.report_interval=10m
+
+Its profile: each batch's duration beside the Spark jobs that ran while it did
+(the sink's steps, the daily report's refresh, Delta's own), from the Spark
+UI's REST API; the slowest batches are what make the p99.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from pyspark.sql import functions as F
 
-from bench.common import BenchRun, epoch_s, job_steps
+from bench.common import BenchRun, epoch_s, job_steps, overrides, spark_jobs
 from simulation.mailbox import Platform
 from simulation.workload import Workload, is_purged, play_all
 from sinks.ledger import Ledger
@@ -39,9 +48,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rate", type=float, default=20, help="messages per second")
     parser.add_argument("--seconds", type=float, default=300)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a setting other than its default, e.g. stream.watermark_delay=2s")
     args = parser.parse_args()
     run = BenchRun.start("lag", policies={"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s",
-                                                      "deleted_ttl": "0s", "payload_grace": "5s"}})
+                                                      "deleted_ttl": "0s", "payload_grace": "5s"}},
+                         **overrides(args.set))
     config = run.config
     spark = run.spark()
     running = start_purger(spark, config)
@@ -57,6 +69,7 @@ def main() -> None:
 
     started = time.time()
     steps: dict[str, float] = {}
+    jobs: list[dict] = []
     try:
         messages = int(args.rate * args.seconds)
         workload = Workload(late_share=0.05, duplicate_share=0.05)
@@ -68,6 +81,7 @@ def main() -> None:
         time.sleep(30)  # the payloads of the last messages: released, then their grace
         progress = [json.loads(p.json) for p in running.query.recentProgress]
         steps = job_steps(spark, started * 1000)
+        jobs = spark_jobs(spark, started * 1000)
     finally:
         running.stop()
         platform.close()
@@ -87,7 +101,7 @@ def main() -> None:
                        baseline=("watermark delay + trigger interval", floor),
                        target=TARGETS[kind] if p == 99 else None, deletions=len(lags), rate=args.rate,
                        trigger_s=config.stream.trigger_interval.total_seconds(),
-                       watermark_delay_s=config.stream.watermark_delay.total_seconds())
+                       watermark_delay_s=config.stream.watermark_delay.total_seconds(), settings=args.set)
     # What the lag is made of: how long the batches took (the sink's part is addBatch).
     (run.work / "progress.jsonl").write_text("".join(json.dumps(p) + "\n" for p in progress))
     for part in ("triggerExecution", "addBatch"):
@@ -99,7 +113,50 @@ def main() -> None:
     # Its profile: the Spark jobs of each step of the sink's batches (the UI's job descriptions).
     for step, seconds in sorted(steps.items()):
         run.record(f"batch step median ({step} job)", seconds, "s", rate=args.rate)
+    slowest_batches(run, progress, jobs, report_interval_s=config.ledger.report_interval.total_seconds())
     plot(records, progress, started, floor)
+
+
+def job_kind(description: str) -> str:
+    """A job by what ran it: a step of the sink ("ledger"), the report's refresh, or Spark's and Delta's own."""
+    if description.startswith("batch ") and ": " in description:
+        return description.split(": ", 1)[1]
+    return "daily report" if description == "daily report" else "other"
+
+
+def slowest_batches(run: BenchRun, progress: list[dict], jobs: list[dict], report_interval_s: float) -> None:
+    """What made the slow batches slow: the median duration of the batches during which the daily
+    report's refresh ran, against the others', and the seconds of each kind of job that ran within the
+    slowest 5% of batches."""
+    batches = []
+    for p in progress:
+        if p["numInputRows"]:
+            start = epoch_s(p["timestamp"]) * 1000
+            end = start + p["durationMs"]["triggerExecution"]
+            within: dict[str, float] = {}
+            for job in jobs:
+                overlap = min(end, job["end_ms"]) - max(start, job["start_ms"])
+                if overlap > 0:
+                    kind = job_kind(job["description"])
+                    within[kind] = within.get(kind, 0) + overlap / 1000
+            batches.append(((end - start) / 1000, within))
+    beside_report = [d for d, within in batches if "daily report" in within]
+    alone = [d for d, within in batches if "daily report" not in within]
+    if beside_report and alone:
+        run.record("batch duration p50, while the daily report refreshed", float(np.median(beside_report)), "s",
+                   baseline=("the other batches", float(np.median(alone))), batches=len(beside_report),
+                   report_interval_s=report_interval_s)
+    slow = sorted(batches, key=lambda b: b[0])[-max(1, len(batches) // 20):]
+    seconds_by_kind: dict[str, float] = {}
+    for _, within in slow:
+        for kind, seconds in within.items():
+            seconds_by_kind[kind] = seconds_by_kind.get(kind, 0) + seconds / len(slow)
+    print(f"slowest {len(slow)} batches ({min(d for d, _ in slow):.1f}-{max(d for d, _ in slow):.1f} s): "
+          "jobs running within them, seconds per batch: "
+          + ", ".join(f"{kind} {s:.2f}" for kind, s in sorted(seconds_by_kind.items(), key=lambda kv: -kv[1])),
+          flush=True)
+    run.record("slowest 5% of batches, median duration", float(np.median([d for d, _ in slow])), "s",
+               batches=len(slow), jobs_within_s={k: round(v, 2) for k, v in seconds_by_kind.items()})
 
 
 def plot(records, progress: list[dict], started: float, floor: float) -> None:

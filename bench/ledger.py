@@ -1,8 +1,15 @@
 """The ledger's cost per batch: one Delta append of a batch's outcomes, as the sink makes it.
 
-Appends ``--rows`` outcomes per commit into a ledger that already has ``--commits`` commits, alternating
-Delta's ``snapshotPartitions`` between its default (50) and the purger's (``purger.spark``), so both are
-measured in the same run under the same load; the baseline is a plain Parquet append of the same rows.
+Appends ``--rows`` outcomes per commit into a ledger that already has ``--commits`` commits, taking the
+ways of appending in turn, so all are measured in the same run under the same load:
+
+- a batch's first attempt, as the sink appends it (no read of the table);
+- a retried batch: the ledger is read for the batch's records first (``Ledger.holds``), then appended;
+- Delta's own idempotent write (``txnAppId`` and ``txnVersion``, the sink's way before), which rebuilds
+  the table's state at every commit to find the application's last version;
+- the same with Delta's default ``snapshotPartitions`` (50) instead of the purger's (``purger.spark``).
+
+The baseline is a plain Parquet append of the same rows.
 
     python -m bench.ledger --rows 200 --commits 25 --rounds 10
 """
@@ -18,7 +25,8 @@ from sinks.ledger import Ledger
 from sinks.purge import OUTCOME_SCHEMA
 
 SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
-DELTA_DEFAULT = "50"
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
 def main() -> None:
@@ -30,7 +38,7 @@ def main() -> None:
 
     run = BenchRun.start("ledger")
     spark = run.spark()
-    purger_setting = spark.conf.get(SNAPSHOT_PARTITIONS)
+    purger_partitions = spark.conf.get(SNAPSHOT_PARTITIONS)
     at = int(time.time() * 1000)
     outcomes = spark.createDataFrame(
         [("mailbox", "message", f"m{i}", "expired_by_counter", None, "purged", None, at - 5000, at, at, 0, "bench:1")
@@ -39,28 +47,44 @@ def main() -> None:
     ledger = Ledger(spark, run.config.ledger)
     batch = 0
     for _ in range(args.commits):
-        ledger.append(outcomes, run.run, batch)
+        ledger.append(outcomes, run.run, batch, first_attempt=True)
         batch += 1
 
-    timings: dict[str, list[float]] = {DELTA_DEFAULT: [], purger_setting: [], "parquet": []}
+    # name -> (session settings for the append, whether it is the batch's first attempt)
+    ways: dict[str, tuple[dict[str, str], bool]] = {
+        "a batch's first attempt (the purger's)": ({}, True),
+        "a retried batch (the ledger read, then the append)": ({}, False),
+        f"Delta's idempotent write, txnAppId (before), snapshotPartitions {purger_partitions}":
+            ({TXN_APP_ID: run.run}, True),
+        "Delta's idempotent write, txnAppId, Delta's default snapshotPartitions (50)":
+            ({TXN_APP_ID: run.run, SNAPSHOT_PARTITIONS: "50"}, True),
+    }
+    timings: dict[str, list[float]] = {name: [] for name in [*ways, "parquet"]}
     for _ in range(args.rounds):
-        for setting in (DELTA_DEFAULT, purger_setting):
-            spark.conf.set(SNAPSHOT_PARTITIONS, setting)
+        for name, (settings, first_attempt) in ways.items():
+            for key, value in settings.items():
+                spark.conf.set(key, value)
+            if TXN_APP_ID in settings:
+                spark.conf.set(TXN_VERSION, str(batch))
             started = time.perf_counter()
-            ledger.append(outcomes, run.run, batch)
-            timings[setting].append(time.perf_counter() - started)
+            ledger.append(outcomes, run.run, batch, first_attempt=first_attempt)
+            timings[name].append(time.perf_counter() - started)
+            for key in [*settings, TXN_VERSION]:
+                spark.conf.unset(key)
+            spark.conf.set(SNAPSHOT_PARTITIONS, purger_partitions)
             batch += 1
         started = time.perf_counter()
         outcomes.write.mode("append").parquet(str(run.work / "parquet"))
         timings["parquet"].append(time.perf_counter() - started)
-    spark.conf.set(SNAPSHOT_PARTITIONS, purger_setting)
 
-    parquet = statistics.median(timings["parquet"])
+    appended = ledger.records().count()
+    if appended != batch * args.rows:
+        raise RuntimeError(f"the ledger holds {appended} records, {batch * args.rows} expected")
+    parquet = statistics.median(timings.pop("parquet"))
     details = {"rows": args.rows, "commits_before": args.commits, "rounds": args.rounds}
-    run.record(f"ledger append, Delta's default snapshotPartitions ({DELTA_DEFAULT}), median",
-               statistics.median(timings[DELTA_DEFAULT]), "s", baseline=("plain Parquet append", parquet), **details)
-    run.record(f"ledger append, the purger's snapshotPartitions ({purger_setting}), median",
-               statistics.median(timings[purger_setting]), "s", baseline=("plain Parquet append", parquet), **details)
+    for name, seconds in timings.items():
+        run.record(f"ledger append, {name}, median", statistics.median(seconds), "s",
+                   baseline=("plain Parquet append", parquet), **details)
     spark.stop()
 
 

@@ -4,9 +4,12 @@ The ledger has one record per outcome of the purge sink: every deletion
 (``status = 'purged'``, with its rule, eligible-at, deleted-at, data centre and
 batch id), and every decision not to delete (``skipped`` with the reason,
 ``already_gone``, ``error``, ``dead_lettered``, and a dry run's
-``would_delete``). A batch's records go in one Delta transaction keyed on the
-query's id and the batch id (Delta's idempotent writes, ``txnAppId`` and
-``txnVersion``), so a batch retried after its ledger write adds nothing.
+``would_delete``). A batch's records go in one Delta transaction and carry the
+query's id and the batch id; a batch retried after its ledger write finds its
+records there and adds nothing. A batch's first attempt (the sink knows it from
+its attempt markers) has nothing to look for: it appends without reading the
+table's state, which is what Delta's own idempotent writes (``txnAppId``) would
+rebuild at every commit.
 
 The report has one row per day, policy, object kind and data centre (``all`` for the
 Cassandra rows), computed from that day's ledger records, so its figures are
@@ -19,7 +22,7 @@ Paths are local directories or ``s3a://bucket/path`` (with ``ledger.s3``).
 Example::
 
     ledger = Ledger(spark, config.ledger)
-    ledger.append(outcomes, query_id, batch_id)
+    ledger.append(outcomes, query_id, batch_id, first_attempt=True)
     ledger.records().where("status = 'purged'").count()
     Report(spark, config.ledger, policy_set(config)).refresh(date(2026, 11, 21))
 """
@@ -88,29 +91,41 @@ class Ledger:
         self.path = ledger.path
         _use_s3a(spark, ledger)
 
-    def append(self, outcomes: DataFrame, query_id: str, batch_id: int) -> None:
-        """Add a batch's outcomes (``sinks.purge.OUTCOME_SCHEMA``), once per (query, batch).
+    def append(self, outcomes: DataFrame, query_id: str, batch_id: int, first_attempt: bool = False) -> None:
+        """Add a batch's outcomes (``sinks.purge.OUTCOME_SCHEMA``), once per (query, batch): unless
+        ``first_attempt`` says no earlier attempt of the batch can have written them, a batch already
+        in the ledger adds nothing.
 
         >>> Ledger(spark, config.ledger).append(outcomes, query.id, 7)   # a second call adds nothing
         """
+        if not first_attempt and self.holds(query_id, batch_id):
+            return
         records = outcomes.select(
             "policy", "kind", "id", "rule", "dc", "status", "reason",
             _timestamp("eligible_at_ms").alias("eligible_at"),
             _timestamp("decided_at_ms").alias("decided_at"),
             _timestamp("deleted_at_ms").alias("deleted_at"),
             lag_seconds(F.col("eligible_at_ms"), F.col("deleted_at_ms")).alias("lag_s"),
-            "batch_id",
+            # The batch that writes them, which ``holds`` looks for.
+            F.lit(batch_id).cast(outcomes.schema["batch_id"].dataType).alias("batch_id"),
             F.lit(query_id).alias("query_id"),
             "worker",
             F.to_date(_timestamp("decided_at_ms")).alias("date"),
         )
         (
             records.write.format("delta").mode("append").partitionBy("date")
-            .option("txnAppId", query_id).option("txnVersion", batch_id)
             # A ledger written before the policy column existed takes it on.
             .option("mergeSchema", "true")
             .save(self.path)
         )
+
+    def holds(self, query_id: str, batch_id: int) -> bool:
+        """Whether the batch's records are in the ledger (a Delta commit holds all of them or none).
+        Ledgers written by earlier versions, with Delta's ``txnAppId``, carry the same columns."""
+        if not self.exists():
+            return False
+        written = self.records().where((F.col("query_id") == query_id) & (F.col("batch_id") == batch_id))
+        return bool(written.limit(1).count())
 
     def exists(self) -> bool:
         return DeltaTable.isDeltaTable(self.spark, self.path)

@@ -179,7 +179,7 @@ class PurgeSink:
             with job_description(spark, f"batch {batch_id}: ledger"):
                 self._ledger = self._ledger or Ledger(spark, config.ledger)
                 failpoint("before_ledger_write")
-                self._ledger.append(outcomes, self.query_id, batch_id)
+                self._ledger.append(outcomes, self.query_id, batch_id, first_attempt=not retried)
                 failpoint("after_ledger_write")
             by_kind_and_status = dict(by_kind_and_status)
             sink_seconds = time.monotonic() - started

@@ -68,12 +68,14 @@ def test_the_ledger_holds_one_record_per_deletion_across_forced_retries(spark, o
     checkpoint. Every deletion has exactly one `purged` record, and the cap on deletions holds."""
     failures: list[str] = []
     failed_batches: list[int] = []
+    appends: list[tuple[int, bool]] = []  # (batch, first attempt) of each call
     original = Ledger.append
 
-    def failing_append(self, outcomes, query_id, batch_id):
+    def failing_append(self, outcomes, query_id, batch_id, first_attempt=False):
+        appends.append((batch_id, first_attempt))
         deletes = outcomes.where((F.col("status") == "purged") & (F.col("kind") == "message")).count()
         if deletes and not failed_batches:
-            original(self, outcomes, query_id, batch_id)
+            original(self, outcomes, query_id, batch_id, first_attempt)
             failed_batches.append(batch_id)
             failures.append(f"forced failure after the ledger write of batch {batch_id}")
             raise RuntimeError(failures[-1])
@@ -81,7 +83,7 @@ def test_the_ledger_holds_one_record_per_deletion_across_forced_retries(spark, o
             failed_batches.append(batch_id)
             failures.append(f"forced failure before the ledger write of batch {batch_id}")
             raise RuntimeError(failures[-1])
-        original(self, outcomes, query_id, batch_id)
+        original(self, outcomes, query_id, batch_id, first_attempt)
 
     monkeypatch.setattr(Ledger, "append", failing_append)
     first = deletable(ops_platform, ops, 6, "retry-a")
@@ -104,6 +106,9 @@ def test_the_ledger_holds_one_record_per_deletion_across_forced_retries(spark, o
     finally:
         running.stop()
     assert restarts == 2, failures
+    # Each failed batch's retry looked for its records in the ledger; only first attempts skipped the look.
+    for batch in failed_batches:
+        assert [first for b, first in appends if b == batch] == [True, False], appends
 
     ledger = Ledger(spark, ops.ledger)
     per_object = Counter((r["kind"], r["id"], r["dc"]) for r in purged(ledger).collect())
