@@ -35,7 +35,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from bench.common import BenchRun, job_steps, ticking
+from bench.common import BenchRun, job_steps, spark_jobs, ticking
 from core.config import PurgerConfig
 from policies import policy_set
 from purger.running import start_purger
@@ -120,7 +120,7 @@ def main() -> None:
         finally:
             running.stop()
         seconds, batches = median_batch_s(progress)
-        steps = job_steps(spark, since_ms)
+        steps = job_steps(spark_jobs(spark, since_ms))
         run.record(f"batch with nothing due, {name} (median)", seconds, "s",
                    baseline=("native Spark aggregation", native_s), target="<= 1.5x", batches=batches,
                    trigger=trigger, rate=args.rate, settings=settings,

@@ -112,7 +112,10 @@ def _commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
 
-    return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--", "..", ":!results.jsonl", ":!*.png", ":!*.md") else "")
+    # Paths from the repository's top: the documents and the results are not code measured.
+    edited = git("status", "--porcelain", "--", ":(top)", ":(top,exclude)bench/results.jsonl", ":(top,exclude)*.png",
+                 ":(top,exclude)*.md")
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if edited else "")
 
 
 def overrides(pairs: list[str]) -> dict[str, dict[str, str]]:
@@ -253,14 +256,21 @@ def spark_jobs(spark: SparkSession, since_ms: float) -> list[dict[str, Any]]:
     return [job for job in finished if job["start_ms"] >= since_ms]
 
 
-def job_steps(spark: SparkSession, since_ms: float) -> dict[str, float]:
-    """Median seconds per batch of each step of the purger's batches since ``since_ms``: its jobs, by the
-    descriptions the sink gives them ("batch 7: purge candidates")."""
+def job_kind(description: str) -> str:
+    """What ran a job, by its description: a step of the sink's batches ("batch 7: ledger" is "ledger"),
+    the report's refresh ("daily report"), or Spark's and Delta's own ("other")."""
+    if description.startswith("batch ") and ": " in description:
+        return description.split(": ", 1)[1]
+    return "daily report" if description == "daily report" else "other"
+
+
+def job_steps(jobs: list[dict[str, Any]]) -> dict[str, float]:
+    """Median seconds per batch of each step of the purger's batches among ``jobs`` (``spark_jobs``)."""
     steps: dict[str, list[float]] = defaultdict(list)
-    for job in spark_jobs(spark, since_ms):
-        description = job["description"]
-        if description.startswith("batch ") and ": " in description:
-            steps[description.split(": ", 1)[1]].append((job["end_ms"] - job["start_ms"]) / 1000)
+    for job in jobs:
+        kind = job_kind(job["description"])
+        if kind not in ("daily report", "other"):
+            steps[kind].append((job["end_ms"] - job["start_ms"]) / 1000)
     return {step: statistics.median(times) for step, times in steps.items()}
 
 

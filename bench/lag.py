@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from pyspark.sql import functions as F
 
-from bench.common import BenchRun, epoch_s, job_steps, overrides, spark_jobs
+from bench.common import BenchRun, epoch_s, job_kind, job_steps, overrides, spark_jobs
 from simulation.mailbox import Platform
 from simulation.workload import Workload, is_purged, play_all
 from sinks.ledger import Ledger
@@ -68,7 +68,6 @@ def main() -> None:
                 expected += 1
 
     started = time.time()
-    steps: dict[str, float] = {}
     jobs: list[dict] = []
     try:
         messages = int(args.rate * args.seconds)
@@ -80,7 +79,6 @@ def main() -> None:
             time.sleep(1)
         time.sleep(30)  # the payloads of the last messages: released, then their grace
         progress = [json.loads(p.json) for p in running.query.recentProgress]
-        steps = job_steps(spark, started * 1000)
         jobs = spark_jobs(spark, started * 1000)
     finally:
         running.stop()
@@ -111,17 +109,10 @@ def main() -> None:
                        baseline=("trigger interval", config.stream.trigger_interval.total_seconds()),
                        batches=len(durations), rate=args.rate)
     # Its profile: the Spark jobs of each step of the sink's batches (the UI's job descriptions).
-    for step, seconds in sorted(steps.items()):
+    for step, seconds in sorted(job_steps(jobs).items()):
         run.record(f"batch step median ({step} job)", seconds, "s", rate=args.rate)
     slowest_batches(run, progress, jobs, report_interval_s=config.ledger.report_interval.total_seconds())
     plot(records, progress, started, floor)
-
-
-def job_kind(description: str) -> str:
-    """A job by what ran it: a step of the sink ("ledger"), the report's refresh, or Spark's and Delta's own."""
-    if description.startswith("batch ") and ": " in description:
-        return description.split(": ", 1)[1]
-    return "daily report" if description == "daily report" else "other"
 
 
 def slowest_batches(run: BenchRun, progress: list[dict], jobs: list[dict], report_interval_s: float) -> None:
