@@ -251,9 +251,41 @@ def spark_jobs(spark: SparkSession, since_ms: float) -> list[dict[str, Any]]:
     with urllib.request.urlopen(url) as answer:
         jobs = json.load(answer)
     finished = [{"description": job.get("description") or job.get("name") or "",
-                 "start_ms": _epoch_ms(job["submissionTime"]), "end_ms": _epoch_ms(job["completionTime"])}
+                 "start_ms": _epoch_ms(job["submissionTime"]), "end_ms": _epoch_ms(job["completionTime"]),
+                 "stage_ids": job.get("stageIds", [])}
                 for job in jobs if "completionTime" in job and "submissionTime" in job]
     return [job for job in finished if job["start_ms"] >= since_ms]
+
+
+def spark_stages(spark: SparkSession) -> dict[int, dict[str, Any]]:
+    """The application's completed stages by id, from the Spark UI's REST API: each with its ``name``
+    (the call that made it), ``wall_s`` (submission to completion), ``tasks`` and the tasks' summed
+    ``run_s`` and ``cpu_s``."""
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/stages"
+    with urllib.request.urlopen(f"{url}?status=complete") as answer:
+        stages = json.load(answer)
+    return {stage["stageId"]: {"name": stage["name"].split(" at ")[0], "tasks": stage["numTasks"],
+                               "wall_s": (_epoch_ms(stage["completionTime"]) - _epoch_ms(stage["submissionTime"])) / 1000,
+                               "run_s": stage["executorRunTime"] / 1000, "cpu_s": stage["executorCpuTime"] / 1e9}
+            for stage in stages if "completionTime" in stage and "submissionTime" in stage}
+
+
+def stage_profile(jobs: list[dict[str, Any]], stages: dict[int, dict[str, Any]], step: str) -> dict[str, dict[str, float]]:
+    """Where a step's jobs spend their time, median per job: each stage (in the job's order, by the call
+    that made it) with its wall seconds, its tasks' run and CPU seconds, and "between stages", the job's
+    time outside any stage (scheduling and the driver)."""
+    per_stage: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for job in jobs:
+        if job_kind(job["description"]) != step:
+            continue
+        ran = [stages[i] for i in sorted(job["stage_ids"]) if i in stages]
+        for position, stage in enumerate(ran):
+            for measure in ("wall_s", "run_s", "cpu_s", "tasks"):
+                per_stage[f"{position + 1}. {stage['name']}"][measure].append(stage[measure])
+        per_stage["between stages"]["wall_s"].append(
+            (job["end_ms"] - job["start_ms"]) / 1000 - sum(stage["wall_s"] for stage in ran))
+    return {name: {measure: statistics.median(values) for measure, values in measures.items()}
+            for name, measures in per_stage.items()}
 
 
 def job_kind(description: str) -> str:

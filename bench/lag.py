@@ -19,7 +19,8 @@ default, to compare a lever against the defaults in back-to-back runs:
 
 Its profile: each batch's duration beside the Spark jobs that ran while it did
 (the sink's steps, the daily report's refresh, Delta's own), from the Spark
-UI's REST API; the slowest batches are what make the p99.
+UI's REST API; the slowest batches are what make the p99. The purge job's
+stages, median per batch, say where that job's time goes.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from pathlib import Path
 import numpy as np
 from pyspark.sql import functions as F
 
-from bench.common import BenchRun, epoch_s, job_kind, job_steps, overrides, spark_jobs
+from bench.common import (BenchRun, epoch_s, job_kind, job_steps, overrides, spark_jobs, spark_stages,
+                          stage_profile)
 from simulation.mailbox import Platform
 from simulation.workload import Workload, is_purged, play_all
 from sinks.ledger import Ledger
@@ -41,6 +43,7 @@ from purger.running import start_purger
 
 PLOT = Path(__file__).parent / "lag.png"
 BUCKET_S = 10
+WARM_S = 120
 TARGETS = {"message": "p99 < 15 s", "payload": "p99 < 20 s"}
 
 
@@ -56,6 +59,7 @@ def main() -> None:
                          **overrides(args.set))
     config = run.config
     spark = run.spark()
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")  # every batch of the run, not 100
     running = start_purger(spark, config)
     platform = Platform(config)
     expected = 0
@@ -69,6 +73,7 @@ def main() -> None:
 
     started = time.time()
     jobs: list[dict] = []
+    stages: dict[int, dict] = {}
     try:
         messages = int(args.rate * args.seconds)
         workload = Workload(late_share=0.05, duplicate_share=0.05)
@@ -80,6 +85,7 @@ def main() -> None:
         time.sleep(30)  # the payloads of the last messages: released, then their grace
         progress = [json.loads(p.json) for p in running.query.recentProgress]
         jobs = spark_jobs(spark, started * 1000)
+        stages = spark_stages(spark)
     finally:
         running.stop()
         platform.close()
@@ -100,8 +106,17 @@ def main() -> None:
                        target=TARGETS[kind] if p == 99 else None, deletions=len(lags), rate=args.rate,
                        trigger_s=config.stream.trigger_interval.total_seconds(),
                        watermark_delay_s=config.stream.watermark_delay.total_seconds(), settings=args.set)
+        # A start's first batches (a new JVM, new Python workers, the clients' connections) against the rest.
+        steady = np.array([r["lag_s"] for r in records if r["kind"] == kind and r["deleted_s"] >= started + WARM_S])
+        run.record(f"purge lag p99, {kind}s, after the first {WARM_S} s", float(np.percentile(steady, 99)), "s",
+                   baseline=("watermark delay + trigger interval", floor), deletions=len(steady), rate=args.rate,
+                   settings=args.set)
     # What the lag is made of: how long the batches took (the sink's part is addBatch).
     (run.work / "progress.jsonl").write_text("".join(json.dumps(p) + "\n" for p in progress))
+    first = next(p for p in progress if p["batchId"] == 0)
+    run.record("first batch duration", first["durationMs"]["triggerExecution"] / 1000, "s",
+               baseline=("batch duration p50", float(np.median([p["durationMs"]["triggerExecution"] / 1000
+                                                                for p in progress]))), settings=args.set)
     for part in ("triggerExecution", "addBatch"):
         durations = np.array([p["durationMs"].get(part, 0) / 1000 for p in progress if p["numInputRows"]])
         for q in (50, 99):
@@ -111,6 +126,10 @@ def main() -> None:
     # Its profile: the Spark jobs of each step of the sink's batches (the UI's job descriptions).
     for step, seconds in sorted(job_steps(jobs).items()):
         run.record(f"batch step median ({step} job)", seconds, "s", rate=args.rate)
+    for stage, measures in sorted(stage_profile(jobs, stages, "purge candidates").items()):
+        print(f"purge candidates job, {stage}: " + ", ".join(f"{m} {v:.2f}" for m, v in measures.items()), flush=True)
+        run.record(f"purge candidates job median, {stage}", measures["wall_s"], "s", rate=args.rate,
+                   **{m: round(v, 3) for m, v in measures.items() if m != "wall_s"})
     slowest_batches(run, progress, jobs, report_interval_s=config.ledger.report_interval.total_seconds())
     plot(records, progress, started, floor)
 

@@ -159,7 +159,7 @@ class StreamConfig(_Section):
     trigger_interval: Duration = timedelta(seconds=2)
     # How long after a deadline the purger waits for straggling events before acting on it. Events
     # are never dropped as late (streams/processor.py); a longer delay only purges later.
-    watermark_delay: Duration = timedelta(seconds=5)
+    watermark_delay: Duration = timedelta(seconds=2)
     # How often an idle stream gets a clock tick (see streams/clock.py).
     # A tick is a few bytes: a short interval keeps the watermark within a second of the wall clock.
     clock_interval: Duration = timedelta(seconds=1)

@@ -42,6 +42,11 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
             .config("spark.jars", jars)
             # The purger's log settings for the JVM started here; spark-submit is given them (devstack.cluster).
             .config(map=log4j2_options())
+            # New Python workers are forked with pandas, Arrow, the clients and the policies already
+            # imported (purger/worker_daemon.py), so a start's first batches do not wait for imports.
+            # Only here, where the executors import the purger from the driver's installation: a
+            # submitted job's may have it only in its --py-files, which the daemon cannot import from.
+            .config("spark.python.daemon.module", "purger.worker_daemon")
         )
     return (
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
