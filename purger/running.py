@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from core.config import PurgerConfig
 from policies import policy_set
 from purger.metrics import PurgerMetrics
-from sinks.ledger import Report
+from sinks.ledger import Ledger, Report
 from sinks.sink import PurgeSink, SinkClosed
 from streams.candidates import candidates_stream, ms
 from streams.clock import Clock
@@ -71,8 +71,10 @@ class RunningPurger:
 
 def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
                  starting_timestamp_ms: int | None = None) -> RunningPurger:
-    """Start the query, its clock, and its metrics (served on ``metrics.port`` unless 0)."""
+    """Make the ledger's table if absent, then start the query, its clock, and its metrics (served on
+    ``metrics.port`` unless 0)."""
     stream = config.stream
+    Ledger(spark, config.ledger).create()
     candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms)
     metrics = PurgerMetrics()
     listener = metrics.listener(stream.query_name)

@@ -119,6 +119,15 @@ class Ledger:
             .save(self.path)
         )
 
+    def create(self) -> None:
+        """Make the table if it is not there, as ``append`` makes it: an append of no records. The purger
+        does it before its first batch, which then does not pay for it and for a new JVM's first Delta
+        write (seconds, BENCHMARKS.md)."""
+        if not self.exists():
+            from sinks.purge import OUTCOME_SCHEMA
+
+            self.append(self.spark.createDataFrame([], OUTCOME_SCHEMA), "", -1, first_attempt=True)
+
     def holds(self, query_id: str, batch_id: int) -> bool:
         """Whether the batch's records are in the ledger (a Delta commit holds all of them or none).
         Ledgers written by earlier versions, with Delta's ``txnAppId``, carry the same columns."""
