@@ -74,13 +74,14 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     """Make the ledger's table if absent, then start the query, its clock, and its metrics (served on
     ``metrics.port`` unless 0)."""
     stream = config.stream
-    Ledger(spark, config.ledger).create()
+    ledger = Ledger(spark, config.ledger)
+    ledger.create()
     candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms)
     metrics = PurgerMetrics()
     listener = metrics.listener(stream.query_name)
     spark.streams.addListener(listener)
     server = metrics.serve(config.metrics.port) if config.metrics.port else None
-    sink = PurgeSink(config, metrics)
+    sink = PurgeSink(config, metrics, ledger)
     query = (
         candidates.writeStream.queryName(stream.query_name)
         .foreachBatch(sink)

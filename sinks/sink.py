@@ -11,7 +11,7 @@ refreshed beside the query, not in it (``purger.running``).
 
 Example::
 
-    sink = PurgeSink(config, metrics)
+    sink = PurgeSink(config, metrics, ledger)
     query = candidates.writeStream.foreachBatch(sink).start()
     sink.bind(query.id)
 """
@@ -121,12 +121,12 @@ class SinkClosed(RuntimeError):
 class PurgeSink:
     """The ``foreachBatch`` function: purge on the executors, then the ledger and the metrics on the driver."""
 
-    def __init__(self, config: PurgerConfig, observer: BatchObserver) -> None:
+    def __init__(self, config: PurgerConfig, observer: BatchObserver, ledger: Ledger) -> None:
         self.config = config
         self.observer = observer
         self.query_id: str | None = None
         self._bound = threading.Event()
-        self._ledger: Ledger | None = None  # made at the first batch, which brings the session
+        self.ledger = ledger
         self._gate = threading.Lock()  # held while a batch deletes and records
         self._closed = False
         self._tally: Accumulator | None = None  # made at the first batch, with the session's context
@@ -177,9 +177,8 @@ class PurgeSink:
         by_kind_and_status, lags_s = tally.value
         if by_kind_and_status:
             with job_description(spark, f"batch {batch_id}: ledger"):
-                self._ledger = self._ledger or Ledger(spark, config.ledger)
                 failpoint("before_ledger_write")
-                self._ledger.append(outcomes, self.query_id, batch_id, first_attempt=not retried)
+                self.ledger.append(outcomes, self.query_id, batch_id, first_attempt=not retried)
                 failpoint("after_ledger_write")
             by_kind_and_status = dict(by_kind_and_status)
             sink_seconds = time.monotonic() - started
