@@ -8,7 +8,7 @@ install:
 
 # Starts the local stack if needed, runs a demo workload through the purger, prints the report.
 demo: install
-	purger demo
+	$(PYTHON) -m devstack demo
 
 # Unit tests and integration tests on the real servers; the test session starts the local stack
 # when nothing answers and stops it afterwards (see tests/conftest.py).
@@ -39,7 +39,7 @@ bench-10m: install
 	$(PYTHON) -m bench.state_scale --objects 10000000
 
 stack-up: install
-	purger stack up
+	$(PYTHON) -m devstack up
 
 stack-down:
-	purger stack down
+	$(PYTHON) -m devstack down

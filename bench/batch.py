@@ -36,14 +36,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from bench.common import BenchRun, job_steps, spark_jobs, ticking
-from core.config import PurgerConfig
-from policies import policy_set
+from purger.core.config import PurgerConfig
 from purger.running import start_purger
 from simulation.mailbox import Platform
 from simulation.workload import Workload, play_all
-from streams.parse import parse_events
-from streams.processor import routed
-from streams.source import read_records
+from purger.streams.parse import parse_events
+from purger.streams.processor import routed
+from purger.streams.source import read_records
 
 RETENTION = {"expired_ttl": "1h", "incomplete_ttl": "1h", "deleted_ttl": "1h", "payload_grace": "1h"}
 WARM_UP_BATCHES = 5
@@ -88,7 +87,7 @@ def main() -> None:
     trigger_ms = int(config.stream.trigger_interval.total_seconds() * 1000)
     trigger = f"{trigger_ms / 1000:g} s"
     spark = run.spark()
-    policies = policy_set(config)
+    policies = config.policy_set
 
     def native() -> StreamingQuery:
         parsed = parse_events(read_records(spark, config), config.kafka.control_topic, policies)

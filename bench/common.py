@@ -35,10 +35,12 @@ from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from core.config import PurgerConfig, build_config
-from connectors import kafka_client, kafka_producer
+from purger.core.config import PurgerConfig
+
+from purger.config import build_config
+from purger.connectors import kafka_client, kafka_producer
 from devstack.stack import LocalStack
-from streams.clock import tick
+from purger.streams.clock import tick
 
 RESULTS = Path(__file__).parent / "results.jsonl"
 

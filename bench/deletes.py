@@ -28,14 +28,13 @@ from cassandra.concurrent import execute_concurrent_with_args
 from pyspark.sql import functions as F
 
 from bench.common import BenchRun
-from connectors import cassandra_session
+from purger.connectors import cassandra_session
 from simulation.mailbox import Platform
 from devstack.stack import prepare
 from simulation.workload import EXPIRED_ONLY, Workload, play_all
-from sinks.ledger import Ledger
+from purger.sinks.ledger import Ledger
 from purger.running import start_purger
-from policies import policy_set
-from policies.mailbox.rules import EXPIRED_BY_COUNTER
+from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER
 
 EXPIRED_TTL = timedelta(seconds=5)
 
@@ -61,7 +60,7 @@ def plain_driver_loop(run: BenchRun, messages: dict[str, str], concurrency: int,
     ``references`` also each message's reference row (the purger's statements for an inline payload)."""
     cassandra = run.config.cassandra
     session = cassandra_session(cassandra, cassandra.keyspace)
-    mailbox = policy_set(run.config).policy_of("message")
+    mailbox = run.config.policy_set.policy_of("message")
     rule = mailbox.retention.message_rules[EXPIRED_BY_COUNTER]
     delete = session.prepare(f"DELETE FROM {mailbox.settings.messages_table} WHERE message_id = ? IF {rule.check}")
     delete_ref = session.prepare(

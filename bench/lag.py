@@ -38,7 +38,7 @@ from bench.common import (BenchRun, epoch_s, job_kind, job_steps, overrides, spa
                           stage_profile)
 from simulation.mailbox import Platform
 from simulation.workload import Workload, is_purged, play_all
-from sinks.ledger import Ledger
+from purger.sinks.ledger import Ledger
 from purger.running import start_purger
 
 PLOT = Path(__file__).parent / "lag.png"

@@ -21,8 +21,8 @@ import statistics
 import time
 
 from bench.common import BenchRun
-from sinks.ledger import Ledger
-from sinks.purge import OUTCOME_SCHEMA
+from purger.sinks.ledger import Ledger
+from purger.sinks.purge import OUTCOME_SCHEMA
 
 SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"

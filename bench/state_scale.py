@@ -31,10 +31,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.common import BenchRun, PeakMemory, read_to, ticking, topic_end_offsets
-from core.config import PurgerConfig
+from purger.core.config import PurgerConfig
 from simulation.mailbox import Platform
 from simulation.workload import LIVE_ONLY, Workload, play
-from streams.candidates import candidates_stream
+from purger.streams.candidates import candidates_stream
 
 QUERY = "state-scale"
 

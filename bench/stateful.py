@@ -33,12 +33,11 @@ from pyspark.sql import functions as F
 from bench.common import BenchRun, epoch_s, read_all_with_kafka_python, read_to, ticking, topic_end_offsets
 from simulation.mailbox import Platform
 from simulation.workload import Workload, played
-from policies import policy_set
-from streams.candidates import candidates_stream
-from streams.parse import parse_events
-from streams.processor import routed
+from purger.streams.candidates import candidates_stream
+from purger.streams.parse import parse_events
+from purger.streams.processor import routed
 from purger.running import start_purger
-from streams.source import read_records
+from purger.streams.source import read_records
 
 RETENTION = {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s", "payload_grace": "2s"}
 
@@ -88,7 +87,7 @@ def main() -> None:
     run.record("plain Kafka read (kafka-python)", kafka_rate, "events/s", events=read)
 
     spark = run.spark()
-    policies = policy_set(config)
+    policies = config.policy_set
     parsed = parse_events(read_records(spark, config), config.kafka.control_topic, policies)
     native = routed(parsed, policies).groupBy("kind", "id").agg(F.count(F.lit(1)).alias("events"),
                                                        F.max("event_time_ms").alias("latest_ms"))

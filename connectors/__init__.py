@@ -2,8 +2,8 @@
 
 Example::
 
-    from core.config import load_config
-    from connectors import cassandra_session, s3_client
+    from purger.config import load_config
+    from purger.connectors import cassandra_session, s3_client
     config = load_config()
     session = cassandra_session(config.cassandra)
     read = read_serially(session, session.prepare("SELECT * FROM mailbox.messages WHERE message_id = ?"))
@@ -19,7 +19,7 @@ import socket
 import ssl
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from core.config import CassandraConfig, CassandraTls, ConfigError, KafkaConfig, S3Endpoint
+from purger.core.config import CassandraConfig, CassandraTls, ConfigError, KafkaConfig, S3Endpoint
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session

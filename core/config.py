@@ -1,4 +1,8 @@
-"""The purger's configuration: one TOML file, validated when the purger starts.
+"""The purger's settings: the sections of its TOML file, as pure pydantic models.
+
+The file is loaded once, at the edge, by ``purger.config.load_config``, which
+also builds the enabled policies from their ``[policies.<name>]`` sections and
+hands the one ``PurgerConfig`` (settings and ``policy_set``) down.
 
 Every key has a default that matches SPEC section 4 or the local stack, so an
 empty file is a valid configuration for the demo. Endpoints can be overridden
@@ -12,7 +16,11 @@ or dumped, they read ``**********``.
 
 Example::
 
-    from core.config import load_config
+    from purger.core.config import parse_settings
+    settings = parse_settings({"stream": {"trigger_interval": "2s"}})
+    settings.stream.trigger_interval  # datetime.timedelta(seconds=2)
+
+    from purger.config import load_config   # the file, with its policies: what the application uses
     config = load_config("purger.toml")
     config.stream.trigger_interval  # datetime.timedelta(seconds=2)
 """
@@ -22,11 +30,15 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
+if TYPE_CHECKING:
+    from purger.core.policy import PolicySet
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -208,12 +220,42 @@ class PurgerConfig(_Section):
     cassandra: CassandraConfig = Field(default_factory=CassandraConfig)
     # One object store per data centre, keyed by the data-centre name used in events' `dcs`.
     stores: dict[str, ObjectStoreConfig] = Field(default_factory=_default_stores)
-    # One section per policy, [policies.<name>] (SPEC section 7): validated by the policy's own
-    # settings model (``policies.load_policy``). mailbox is enabled unless it says otherwise.
+    # One section per policy, [policies.<name>], as written: each is validated by its policy's own
+    # settings model when the file is loaded (``purger.config``), which builds ``policy_set`` from them.
     policies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     stream: StreamConfig = Field(default_factory=StreamConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    # Set once by the loader: the enabled policies built from ``policies``.
+    _policy_set: "PolicySet | None" = PrivateAttr(default=None)
+    # Names this configuration, as loaded or copied, in an executor's cache of clients (``sinks.clients``).
+    _key: str = PrivateAttr(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def key(self) -> str:
+        """Names this configuration object and its copies made by pickling; a changed copy gets a new one."""
+        return self._key
+
+    @property
+    def policy_set(self) -> "PolicySet":
+        """The enabled policies, built once when the file was loaded (``purger.config.load_config``)."""
+        if self._policy_set is None:
+            raise ConfigError("this configuration's policies were not loaded: build it with "
+                              "purger.config.load_config or build_config (or with_policies after a change)")
+        return self._policy_set
+
+    def with_policy_set(self, policies: "PolicySet") -> "PurgerConfig":
+        """This configuration carrying ``policies`` (built from its ``policies`` sections by the loader)."""
+        loaded = self.model_copy()
+        loaded._policy_set = policies
+        return loaded
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "PurgerConfig":
+        copy = super().model_copy(update=update, deep=deep)
+        copy._key = uuid.uuid4().hex
+        if update and "policies" in update:
+            copy._policy_set = None  # built from the old sections: purger.config.with_policies rebuilds it
+        return copy
 
     @model_validator(mode="after")
     def _at_least_one_store(self) -> "PurgerConfig":
@@ -263,35 +305,25 @@ def _explain(error: ValidationError) -> str:
     return "invalid purger configuration:\n" + "\n".join(lines)
 
 
-def build_config(raw: dict[str, Any] | None = None) -> PurgerConfig:
-    """Validate a configuration given as nested dictionaries (the shape of the TOML file), the
-    policies' sections included.
+def parse_settings(raw: dict[str, Any] | None = None) -> PurgerConfig:
+    """Validate the settings given as nested dictionaries (the shape of the TOML file), environment
+    overrides applied; the policies' sections stay as written (``purger.config`` builds them).
 
-    >>> build_config({"stream": {"trigger_interval": "5s"}}).stream.trigger_interval
+    >>> parse_settings({"stream": {"trigger_interval": "5s"}}).stream.trigger_interval
     datetime.timedelta(seconds=5)
     """
-    from policies import PolicyError, policy_set
-
     try:
-        config = PurgerConfig.model_validate(_environment_overrides(dict(raw or {})))
-        policy_set(config)
+        return PurgerConfig.model_validate(_environment_overrides(dict(raw or {})))
     except ValidationError as error:
         raise ConfigError(_explain(error)) from None
-    except PolicyError as error:
-        lines = "\n".join(f"  {line}" for line in str(error).splitlines())
-        raise ConfigError(f"invalid purger configuration:\n{lines}") from None
-    return config
 
 
-def load_config(path: str | Path | None = None) -> PurgerConfig:
-    """Read and validate a TOML configuration file; ``None`` gives the defaults."""
-    if path is None:
-        return build_config({})
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A configuration file's text as nested dictionaries; a missing or broken file is one line naming it."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"configuration file {path} does not exist") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"configuration file {path} is not valid TOML: {error}") from None
-    return build_config(raw)

@@ -20,7 +20,7 @@ policy, so the kind names the policy as well as the object.
 
 Example::
 
-    from policies import load_policy
+    from purger.policies import load_policy
     policy = load_policy("rule_events", {"enabled": True})
     kind = policy.kinds[0]
     state = kind.fold(None, [event])
@@ -36,8 +36,8 @@ from typing import Any, Callable, ClassVar, Generic, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from core.times import now_ms
-from core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED
+from purger.core.times import now_ms
+from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED
 
 S = TypeVar("S")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from core.policy import Eligibility
+from purger.core.policy import Eligibility
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ that are not objects, reason categories. One place, so a status is never misspel
 
 Example::
 
-    from core.vocabulary import PURGED, reason, LIVE_REASON
+    from purger.core.vocabulary import PURGED, reason, LIVE_REASON
     reason(LIVE_REASON, "extract_count 3")   # 'live: extract_count 3'
 """
 

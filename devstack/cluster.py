@@ -270,10 +270,11 @@ def package_zip(target: Path | None = None) -> Path:
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
         for name in PACKAGES:
+            # Each package's own files, under its installed name (purger.core is core/ in a clone).
             package = Path(importlib.import_module(name).__file__).parent
-            for path in sorted(package.rglob("*")):
-                if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
-                    archive.write(path, Path(name) / path.relative_to(package))
+            for path in sorted(package.glob("*")):
+                if path.is_file() and path.suffix not in (".pyc", ".pyo"):
+                    archive.write(path, Path(*name.split(".")) / path.name)
     partial.replace(target)  # a submit running meanwhile keeps the file it opened
     return target
 
@@ -305,7 +306,7 @@ def submit_command(
     is the configuration's ``stream.driver_memory`` unless given. The configuration is read here
     first, so a mistake in it is reported before anything starts.
     """
-    from core.config import load_config
+    from purger.config import load_config
 
     config = load_config(config_path)
     conf = {

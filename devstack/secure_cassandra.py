@@ -26,7 +26,7 @@ from typing import Callable
 
 from pydantic import SecretStr
 
-from core.config import CassandraConfig, CassandraTls
+from purger.core.config import CassandraConfig, CassandraTls
 from devstack import artifacts
 from devstack.certificates import make_certificates
 from devstack.stack import CASSANDRA_PORT, CassandraNode, LocalStack, cassandra_server
@@ -63,7 +63,7 @@ class SecureCassandra:
 
     def up(self) -> None:
         """Make the certificates, start the node from empty data, create the purger's role."""
-        from connectors import cassandra_session
+        from purger.connectors import cassandra_session
 
         make_certificates(self.tls_directory, self.host, self._keystore_password)
         self.stack.start_server(self.server)

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from devstack import artifacts
-from core.config import CassandraConfig, PurgerConfig, S3Endpoint, build_config
-from policies import events_topics, policy_set
-from sinks.journal import create_journal
+from purger.config import build_config
+from purger.core.config import CassandraConfig, PurgerConfig, S3Endpoint
+from purger.policies import events_topics
+from purger.sinks.journal import create_journal
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -205,7 +206,7 @@ def create_topics(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS
     from kafka.admin import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
-    from connectors import kafka_client
+    from purger.connectors import kafka_client
     from purger.setup import own_topics
 
     admin = kafka_client(KafkaAdminClient, config.kafka)
@@ -341,7 +342,7 @@ auto_snapshot: false
 
 
 def _cassandra_answers(client: CassandraConfig) -> None:
-    from connectors import cassandra_session
+    from purger.connectors import cassandra_session
 
     session = cassandra_session(client)
     try:
@@ -382,14 +383,14 @@ def keyspace_replication(session: "Session", data_centres: Sequence[str] = ()) -
 def create_schema(config: PurgerConfig, data_centres: Sequence[str] = ()) -> None:
     """Create the keyspace (replicated as ``keyspace_replication`` says) and the enabled policies' reference
     tables (SPEC sections 3 and 7) if they do not exist; a real platform already has them."""
-    from connectors import cassandra_session
+    from purger.connectors import cassandra_session
 
     keyspace = config.cassandra.keyspace
     session = cassandra_session(config.cassandra)
     try:
         session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} "
                         f"WITH replication = {keyspace_replication(session, data_centres)}", timeout=60)
-        for policy in policy_set(config).policies:
+        for policy in config.policy_set.policies:
             for statement in policy.schema.format(keyspace=keyspace).split(";"):
                 if statement.strip():
                     session.execute(statement, timeout=60)
@@ -419,7 +420,7 @@ def s3proxy_server(name: str, store: S3Endpoint) -> Server:
         return ["--", "--properties", str(properties)]
 
     def ready() -> None:
-        from connectors import s3_client
+        from purger.connectors import s3_client
 
         s3_client(store).list_buckets()
 
@@ -428,7 +429,7 @@ def s3proxy_server(name: str, store: S3Endpoint) -> Server:
 
 def create_buckets(config: PurgerConfig) -> None:
     """Create one bucket per configured data centre if it does not exist."""
-    from connectors import s3_client
+    from purger.connectors import s3_client
 
     for store in config.stores.values():
         client = s3_client(store)

@@ -2,7 +2,7 @@
 
 Example::
 
-    from policies import load_policy
+    from purger.policies import load_policy
     policy = load_policy("users", {"enabled": True, "data_centres": ["dc1", "dc2"]})
     own = load_policy("push_clients", {"enabled": True, "module": "my_policies.push_clients"})
 """
@@ -10,23 +10,20 @@ Example::
 from __future__ import annotations
 
 import importlib
-import json
-from datetime import timedelta
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from core.policy import Policy, PolicySet
+from purger.core.policy import Policy, PolicySet
 
 if TYPE_CHECKING:
-    from core.config import PurgerConfig
+    from purger.core.config import PurgerConfig
 
 BUILT_IN = {
-    "mailbox": "policies.mailbox:MailboxPolicy",
-    "rule_events": "policies.rule_events:RuleEventsPolicy",
-    "users": "policies.users:UsersPolicy",
-    "units_of_work": "policies.units_of_work:UnitsOfWorkPolicy",
+    "mailbox": "purger.policies.mailbox:MailboxPolicy",
+    "rule_events": "purger.policies.rule_events:RuleEventsPolicy",
+    "users": "purger.policies.users:UsersPolicy",
+    "units_of_work": "purger.policies.units_of_work:UnitsOfWorkPolicy",
 }
 
 
@@ -75,16 +72,12 @@ def load_policy(name: str, raw: dict[str, Any]) -> Policy:
     return cls(settings)
 
 
-def _sections(raw: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Every built-in policy (mailbox enabled by default, the others not), then one's own."""
-    return {**{name: {} for name in BUILT_IN}, **raw}
-
-
-@lru_cache(maxsize=8)
-def _built(sections_json: str) -> PolicySet:
-    sections = json.loads(sections_json)
+def build_policy_set(sections: dict[str, dict[str, Any]]) -> PolicySet:
+    """The policies of a configuration's ``[policies.<name>]`` sections: every built-in one (mailbox enabled
+    by default, the others not), then one's own; the built-in ones not enabled have their event types
+    ignored (counted, not dead-lettered)."""
     enabled, ignored = [], set()
-    for name, raw in sections.items():
+    for name, raw in {**{name: {} for name in BUILT_IN}, **sections}.items():
         policy = load_policy(name, raw)
         if policy.settings.enabled:
             enabled.append(policy)
@@ -96,17 +89,7 @@ def _built(sections_json: str) -> PolicySet:
         raise PolicyError(str(error)) from None
 
 
-def policy_set(config: "PurgerConfig") -> PolicySet:
-    """The configuration's enabled policies (built once per process and configuration)."""
-    return _built(json.dumps(_sections(config.policies), sort_keys=True, default=_plain))
-
-
-def _plain(value: Any) -> Any:
-    """A section's value as its TOML would give it: a duration as seconds."""
-    return value.total_seconds() if isinstance(value, timedelta) else str(value)
-
-
 def events_topics(config: "PurgerConfig") -> list[str]:
     """``kafka.topics`` and the enabled policies' own topics."""
-    own = [t for p in policy_set(config).policies for t in p.settings.topics]
+    own = [t for p in config.policy_set.policies for t in p.settings.topics]
     return list(dict.fromkeys([*config.kafka.topics, *own]))

@@ -22,8 +22,8 @@ condition on a conditional ``DELETE``: the row still has that status and its
 
 Example::
 
-    from policies import load_policy
-    from policies.rule_events import RULE_EVENT_STATUS, StatusEvent
+    from purger.policies import load_policy
+    from purger.policies.rule_events import RULE_EVENT_STATUS, StatusEvent
     policy = load_policy("rule_events", {"enabled": True, "complete": "7d"})
     kind = policy.kinds[0]
     state = kind.fold(None, [StatusEvent("e1", RULE_EVENT_STATUS, 1_000, "r1", "COMPLETE", "m1", "route")])
@@ -36,14 +36,14 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterator
 
-from connectors import read_serially
-from core.config import Duration
-from core.policy import (
+from purger.connectors import read_serially
+from purger.core.config import Duration
+from purger.core.policy import (
     Attempt, Candidate, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger, Resources, Rule,
     Settings, earliest, found_gone,
 )
-from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
-from core.vocabulary import (
+from purger.core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
+from purger.core.vocabulary import (
     KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
 

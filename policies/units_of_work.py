@@ -50,8 +50,8 @@ purge, and writers keep out meanwhile.
 Example::
 
     from datetime import date
-    from policies import load_policy
-    from policies.units_of_work import UnitOfWorkState, eligible_on
+    from purger.policies import load_policy
+    from purger.policies.units_of_work import UnitOfWorkState, eligible_on
     policy = load_policy("units_of_work", {"enabled": True, "retention_period": "P2Y"})
     policy.settings.period.lower_bound(date(2023, 5, 17))   # 2021-05-17 00:00 UTC
     finished = UnitOfWorkState("PAYMENT", started_at_ms=1_609_459_200_000, finished_at_ms=1_609_545_600_000)
@@ -71,13 +71,13 @@ from typing import Any, Iterator, Literal, Mapping, get_args
 from cassandra import ConsistencyLevel
 from pydantic import field_validator
 
-from connectors import read_serially
-from core.policy import (
+from purger.connectors import read_serially
+from purger.core.policy import (
     Attempt, Candidate, Control, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy,
     Purger, Resources, Rule, Settings, delete_dependents, earliest, found_gone,
 )
-from core.times import epoch_ms, format_timestamp, from_epoch_ms, now_ms
-from core.vocabulary import (
+from purger.core.times import epoch_ms, format_timestamp, from_epoch_ms, now_ms
+from purger.core.vocabulary import (
     BEING_DELETED, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
 

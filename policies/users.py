@@ -74,8 +74,8 @@ dependent write (two lightweight transactions at least).
 
 Example::
 
-    from policies import load_policy
-    from policies.users import UserEvent
+    from purger.policies import load_policy
+    from purger.policies.users import UserEvent
     policy = load_policy("users", {"enabled": True, "data_centres": ["dc1", "dc2"], "user_grace": "7d"})
     kind = policy.kinds[0]
     state = kind.fold(None, [UserEvent("e1", "user_added", 1_000, "u1", "dc1"),
@@ -94,14 +94,14 @@ from typing import Any, Iterator, NamedTuple
 
 from pydantic import field_validator
 
-from connectors import read_serially
-from core.config import Duration
-from core.policy import (
+from purger.connectors import read_serially
+from purger.core.config import Duration
+from purger.core.policy import (
     Attempt, Candidate, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger,
     Resources, Rule, Settings, delete_dependents, earliest, found_gone,
 )
-from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
-from core.vocabulary import (
+from purger.core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
+from purger.core.vocabulary import (
     BEING_DELETED, LIVE_REASON, NOT_YET_DUE, PRESENT, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
 

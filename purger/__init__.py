@@ -1,4 +1,11 @@
-"""The purger application: configuration, command line, local stack and demo workload."""
+"""The purger: a continuous purger on Spark Structured Streaming (see README.md and docs/).
 
-# The product's packages: what `purger submit` ships to the executors, and whose loggers --log-level sets.
-PACKAGES = ("core", "connectors", "policies", "purger", "streams", "sinks")
+The installed package holds the whole product: the pure core (``purger.core``: the policy interface,
+configuration, times), the built-in policies (``purger.policies``), the stream up to the purge
+candidates (``purger.streams``), the foreachBatch side (``purger.sinks``), the clients of Kafka,
+Cassandra and S3 (``purger.connectors``), and the application here (command line, job, replay, setup).
+"""
+
+# Every package of the product, as installed: what a job submitted with --py-files ships.
+PACKAGES = ("purger", "purger.core", "purger.connectors", "purger.policies", "purger.policies.mailbox",
+            "purger.streams", "purger.sinks")

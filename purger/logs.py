@@ -18,7 +18,6 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from purger import PACKAGES
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,8 +50,7 @@ def log_to_stderr(level: LogLevel) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
-    for package in PACKAGES:
-        logging.getLogger(package).setLevel(level.value)
+    logging.getLogger("purger").setLevel(level.value)
 
 
 def set_spark_log_level(spark: SparkSession, level: LogLevel) -> None:

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram, start_http_server
 from pyspark.sql.streaming import StreamingQueryListener
 
-from core.vocabulary import PURGED
+from purger.core.vocabulary import PURGED
 
 _LAG_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 900, 3600, float("inf"))
 

@@ -27,10 +27,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from tqdm import tqdm
 
-from connectors import kafka_client
-from core.config import ConfigError, PurgerConfig
-from policies import events_topics
-from streams.clock import caught_up
+from purger.connectors import kafka_client
+from purger.core.config import ConfigError, PurgerConfig
+from purger.policies import events_topics
+from purger.streams.clock import caught_up
 from purger.running import RunningPurger, start_purger
 
 

@@ -19,13 +19,12 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from core.config import PurgerConfig
-from policies import policy_set
+from purger.core.config import PurgerConfig
 from purger.metrics import PurgerMetrics
-from sinks.ledger import Ledger, Report
-from sinks.sink import PurgeSink, SinkClosed
-from streams.candidates import candidates_stream, ms
-from streams.clock import Clock
+from purger.sinks.ledger import Ledger, Report
+from purger.sinks.sink import PurgeSink, SinkClosed
+from purger.streams.candidates import candidates_stream, ms
+from purger.streams.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     )
     sink.bind(query.id)
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
-    report = Report(spark, config.ledger, policy_set(config))
+    report = Report(spark, config.ledger, config.policy_set)
     reporting = _every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
                        lambda: _set_up_report_thread(spark))
     return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, reporting))

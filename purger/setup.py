@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
-from core.config import CassandraConfig, KafkaConfig, PurgerConfig
-from policies import policy_set
-from sinks.journal import JOURNAL_COLUMNS, create_journal
+from purger.connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
+from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
+from purger.sinks.journal import JOURNAL_COLUMNS, create_journal
 
 if TYPE_CHECKING:
     from kafka.admin import KafkaAdminClient
@@ -174,7 +173,7 @@ def _create_topics(admin: "KafkaAdminClient", missing: list[OwnTopic], where: st
 def _events_topics(config: PurgerConfig) -> dict[str, str]:
     """Each events topic (as ``policies.events_topics``) with the configuration key that names it."""
     keys = {topic: "kafka.topics" for topic in config.kafka.topics}
-    for policy in policy_set(config).policies:
+    for policy in config.policy_set.policies:
         for topic in policy.settings.topics:
             keys.setdefault(topic, f"policies.{policy.name}.topics")
     return keys
@@ -206,7 +205,7 @@ def _cassandra(config: PurgerConfig, create: bool, findings: Findings) -> None:
             columns[row.table_name].add(row.column_name)
         _journal(session, cassandra, where, columns, create, findings)
         checked = []
-        for policy in policy_set(config).policies:
+        for policy in config.policy_set.policies:
             for configured, read in policy.columns_read().items():
                 table = _cql_name(configured)
                 if table not in columns:

@@ -13,7 +13,7 @@ import os
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from core.config import StreamConfig
+from purger.core.config import StreamConfig
 from purger.logs import log4j2_options
 
 
@@ -33,7 +33,7 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
     builder = SparkSession.builder.appName(app_name)
     if not _submitted():
         # The connector jars, fetched with Maven into the local cache; spark-submit brings its own --jars.
-        from devstack.artifacts import spark_connector_jars
+        from purger.artifacts import spark_connector_jars
 
         jars = ",".join(str(jar) for jar in spark_connector_jars())
         builder = (

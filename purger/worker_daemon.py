@@ -19,7 +19,7 @@ from pyspark import daemon
 # What a worker of the purger imports: the stateful stage's (pandas, Arrow, the processor) and the
 # purge's (the clients, the policies).
 PRELOADED = ("pandas", "pyarrow", "pyspark.sql.pandas.serializers", "boto3", "cassandra.cluster", "kafka",
-             "sinks.clients", "sinks.purge", "streams.processor")
+             "purger.sinks.clients", "purger.sinks.purge", "purger.streams.processor")
 
 if __name__ == "__main__":
     for module in PRELOADED:

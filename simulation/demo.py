@@ -31,13 +31,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from core.config import PurgerConfig, build_config
+from purger.core.config import PurgerConfig
+
+from purger.config import build_config
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects
 from simulation.workload import SCENARIOS, Workload, is_purged, play
 from devstack.stack import prepare
-from policies import policy_set
-from sinks.ledger import Report
+from purger.sinks.ledger import Report
 
 @dataclass
 class DemoReport:
@@ -163,7 +164,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
         running.stop()
         platform.close()
         objects.close()
-    purge_report = Report(spark, config.ledger, policy_set(config))
+    purge_report = Report(spark, config.ledger, config.policy_set)
     purge_report.refresh()
     report.purge_report = purge_report.rows(datetime.now(timezone.utc).date())
     report.seconds = time.monotonic() - started

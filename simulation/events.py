@@ -17,9 +17,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from connectors import cassandra_session, kafka_producer
-from core.config import CassandraConfig, KafkaConfig
-from core.times import format_timestamp
+from purger.connectors import cassandra_session, kafka_producer
+from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.times import format_timestamp
 
 
 def event_record(event_type: str, id_field: str, object_id: str, at: datetime, /,

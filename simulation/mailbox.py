@@ -20,11 +20,10 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Iterable, Iterator
 
-from core.config import PurgerConfig
-from connectors import cassandra_session, kafka_producer, s3_client
-from core.times import format_timestamp
-from policies import policy_set
-from policies.mailbox.deletes import payload_key
+from purger.core.config import PurgerConfig
+from purger.connectors import cassandra_session, kafka_producer, s3_client
+from purger.core.times import format_timestamp
+from purger.policies.mailbox.deletes import payload_key
 from simulation.clock import now  # successive changes to one message carry increasing event times
 from simulation.events import event_record
 
@@ -46,7 +45,7 @@ class Platform:
             return
         self.session = cassandra_session(config.cassandra, config.cassandra.keyspace)
         self.stores = {dc: s3_client(store) for dc, store in config.stores.items()}
-        tables = policy_set(config).policy_of("message").settings
+        tables = config.policy_set.policy_of("message").settings
         self._messages, self._refs, self._payloads = (
             tables.messages_table, tables.payload_refs_table, tables.payloads_table)
         self._insert_message = self.session.prepare(

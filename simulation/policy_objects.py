@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from core.config import PurgerConfig
-from policies import policy_set
-from policies.rule_events import COMPLETE, PROCESSING
-from policies.units_of_work import COLLECTIONS
+from purger.core.config import PurgerConfig
+from purger.policies.rule_events import COMPLETE, PROCESSING
+from purger.policies.units_of_work import COLLECTIONS
 from simulation.clock import now
 from simulation.rule_events import RuleEventsPlatform
 from simulation.units_of_work import UnitsOfWorkPlatform
@@ -60,7 +59,7 @@ class PolicyObjects:
     """The three stand-ins, on a configuration's first events topic and its keyspace."""
 
     def __init__(self, config: PurgerConfig) -> None:
-        policies = policy_set(config)
+        policies = config.policy_set
         topic, keyspace = config.kafka.topics[0], config.cassandra.keyspace
         self.rule_events = RuleEventsPlatform(config.kafka, config.cassandra, topic, keyspace,
                                               policies.policy_of("rule_event").settings.table)

@@ -16,8 +16,8 @@ the demo.
 Example::
 
     from datetime import datetime, timezone
-    from core.config import CassandraConfig, KafkaConfig
-    from policies.units_of_work import UnitsOfWorkSettings
+    from purger.core.config import CassandraConfig, KafkaConfig
+    from purger.policies.units_of_work import UnitsOfWorkSettings
     platform = UnitsOfWorkPlatform(KafkaConfig(), CassandraConfig(), "payments.events", "payments",
                                    UnitsOfWorkSettings())
     platform.start("u1", "PAYMENT", at=datetime(2021, 3, 1, tzinfo=timezone.utc), children=5)
@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 
 from cassandra import ConsistencyLevel
 
-from connectors import read_serially
-from core.config import CassandraConfig, KafkaConfig
-from policies.units_of_work import COLLECTIONS, UOW_ARCHIVED, UOW_FINISHED, UOW_STARTED, UnitsOfWorkSettings
+from purger.connectors import read_serially
+from purger.core.config import CassandraConfig, KafkaConfig
+from purger.policies.units_of_work import COLLECTIONS, UOW_ARCHIVED, UOW_FINISHED, UOW_STARTED, UnitsOfWorkSettings
 from simulation.events import EventWriter
 
 

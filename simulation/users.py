@@ -11,8 +11,8 @@ old.
 
 Example::
 
-    from core.config import CassandraConfig, KafkaConfig
-    from policies.users import UsersSettings
+    from purger.core.config import CassandraConfig, KafkaConfig
+    from purger.policies.users import UsersSettings
     platform = UsersPlatform(KafkaConfig(), CassandraConfig(), "users.events", "mailbox", UsersSettings())
     platform.add_user("u1", "dc1", mailboxes=("u1/inbox", "shared/sales"))
     platform.remove_user("u1", "dc1")
@@ -26,9 +26,9 @@ import time
 from datetime import datetime
 from typing import Any, Sequence
 
-from connectors import read_serially
-from core.config import CassandraConfig, KafkaConfig
-from policies.users import LIVE, USER_ADDED, USER_REMOVED, UsersSettings
+from purger.connectors import read_serially
+from purger.core.config import CassandraConfig, KafkaConfig
+from purger.policies.users import LIVE, USER_ADDED, USER_REMOVED, UsersSettings
 from simulation.clock import now
 from simulation.events import EventWriter
 

@@ -10,18 +10,16 @@ Example::
 
 from __future__ import annotations
 
-import pickle
 import threading
 from dataclasses import dataclass
 
-from core.config import PurgerConfig
-from core.policy import Purger, Resources
-from connectors import cassandra_session, kafka_producer
-from policies import policy_set
-from sinks.dead_letters import DeadLetters
-from sinks.journal import CassandraJournal
-from sinks.objects import ObjectStores
-from streams.control import ControlWriter
+from purger.core.config import PurgerConfig
+from purger.core.policy import Purger, Resources
+from purger.connectors import cassandra_session, kafka_producer
+from purger.sinks.dead_letters import DeadLetters
+from purger.sinks.journal import CassandraJournal
+from purger.sinks.objects import ObjectStores
+from purger.streams.control import ControlWriter
 
 
 @dataclass
@@ -41,10 +39,10 @@ _made: dict[str, Clients] = {}
 
 def executor_clients(config: PurgerConfig) -> Clients:
     """This executor process's clients for a configuration, made once."""
-    key = pickle.dumps(config)  # not its JSON, where every secret reads "**********"
+    key = config.key
     with _lock:
         if key not in _made:
-            policies = policy_set(config)
+            policies = config.policy_set
             producer = kafka_producer(config.kafka, acks="all", linger_ms=20)
             control = ControlWriter(producer, config.kafka.control_topic, policies)
             retry_ms = int(config.stream.retry_interval.total_seconds() * 1000)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.policy import Journal
+from purger.core.policy import Journal
 
 JOURNAL_TTL_S = 30 * 24 * 3600
 

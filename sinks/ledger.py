@@ -24,7 +24,7 @@ Example::
     ledger = Ledger(spark, config.ledger)
     ledger.append(outcomes, query_id, batch_id, first_attempt=True)
     ledger.records().where("status = 'purged'").count()
-    Report(spark, config.ledger, policy_set(config)).refresh(date(2026, 11, 21))
+    Report(spark, config.ledger, config.policy_set).refresh(date(2026, 11, 21))
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from pyspark.sql import functions as F
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
-from core.config import LedgerConfig
-from core.policy import PolicySet
-from core.vocabulary import PURGED, SKIPPED, STATUSES
+from purger.core.config import LedgerConfig
+from purger.core.policy import PolicySet
+from purger.core.vocabulary import PURGED, SKIPPED, STATUSES
 
 # Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.
 _CONFLICTS = (ConcurrentAppendException, ConcurrentDeleteReadException, ConcurrentWriteException,
@@ -124,7 +124,7 @@ class Ledger:
         does it before its first batch, which then does not pay for it and for a new JVM's first Delta
         write (seconds, BENCHMARKS.md)."""
         if not self.exists():
-            from sinks.purge import OUTCOME_SCHEMA
+            from purger.sinks.purge import OUTCOME_SCHEMA
 
             self.append(self.spark.createDataFrame([], OUTCOME_SCHEMA), "", -1, first_attempt=True)
 

@@ -11,8 +11,8 @@ Example::
 
 from __future__ import annotations
 
-from core.config import ObjectStoreConfig
-from connectors import s3_client
+from purger.core.config import ObjectStoreConfig
+from purger.connectors import s3_client
 
 
 class ObjectStores:

@@ -27,14 +27,13 @@ from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from core.config import PurgerConfig
-from core.policy import Attempt, Candidate, Outcome
-from core.times import now_ms
-from core.vocabulary import DEAD_LETTER, DEAD_LETTERED, ENGINE, ERROR
-from policies import policy_set
-from sinks.attempts import failpoint
-from sinks.clients import executor_clients
-from sinks.throttle import Pacer, bounded_map
+from purger.core.config import PurgerConfig
+from purger.core.policy import Attempt, Candidate, Outcome
+from purger.core.times import now_ms
+from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED, ENGINE, ERROR
+from purger.sinks.attempts import failpoint
+from purger.sinks.clients import executor_clients
+from purger.sinks.throttle import Pacer, bounded_map
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     attempt = Attempt(retry=batch_retried or (task is not None and task.attemptNumber() > 0), failpoint=failpoint,
                       batch=f"{query_id}/{batch_id}")
     clients = executor_clients(config)
-    policies = policy_set(config)
+    policies = config.policy_set
     pacer = Pacer(deletions_per_second or config.stream.max_deletions_per_second)
     worker = f"{socket.gethostname()}:{os.getpid()}"
 

@@ -29,12 +29,12 @@ import numpy as np
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 
-from core.config import PurgerConfig
-from core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
-from sinks.attempts import failpoint, first_attempt
-from sinks.ledger import Ledger, lag_seconds
-from sinks.purge import OUTCOME_SCHEMA, purge_partition
-from sinks.throttle import per_task_rate
+from purger.core.config import PurgerConfig
+from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
+from purger.sinks.attempts import failpoint, first_attempt
+from purger.sinks.ledger import Ledger, lag_seconds
+from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition
+from purger.sinks.throttle import per_task_rate
 
 log = logging.getLogger(__name__)
 

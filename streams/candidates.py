@@ -16,12 +16,11 @@ from datetime import timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from core.config import PurgerConfig
-from core.vocabulary import DEAD_LETTER
-from policies import policy_set
-from streams.parse import parse_events
-from streams.processor import purge_candidates
-from streams.source import read_records
+from purger.core.config import PurgerConfig
+from purger.core.vocabulary import DEAD_LETTER
+from purger.streams.parse import parse_events
+from purger.streams.processor import purge_candidates
+from purger.streams.source import read_records
 
 
 def ms(duration: timedelta) -> int:
@@ -36,7 +35,7 @@ def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offset
     ``query.lastProgress["observedMetrics"]``): ``purger.input`` counts the events ignored as a disabled
     policy's, ``purger`` the candidates per kind and the dead letters.
     """
-    policies = policy_set(config)
+    policies = config.policy_set
     # 1. The events topics (and the policies' own), then the control topic, as one stream of records.
     records = read_records(spark, config, starting_offsets, starting_timestamp_ms)
     # 2. Typed events of the enabled policies; a bad record carries its reason.

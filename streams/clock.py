@@ -20,9 +20,9 @@ import threading
 
 from pyspark.sql.streaming import StreamingQuery
 
-from core.config import KafkaConfig
-from connectors import kafka_producer
-from streams.control import tick
+from purger.core.config import KafkaConfig
+from purger.connectors import kafka_producer
+from purger.streams.control import tick
 
 
 def caught_up(query: StreamingQuery) -> bool:

@@ -34,9 +34,9 @@ import uuid
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from core.policy import Control, EventField, PolicySet
-from core.times import format_epoch_ms, format_timestamp
-from core.vocabulary import CLOCK
+from purger.core.policy import Control, EventField, PolicySet
+from purger.core.times import format_epoch_ms, format_timestamp
+from purger.core.vocabulary import CLOCK
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer

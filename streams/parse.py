@@ -11,7 +11,7 @@ state; they go to the dead-letter topic with their original bytes.
 
 Example::
 
-    from streams.parse import parse_events
+    from purger.streams.parse import parse_events
     events = parse_events(kafka_df, "purger.control", policies)  # kafka_df: the Kafka source's rows
     good = events.where("error IS NULL")
 """
@@ -24,9 +24,9 @@ from pyspark.sql.types import (
     ArrayType, BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType,
 )
 
-from core.policy import COMMON_FIELDS, EventField, PolicySet
-from core.times import SPARK_TIMESTAMP_FORMAT
-from streams import control
+from purger.core.policy import COMMON_FIELDS, EventField, PolicySet
+from purger.core.times import SPARK_TIMESTAMP_FORMAT
+from purger.streams import control
 
 # Identifiers longer than this are bad input (Cassandra keys must stay small; no platform id is this long).
 MAX_ID_LENGTH = 512

@@ -16,10 +16,9 @@ a linger after a purge (when the state is forgotten) is not listed.
 Example::
 
     from datetime import datetime, timedelta, timezone
-    from policies import policy_set
-    from streams.pending import pending_purges
+    from purger.streams.pending import pending_purges
     until = datetime.now(timezone.utc) + timedelta(hours=24)
-    pending_purges(spark, "checkpoints/purger", until, policy_set(config)).show()
+    pending_purges(spark, "checkpoints/purger", until, config.policy_set).show()
     # kind     id   rule                due_at               hint
     # message  m1   expired_by_counter  2026-11-22 09:12:00  {"payload_id": "p1", ...}
 """
@@ -35,9 +34,9 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from core.policy import PolicySet
-from core.schedule import on_timer
-from streams.processor import _Stored, stored_kinds
+from purger.core.policy import PolicySet
+from purger.core.schedule import on_timer
+from purger.streams.processor import _Stored, stored_kinds
 
 
 def _due(stored: _Stored) -> Callable[[Row, int], tuple[str, str] | None]:

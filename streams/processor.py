@@ -23,7 +23,7 @@ candidate, with the kind's ``hint`` as JSON.
 
 Example::
 
-    from streams.processor import purge_candidates
+    from purger.streams.processor import purge_candidates
     candidates = purge_candidates(events, policies, watermark_delay_ms=10_000)
 """
 
@@ -47,11 +47,11 @@ from pyspark.sql.types import (
     ArrayType, BinaryType, BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType,
 )
 
-from core.policy import ObjectKind, PolicySet
-from core.schedule import Schedule, next_timer, on_timer, recheck
-from core.vocabulary import CLOCK, DEAD_LETTER
-from streams.control import RECHECK, control_target
-from streams.parse import timestamp_fields
+from purger.core.policy import ObjectKind, PolicySet
+from purger.core.schedule import Schedule, next_timer, on_timer, recheck
+from purger.core.vocabulary import CLOCK, DEAD_LETTER
+from purger.streams.control import RECHECK, control_target
+from purger.streams.parse import timestamp_fields
 
 OUTPUT_SCHEMA = StructType(
     [

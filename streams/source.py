@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
-from connectors import spark_kafka_options
-from core.config import KafkaConfig, PurgerConfig
-from policies import events_topics
+from purger.connectors import spark_kafka_options
+from purger.core.config import KafkaConfig, PurgerConfig
+from purger.policies import events_topics
 
 
 def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_offsets: str,

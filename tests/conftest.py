@@ -17,7 +17,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from core.config import PurgerConfig, build_config
+from purger.core.config import PurgerConfig
+
+from purger.config import build_config
 from devstack.stack import LocalStack, prepare
 from tests.support.faults import TcpProxy
 

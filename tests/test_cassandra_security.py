@@ -12,13 +12,13 @@ import uuid
 import pytest
 from pydantic import SecretStr
 
-from connectors import cassandra_session
-from core.config import PurgerConfig
-from core.vocabulary import PURGED
+from purger.connectors import cassandra_session
+from purger.core.config import PurgerConfig
+from purger.core.vocabulary import PURGED
 from devstack.certificates import make_certificates
 from devstack.stack import create_schema
-from policies.mailbox.deletes import MessageDeleter
-from policies.mailbox.rules import Retention
+from purger.policies.mailbox.deletes import MessageDeleter
+from purger.policies.mailbox.rules import Retention
 from purger.setup import check
 from simulation.mailbox import Platform
 from tests.support.configs import mailbox

@@ -19,10 +19,10 @@ import pytest
 from pyspark.sql import functions as F
 
 from devstack.cluster import PACKAGES_ZIP, SparkCluster, master_state, submit, worker_state
-from core.config import load_config
+from purger.config import load_config
 from simulation.mailbox import Platform
 from devstack.stack import prepare
-from sinks.ledger import Ledger
+from purger.sinks.ledger import Ledger
 from tests.support.configs import free_port, mailbox, toml
 from tests.support.waits import ago
 

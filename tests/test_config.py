@@ -3,7 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from core.config import ConfigError, build_config, load_config, parse_duration
+from purger.core.config import ConfigError, parse_duration
+
+from purger.config import build_config, load_config
 from tests.support.configs import mailbox
 
 
@@ -107,7 +109,7 @@ def test_operations_keys_are_checked():
      {"units_of_work": "uow", "uow_objects": "objs"}),
 ])
 def test_the_tables_setup_checks_are_the_configured_ones(name, section, renamed):
-    from policies import load_policy
+    from purger.policies import load_policy
 
     policy = load_policy(name, {"enabled": True, **section})
     assert policy.columns_read() == {renamed[table]: frozenset(columns) for table, columns in policy.tables.items()}

@@ -20,12 +20,12 @@ import uuid
 
 import pytest
 
-from connectors import cassandra_session
-from core.config import PurgerConfig
-from core.vocabulary import PURGED, SKIPPED
+from purger.connectors import cassandra_session
+from purger.core.config import PurgerConfig
+from purger.core.vocabulary import PURGED, SKIPPED
 from devstack.stack import SECOND_NODE, LocalStack, create_schema
-from policies.mailbox.deletes import MessageDeleter
-from policies.mailbox.rules import Retention
+from purger.policies.mailbox.deletes import MessageDeleter
+from purger.policies.mailbox.rules import Retention
 from simulation.mailbox import Platform
 from tests.support.configs import mailbox, own_config
 from tests.support.faults import reliability

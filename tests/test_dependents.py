@@ -8,8 +8,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.policy import Attempt, Candidate, Dependent, Journal, Outcome, delete_dependents, found_gone
-from core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED
+from purger.core.policy import Attempt, Candidate, Dependent, Journal, Outcome, delete_dependents, found_gone
+from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED
 
 CANDIDATE = Candidate("thing", "t1", "rule", 0)
 

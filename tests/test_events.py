@@ -4,9 +4,8 @@ import json
 
 import pytest
 
-from core.config import build_config
-from policies import policy_set
-from streams.parse import parse_events
+from purger.config import build_config
+from purger.streams.parse import parse_events
 
 CONTROL = "purger.control"
 
@@ -26,7 +25,7 @@ def parse(spark, values, topic="mailbox.events"):
         [(None, v, topic, 0, i, None) for i, v in enumerate(values)],
         "key binary, value binary, topic string, partition int, offset long, timestamp timestamp",
     )
-    return parse_events(records, CONTROL, policy_set(build_config({}))).orderBy("offset").collect()
+    return parse_events(records, CONTROL, build_config({}).policy_set).orderBy("offset").collect()
 
 
 def test_good_events_parse_to_typed_rows(spark):

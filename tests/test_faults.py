@@ -23,14 +23,15 @@ import pytest
 from kafka import KafkaConsumer
 from pyspark.sql import functions as F
 
-from connectors import cassandra_session
+from purger.config import with_policies
+from purger.connectors import cassandra_session
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObject, PolicyObjects
-from core.vocabulary import PURGED, SKIPPED
-from policies.mailbox.deletes import MessageDeleter
-from sinks.ledger import Ledger
-from sinks.purge import purge_partition
-from policies.mailbox.rules import Retention
+from purger.core.vocabulary import PURGED, SKIPPED
+from purger.policies.mailbox.deletes import MessageDeleter
+from purger.sinks.ledger import Ledger
+from purger.sinks.purge import purge_partition
+from purger.policies.mailbox.rules import Retention
 from tests.support.configs import mailbox, own_config, write_config
 from tests.support.faults import bad_records, reliability
 from tests.support.mailbox import candidate, end_state, unreferenced_payload, write_work, purge_through_outages
@@ -180,7 +181,7 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
     exactly one `purged` ledger record per deletion. Every built-in policy runs, each with objects to
     delete and to keep, and the failpoints include those between a user's or a unit of work's rows."""
     tmp = tmp_path_factory.mktemp("kills")
-    every_policy = config.model_copy(update={"policies": {**config.policies, **SETTINGS}})
+    every_policy = with_policies(config, {**config.policies, **SETTINGS})
     own = own_config(every_policy, tmp, "kills")
     own = own.model_copy(update={"metrics": own.metrics.model_copy(update={"port": 0})})
     config_file = write_config(own, tmp / "purger.toml")

@@ -14,15 +14,15 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from pydantic import SecretStr
 
-from connectors import kafka_client, kafka_client_options, kafka_producer, spark_kafka_options
-from core.config import ConfigError, KafkaConfig, KafkaSecurity, PurgerConfig, build_config
+from purger.connectors import kafka_client, kafka_client_options, kafka_producer, spark_kafka_options
+from purger.core.config import ConfigError, KafkaConfig, KafkaSecurity, PurgerConfig
+from purger.config import build_config
 from devstack.certificates import make_certificates
 from devstack.stack import create_topics
-from policies import policy_set
 from purger.setup import check, set_up
-from sinks.dead_letters import DeadLetters
-from streams.control import ControlWriter
-from streams.source import read_records
+from purger.sinks.dead_letters import DeadLetters
+from purger.streams.control import ControlWriter
+from purger.streams.source import read_records
 from tests.support.secure_kafka import SecureKafka
 
 SCRAM = KafkaSecurity(protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", username="purger",
@@ -149,7 +149,7 @@ def test_the_purgers_producers_write_and_the_spark_source_reads_over_sasl_ssl(co
     try:
         for event in events:
             producer.send(kafka.topics[0], key=event["message_id"].encode(), value=json.dumps(event).encode())
-        ControlWriter(producer, kafka.control_topic, policy_set(secure)).recheck("message", "m1", "expired", 0)
+        ControlWriter(producer, kafka.control_topic, secure.policy_set).recheck("message", "m1", "expired", 0)
         DeadLetters(producer, kafka.dead_letter_topic).send(b"k", b"not json", "not an event", kafka.topics[0], 0, 7)
         producer.flush()
     finally:

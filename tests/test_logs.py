@@ -17,12 +17,12 @@ from typing import Callable
 
 import pytest
 
-from core.config import PurgerConfig
-from core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
+from purger.core.config import PurgerConfig
+from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.logs import LogLevel, set_spark_log_level
 from simulation.mailbox import Platform
-from sinks.ledger import Ledger
-from sinks.sink import batch_summary
+from purger.sinks.ledger import Ledger
+from purger.sinks.sink import batch_summary
 from tests.support.configs import own_config, write_config
 from tests.support.waits import wait_for
 from tests.support.mailbox import deletable

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
-from core.config import PurgerConfig, S3Endpoint
+from purger.config import with_policies
+from purger.core.config import PurgerConfig, S3Endpoint
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects, ledger_rows
 from purger.replay import follow, start_replay
-from core.vocabulary import EARLIER_ATTEMPT, STATUSES
-from policies import policy_set
-from sinks.ledger import LAG_PERCENTILES, Ledger, Report
-from sinks.purge import OUTCOME_SCHEMA
+from purger.core.vocabulary import EARLIER_ATTEMPT, STATUSES
+from purger.sinks.ledger import LAG_PERCENTILES, Ledger, Report
+from purger.sinks.purge import OUTCOME_SCHEMA
 from purger.running import start_purger
 from tests.support.configs import mailbox, own_config
 from tests.support.mailbox import deletable
@@ -36,7 +36,7 @@ CAP = 4  # deletions per second
 
 @pytest.fixture(scope="module")
 def ops(config, tmp_path_factory) -> PurgerConfig:
-    every_policy = config.model_copy(update={"policies": {**config.policies, **SETTINGS}})
+    every_policy = with_policies(config, {**config.policies, **SETTINGS})
     return own_config(every_policy, tmp_path_factory.mktemp("ops"), "ops", max_deletions_per_second=CAP)
 
 
@@ -132,7 +132,7 @@ def test_the_ledger_holds_one_record_per_deletion_across_forced_retries(spark, o
 
 
 def test_the_daily_report_equals_counts_over_the_ledger(spark, ops):
-    ledger, report = Ledger(spark, ops.ledger), Report(spark, ops.ledger, policy_set(ops))
+    ledger, report = Ledger(spark, ops.ledger), Report(spark, ops.ledger, ops.policy_set)
     day = now().date()
     report.refresh(day)
     rows = {(r["kind"], r["dc"]): r for r in report.rows(day)}
@@ -209,7 +209,7 @@ def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platfo
 
 def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_path_factory):
     """Every policy: would_delete for each row a real run would delete, dependents included; nothing deleted."""
-    every_policy = config.model_copy(update={"policies": {**config.policies, **SETTINGS}})
+    every_policy = with_policies(config, {**config.policies, **SETTINGS})
     dry = own_config(every_policy, tmp_path_factory.mktemp("dry"), "dry", dry_run=True)
     platform, objects = Platform(dry), PolicyObjects(dry)
     try:
@@ -276,7 +276,7 @@ def test_a_replay_from_earliest_reaches_the_same_end_state(spark, config, tmp_pa
     """A history of its own (messages purged, one kept by the double-check; an object of each other built-in
     policy purged and one kept), purged by a first run, then replayed into a fresh checkpoint: the same rows
     and payloads remain, and the replay deletes nothing (what was eligible is gone already)."""
-    every_policy = config.model_copy(update={"policies": {**config.policies, **SETTINGS}})
+    every_policy = with_policies(config, {**config.policies, **SETTINGS})
     own = own_config(every_policy, tmp_path_factory.mktemp("replay"), "replay")
     platform, objects = Platform(own), PolicyObjects(own)
     sent: dict[str, bool] = {}
@@ -341,7 +341,7 @@ def test_the_ledger_on_s3a_takes_a_batch_once(spark, config):
     records = ledger.records().collect()
     assert len(records) == 6
     assert {r["lag_s"] for r in records} == {5.0}
-    report = Report(spark, ledger_config.model_copy(update={"report_path": f"{prefix}/report"}), policy_set(config))
+    report = Report(spark, ledger_config.model_copy(update={"report_path": f"{prefix}/report"}), config.policy_set)
     report.refresh(now().date())
     [row] = report.rows(now().date())
     assert (row["kind"], row["dc"], row["candidates"], row["purged"]) == ("message", "all", 6, 6)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED
-from sinks.sink import OutcomeTally
+from purger.core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED
+from purger.sinks.sink import OutcomeTally
 
 
 def outcome(kind: str, status: str, eligible_at_ms: int | None, deleted_at_ms: int | None) -> tuple:

@@ -21,20 +21,22 @@ sys.path.insert(0, str(HERE))
 # Before the session's JVM starts, if it has not yet (pytest collects every module before the first fixture).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
 
-from core.config import ConfigError, build_config  # noqa: E402
-from core.policy import Attempt, Candidate, Eligibility  # noqa: E402
-from core.times import epoch_ms, now_ms  # noqa: E402
-from core.vocabulary import (  # noqa: E402
+from purger.core.config import ConfigError  # noqa: E402
+
+from purger.config import build_config, with_policies
+from purger.core.policy import Attempt, Candidate, Eligibility  # noqa: E402
+from purger.core.times import epoch_ms, now_ms  # noqa: E402
+from purger.core.vocabulary import (  # noqa: E402
     ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE,
 )
-from policies import PolicyError, load_policy  # noqa: E402
+from purger.policies import PolicyError, load_policy  # noqa: E402
 from purger.running import start_purger  # noqa: E402
 from push_clients_platform import PushClientsPlatform  # noqa: E402
 from push_clients_policy import (  # noqa: E402
     INACTIVE, PUSH_CLIENT, PUSH_CLIENT_CONNECTED, PUSH_CLIENT_REGISTERED, PUSH_MESSAGE, ClientEvent,
     PushClientsPolicy,
 )
-from sinks.ledger import Ledger  # noqa: E402
+from purger.sinks.ledger import Ledger  # noqa: E402
 from tests.support.configs import own_config  # noqa: E402
 from tests.support.policies import RecordingControl, resources  # noqa: E402
 from tests.support.waits import ago, now, wait_for, wait_for_watermark  # noqa: E402
@@ -131,7 +133,7 @@ def executors_import_the_module(spark):
 def cfg(config, tmp_path_factory):
     """The session's configuration with the policy of one's own enabled beside mailbox, topics, checkpoint and
     ledger of its own; ``own_config`` creates the topics and the enabled policies' tables."""
-    with_own = config.model_copy(update={"policies": {**config.policies, "push_clients": SECTION}})
+    with_own = with_policies(config, {**config.policies, "push_clients": SECTION})
     return own_config(with_own, tmp_path_factory.mktemp("push_clients"), "push_clients")
 
 

@@ -18,13 +18,12 @@ from simulation.rule_events import RuleEventsPlatform
 from simulation.units_of_work import UnitsOfWorkPlatform
 from simulation.users import UsersPlatform
 from devstack.stack import prepare
-from connectors import kafka_producer
-from policies import policy_set
-from policies.mailbox.state import RELEASED
-from policies.rule_events import PROCESSING
-from policies.units_of_work import Period, day_of
-from streams.control import ControlWriter
-from streams.pending import pending_purges
+from purger.connectors import kafka_producer
+from purger.policies.mailbox.state import RELEASED
+from purger.policies.rule_events import PROCESSING
+from purger.policies.units_of_work import Period, day_of
+from purger.streams.control import ControlWriter
+from purger.streams.pending import pending_purges
 from purger.running import start_purger
 from tests.support.waits import wait_for
 
@@ -89,7 +88,7 @@ def scheduled(spark, pending_config):
         platform.flush()
     finally:
         platform.close()
-    kafka, cassandra, policies = pending_config.kafka, pending_config.cassandra, policy_set(pending_config)
+    kafka, cassandra, policies = pending_config.kafka, pending_config.cassandra, pending_config.policy_set
     topic, keyspace = kafka.topics[0], cassandra.keyspace
     rules = RuleEventsPlatform(kafka, cassandra, topic, keyspace)
     users = UsersPlatform(kafka, cassandra, topic, keyspace, policies.policy_of("user").settings)
@@ -113,7 +112,7 @@ def scheduled(spark, pending_config):
         wait_for(lambda: _processed_since(running.query, started), what="the events to be processed")
         # The control topic is read from its end, so the reports go after the first batch.
         reports = ControlWriter(kafka_producer(pending_config.kafka), pending_config.kafka.control_topic,
-                                policy_set(pending_config))
+                                pending_config.policy_set)
         try:
             reports.recheck("message", ids["rechecked"], "expired_by_date", at_ms=_epoch_ms(t0 + 0.75 * HOUR))
             reports.report(RELEASED, f"p-{ids['deleted']}", _epoch_ms(t0), message_id=ids["deleted"],
@@ -144,7 +143,7 @@ def scheduled(spark, pending_config):
 
 
 def _listing(spark, config, until: datetime) -> list[tuple]:
-    pending = pending_purges(spark, config.stream.checkpoint, until, policy_set(config))
+    pending = pending_purges(spark, config.stream.checkpoint, until, config.policy_set)
     assert pending.columns == ["kind", "id", "rule", "due_at", "hint"]
     return [tuple(r) for r in pending.select("kind", "id", "rule", F.unix_millis("due_at"),
                                              F.get_json_object("hint", "$.payload_id")).collect()]
@@ -176,4 +175,4 @@ def test_a_narrower_window_lists_only_the_earlier_ones(spark, pending_config, sc
 
 def test_until_must_be_timezone_aware(spark, pending_config):
     with pytest.raises(ValueError, match="timezone-aware"):
-        pending_purges(spark, pending_config.stream.checkpoint, datetime.now(), policy_set(pending_config))
+        pending_purges(spark, pending_config.stream.checkpoint, datetime.now(), pending_config.policy_set)

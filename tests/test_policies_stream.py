@@ -34,16 +34,16 @@ import pytest
 from kafka import KafkaConsumer
 from pyspark.sql import functions as F
 
-from core.times import format_timestamp, now_ms
-from policies import policy_set
-from policies.rule_events import COMPLETE, FAILED, PROCESSING, UNPROCESSED
-from policies.units_of_work import Period, day_of
+from purger.config import with_policies
+from purger.core.times import format_timestamp, now_ms
+from purger.policies.rule_events import COMPLETE, FAILED, PROCESSING, UNPROCESSED
+from purger.policies.units_of_work import Period, day_of
 from purger.running import start_purger
 from simulation.policy_objects import CHILDREN, PolicyObject, ledger_rows, mailboxes
 from simulation.rule_events import RuleEventsPlatform
 from simulation.units_of_work import EXAMPLES_DATE, NINE_EXAMPLES, UnitsOfWorkPlatform
 from simulation.users import UsersPlatform
-from sinks.ledger import Ledger, Report
+from purger.sinks.ledger import Ledger, Report
 from tests.support.configs import own_config
 from tests.support.waits import ago, now, observed, wait_for, wait_for_watermark
 
@@ -198,10 +198,10 @@ OWN_EXAMPLES = [n for n, e in enumerate(NINE_EXAMPLES) if e.settings]
 def own_purger(spark, config, tmp_path_factory) -> OwnRun:
     """A purger with ``mailbox`` and ``units_of_work`` (``terminal_only``, archived-dependent BULK) only, for
     ``TestAPurgerOfItsOwn``; it has its events (every one twice, shuffled) once it has warmed up."""
-    enabled = config.model_copy(update={"policies": {**config.policies, "units_of_work": OWN_SETTINGS}})
+    enabled = with_policies(config, {**config.policies, "units_of_work": OWN_SETTINGS})
     cfg = own_config(enabled, tmp_path_factory.mktemp("own-purger"), "own-purger")
     platform = UnitsOfWorkPlatform(cfg.kafka, cfg.cassandra, cfg.kafka.topics[0], cfg.cassandra.keyspace,
-                                   policy_set(cfg).policy_of("unit_of_work").settings)
+                                   cfg.policy_set.policy_of("unit_of_work").settings)
     run = uuid.uuid4().hex[:8]
     units = {n: f"uow-settings-{run}-{n}" for n in OWN_EXAMPLES}
     user = f"disabled-{run}"
@@ -234,13 +234,13 @@ class TestAPurgerOfItsOwn:
         """Examples 5, 7, 8 and 9 (counting from 1) under one purger with both settings: terminal_only changes
         nothing for the finished units (7, 8, 9), nor BULK being archived-dependent for the running BULK unit
         (5), which terminal_only keeps anyway."""
-        settings = policy_set(own_purger.config).policy_of("unit_of_work").settings
+        settings = own_purger.config.policy_set.policy_of("unit_of_work").settings
         assert [NINE_EXAMPLES[n].name for n in OWN_EXAMPLES] == [
             "running, started before the lower bound, terminal only", "archived-dependent and archived",
             "archived-dependent and not archived", "not archived-dependent and not archived"]
         for n in OWN_EXAMPLES:
             assert all(getattr(settings, k) == v for k, v in NINE_EXAMPLES[n].settings.items())
-        assert {p.name for p in policy_set(own_purger.config).policies} == {"mailbox", "units_of_work"}
+        assert {p.name for p in own_purger.config.policy_set.policies} == {"mailbox", "units_of_work"}
 
     def test_the_examples_with_settings_of_their_own_are_purged_or_kept_whole(self, spark, own_purger):
         platform, units = own_purger.platform, own_purger.units
@@ -261,7 +261,7 @@ class TestAPurgerOfItsOwn:
         assert set(records) == expected and set(records.values()) == {1}
 
         # The daily report, as the running purger rewrites it every ledger.report_interval.
-        report = Report(spark, own_purger.config.ledger, policy_set(own_purger.config))
+        report = Report(spark, own_purger.config.ledger, own_purger.config.policy_set)
 
         def units_row():
             found = [r for r in report.rows(now().date()) if r["kind"] == "unit_of_work"]
@@ -276,7 +276,7 @@ class TestAPurgerOfItsOwn:
         assert row["policy_fields"]["retention_period"] == "P2Y"
 
     def test_a_disabled_policys_event_is_ignored_and_counted_not_dead_lettered(self, spark, own_purger):
-        policies = policy_set(own_purger.config)
+        policies = own_purger.config.policy_set
         assert "users" not in [p.name for p in policies.policies]
         assert {"user_added", "user_removed", "rule_event_status"} <= policies.ignored_types
         query = own_purger.running.query
@@ -310,20 +310,20 @@ class TestAPurgerOfItsOwn:
 
 @pytest.fixture(scope="module")
 def policies_config(config, tmp_path_factory):
-    enabled = config.model_copy(update={"policies": {
+    enabled = with_policies(config, {
         **config.policies,
         "rule_events": {"enabled": True, **{status: seconds(p) for status, p in RULE_PERIODS.items()}},
         "users": {"enabled": True, "user_grace": seconds(USER_GRACE), "data_centres": DATA_CENTRES},
         "units_of_work": {"enabled": True},
-    }})
-    assert {p.name for p in policy_set(enabled).policies} == {"mailbox", "rule_events", "users", "units_of_work"}
+    })
+    assert {p.name for p in enabled.policy_set.policies} == {"mailbox", "rule_events", "users", "units_of_work"}
     return own_config(enabled, tmp_path_factory.mktemp("policies"), "policies")
 
 
 @pytest.fixture(scope="module")
 def platforms(policies_config):
     cfg = policies_config
-    policies = policy_set(cfg)
+    policies = cfg.policy_set
     topic, keyspace = cfg.kafka.topics[0], cfg.cassandra.keyspace
     made = (
         RuleEventsPlatform(cfg.kafka, cfg.cassandra, topic, keyspace),
@@ -564,7 +564,7 @@ def test_the_ledger_and_report_name_each_policy_one_record_per_deleted_row(spark
 
     # The daily report, as the running purger rewrites it every ledger.report_interval (2 s here).
     today = now().date()
-    report = Report(spark, cfg.ledger, policy_set(cfg))
+    report = Report(spark, cfg.ledger, cfg.policy_set)
     deleted = Counter((policy, kind) for policy, kind, _ in expected)
 
     def report_counts_every_deletion() -> bool:

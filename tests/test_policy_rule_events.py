@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.config import CassandraConfig, KafkaConfig
-from core.policy import Attempt, Candidate, Eligibility
-from core.times import epoch_ms, now_ms, parse_timestamp
-from core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
-from policies import PolicyError, load_policy
-from policies.rule_events import (
+from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.policy import Attempt, Candidate, Eligibility
+from purger.core.times import epoch_ms, now_ms, parse_timestamp
+from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
+from purger.policies import PolicyError, load_policy
+from purger.policies.rule_events import (
     COMPLETE, FAILED, KIND, PROCESSING, RULE_EVENT_STATUS, STATUSES, UNPROCESSED, RuleEventsPolicy, StatusEvent,
     rule_name,
 )

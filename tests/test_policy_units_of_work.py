@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.policy import Attempt, Candidate, Eligibility
-from core.times import now_ms, parse_timestamp
-from core.vocabulary import (
+from purger.core.policy import Attempt, Candidate, Eligibility
+from purger.core.times import now_ms, parse_timestamp
+from purger.core.vocabulary import (
     ALREADY_GONE, EARLIER_ATTEMPT, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, category,
 )
-from policies import PolicyError, load_policy
-from policies.units_of_work import (
+from purger.policies import PolicyError, load_policy
+from purger.policies.units_of_work import (
     JOURNEY_TYPES, RETENTION, UNIT_OF_WORK, UOW_ARCHIVED, UOW_FINISHED, UOW_OBJECT, UOW_STARTED,
     Period, UnitOfWorkEvent, UnitOfWorkState, UnitsOfWorkPolicy, UnitsOfWorkSettings, day_of, day_start_ms,
     deadline_ms, eligible_on, first_eligible_day, row_state,
@@ -190,7 +190,7 @@ def crash_at(name: str):
 @pytest.fixture(scope="module")
 def store():
     """A fresh keyspace with the policy's schema, a topic of its own, and the platform writing to both."""
-    from core.config import CassandraConfig, KafkaConfig
+    from purger.core.config import CassandraConfig, KafkaConfig
 
     with policy_keyspace(UnitsOfWorkPolicy, "test_uow") as (session, keyspace), policy_topic("test.uow") as topic:
         platform = UnitsOfWorkPlatform(KafkaConfig(), CassandraConfig(), topic, keyspace, UnitsOfWorkSettings())

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.config import CassandraConfig, KafkaConfig
-from core.policy import Attempt, Candidate, Eligibility
-from core.times import epoch_ms, now_ms, parse_timestamp
-from core.vocabulary import ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
-from policies import PolicyError, load_policy
-from policies.users import (
+from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.policy import Attempt, Candidate, Eligibility
+from purger.core.times import epoch_ms, now_ms, parse_timestamp
+from purger.core.vocabulary import ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
+from purger.policies import PolicyError, load_policy
+from purger.policies.users import (
     MAILBOX_PERMISSION, PURGING, USER, USER_ABSENT, USER_ADDED, USER_REMOVED, VIRTUAL_ROOT, UserEvent,
     UsersPolicy,
 )

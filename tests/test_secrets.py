@@ -21,12 +21,13 @@ from typing import Iterator
 import pytest
 from pyspark.sql import functions as F
 
-from connectors import s3_client
-from core.config import ObjectStoreConfig, S3Endpoint, build_config
+from purger.connectors import s3_client
+from purger.config import build_config
+from purger.core.config import ObjectStoreConfig, S3Endpoint
 from devstack.stack import LocalStack, s3proxy_server
 from simulation.mailbox import Platform
-from sinks.ledger import Ledger
-from sinks.purge import OUTCOME_SCHEMA
+from purger.sinks.ledger import Ledger
+from purger.sinks.purge import OUTCOME_SCHEMA
 from tests.support.configs import free_port, own_config, write_config
 from tests.support.faults import reliability
 from tests.support.mailbox import deletable

@@ -14,9 +14,10 @@ import pytest
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from typer.testing import CliRunner
 
-from connectors import cassandra_session
-from core.config import PurgerConfig
-from policies.mailbox import MailboxPolicy
+from purger.config import with_policies
+from purger.connectors import cassandra_session
+from purger.core.config import PurgerConfig
+from purger.policies.mailbox import MailboxPolicy
 from purger.cli import app
 from tests.support.configs import free_port, write_config
 from tests.support.policies import policy_keyspace
@@ -103,7 +104,7 @@ def test_an_events_topic_that_does_not_exist_is_one_line(config, tmp_path):
 def test_a_table_that_does_not_exist_under_its_configured_name_is_one_line(config, tmp_path):
     renamed = {**config.policies, "mailbox": {**config.policies.get("mailbox", {}),
                                               "payloads_table": "no_such_payloads"}}
-    lines = problems(config.model_copy(update={"policies": renamed}), tmp_path)
+    lines = problems(with_policies(config, renamed), tmp_path)
     assert lines == [
         f"Cassandra {cassandra_address(config)}: table {config.cassandra.keyspace}.no_such_payloads does not exist "
         "(policy mailbox reads it); create it as in the policy's reference schema, or correct its name in "

@@ -7,11 +7,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from connectors import cassandra_session
-from core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED
-from policies.mailbox.deletes import DELETING, MessageDeleter, payload_key
-from policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD, Retention
-from sinks.objects import ObjectStores
+from purger.connectors import cassandra_session
+from purger.core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED
+from purger.policies.mailbox.deletes import DELETING, MessageDeleter, payload_key
+from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD, Retention
+from purger.sinks.objects import ObjectStores
 from tests.support.configs import mailbox
 from tests.support.mailbox import candidate, new_id, purge, unreferenced_payload
 from tests.support.waits import ago

@@ -3,7 +3,7 @@
 import pytest
 from kafka.admin import KafkaAdminClient
 
-from connectors import cassandra_session, s3_client
+from purger.connectors import cassandra_session, s3_client
 from devstack.stack import LocalStack
 
 pytestmark = pytest.mark.integration

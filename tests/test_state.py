@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.mailbox.rules import (
+from purger.policies.mailbox.rules import (
     DELETED,
     EXPIRED_BY_COUNTER,
     EXPIRED_BY_DATE,
@@ -18,8 +18,8 @@ from policies.mailbox.rules import (
     eligibility,
     payload_eligibility,
 )
-from core.schedule import Schedule, due, next_timer, on_timer, recheck
-from policies.mailbox.state import (
+from purger.core.schedule import Schedule, due, next_timer, on_timer, recheck
+from purger.policies.mailbox.state import (
     LINK,
     RELEASED,
     Event,

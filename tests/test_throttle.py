@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sinks.throttle import Pacer, bounded_map, per_task_rate
+from purger.sinks.throttle import Pacer, bounded_map, per_task_rate
 
 
 class FakeClock:

@@ -10,7 +10,7 @@ dated in the past (``at``) to make a client inactive, and its event held back
 
 Example::
 
-    from core.config import load_config
+    from purger.config import load_config
     config = load_config("purger.toml")
     platform = PushClientsPlatform(config.kafka, config.cassandra, config.kafka.topics[0])
     platform.connect("c1", endpoint="https://push.example/c1")   # registers it: push_client_registered
@@ -31,9 +31,9 @@ from typing import Any
 from cassandra import ConsistencyLevel
 from kafka import KafkaProducer
 
-from connectors import cassandra_session, read_serially
-from core.config import CassandraConfig, KafkaConfig
-from core.times import format_timestamp
+from purger.connectors import cassandra_session, read_serially
+from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.times import format_timestamp
 from push_clients_policy import MESSAGES, PUSH_CLIENT_CONNECTED, PUSH_CLIENT_REGISTERED, ROUTERS
 
 # How long a connect waits before trying again while a purge holds the client's router row.

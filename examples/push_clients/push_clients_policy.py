@@ -102,7 +102,7 @@ differ by less than ``inactive_after``.
 
 Example::
 
-    from policies import load_policy   # on the driver; the engine calls it for you
+    from purger.policies import load_policy   # on the driver; the engine calls it for you
     policy = load_policy("push_clients", {"enabled": True, "module": "push_clients_policy",
                                           "inactive_after": "60d"})
     kind = policy.kinds[0]
@@ -119,14 +119,14 @@ from typing import Any, Iterator
 
 from cassandra import ConsistencyLevel
 
-from connectors import read_serially
-from core.config import Duration
-from core.policy import (
+from purger.connectors import read_serially
+from purger.core.config import Duration
+from purger.core.policy import (
     Attempt, Candidate, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger,
     Resources, Rule, Settings, delete_dependents, earliest, found_gone,
 )
-from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
-from core.vocabulary import (
+from purger.core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
+from purger.core.vocabulary import (
     BEING_DELETED, KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
 

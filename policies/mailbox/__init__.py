@@ -9,7 +9,7 @@ payload's writer contract are ``deletes``.
 
 Example::
 
-    from policies import load_policy
+    from purger.policies import load_policy
     mailbox = load_policy("mailbox", {"expired_ttl": "10s"})
     message = mailbox.kinds[0]
     message.eligibility(message.fold(None, events))   # Eligibility(rule='expired_by_counter', ...)
@@ -23,12 +23,12 @@ from typing import Any
 
 from pydantic import field_validator
 
-from core.config import Duration
-from core.policy import (
+from purger.core.config import Duration
+from purger.core.policy import (
     Eligibility, EventField, EventType, Link, ObjectKind, Policy, Purger, Resources, Settings,
 )
-from policies.mailbox.rules import Retention, eligibility, payload_eligibility
-from policies.mailbox.state import (
+from purger.policies.mailbox.rules import Retention, eligibility, payload_eligibility
+from purger.policies.mailbox.state import (
     DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, LINK, MESSAGE, PAYLOAD, RELEASED, UPLOAD_COMPLETE,
     Event, MessageState, PayloadState, apply_all, apply_all_payload,
 )
@@ -151,7 +151,7 @@ CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
         return (MessageKind(self.retention), PayloadKind(self.retention))
 
     def purger(self, resources: Resources) -> Purger:
-        from policies.mailbox.deletes import MailboxPurger  # the Cassandra driver loads on the executors only
+        from purger.policies.mailbox.deletes import MailboxPurger  # the Cassandra driver loads on the executors only
 
         return MailboxPurger(resources, self.settings, self.retention)
 

@@ -32,21 +32,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterator
 
-from connectors import read_serially
-from core.policy import Attempt, Candidate, Eligibility, Outcome, Purger, Resources
-from core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
-from core.vocabulary import (
+from purger.connectors import read_serially
+from purger.core.policy import Attempt, Candidate, Eligibility, Outcome, Purger, Resources
+from purger.core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
+from purger.core.vocabulary import (
     ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, LIVE_REASON, NOT_YET_DUE, PURGED, RECENTLY_LINKED,
     REFERENCED, RELINKED, SKIPPED, WOULD_DELETE, reason,
 )
-from policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE
-from policies.mailbox.rules import Retention, eligibility
-from policies.mailbox.state import MESSAGE, PAYLOAD, RELEASED, MessageState
+from purger.policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE
+from purger.policies.mailbox.rules import Retention, eligibility
+from purger.policies.mailbox.state import MESSAGE, PAYLOAD, RELEASED, MessageState
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
 
-    from policies.mailbox import MailboxSettings
+    from purger.policies.mailbox import MailboxSettings
 
 # A payload row's states in the writer contract.
 LIVE = "live"

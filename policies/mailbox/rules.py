@@ -23,7 +23,7 @@ message row and go with it. The payload's check is the writer contract
 
 Example::
 
-    from policies.mailbox.rules import Retention, eligibility
+    from purger.policies.mailbox.rules import Retention, eligibility
     eligibility(state, Retention())  # Eligibility(rule='expired_by_counter', eligible_at_ms=...)
 """
 
@@ -34,11 +34,11 @@ from functools import cached_property
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from core.policy import Eligibility, Rule, earliest
-from policies.mailbox.state import MessageState, PayloadState
+from purger.core.policy import Eligibility, Rule, earliest
+from purger.policies.mailbox.state import MessageState, PayloadState
 
 if TYPE_CHECKING:
-    from policies.mailbox import MailboxSettings
+    from purger.policies.mailbox import MailboxSettings
 
 EXPIRED_BY_COUNTER = "expired_by_counter"
 EXPIRED_BY_DATE = "expired_by_date"

@@ -15,7 +15,7 @@ event twice, or a batch in any order, gives the same state.
 
 Example::
 
-    from policies.mailbox.state import Event, apply
+    from purger.policies.mailbox.state import Event, apply
     state = apply(None, Event("e1", "enqueue", 1_000, "m1", payload_id="p1", extract_count=1))
     state = apply(state, Event("e2", "dequeue", 2_000, "m1", extract_count=0))
     state.counter_zero_since  # 2000

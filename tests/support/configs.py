@@ -10,15 +10,14 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from core.config import MetricsConfig, PurgerConfig
+from purger.core.config import MetricsConfig, PurgerConfig
 from devstack.stack import prepare
-from policies import policy_set
-from policies.mailbox import MailboxSettings
+from purger.policies.mailbox import MailboxSettings
 
 
 def mailbox(config: PurgerConfig) -> MailboxSettings:
     """The mailbox policy's section of a configuration: its periods and tables."""
-    return policy_set(config).policy_of("message").settings
+    return config.policy_set.policy_of("message").settings
 
 
 def free_port() -> int:

@@ -13,12 +13,12 @@ from pyspark.sql import Row
 from pyspark.sql import functions as F
 from tenacity import Retrying, stop_after_delay, wait_fixed
 
-from core.config import PurgerConfig
-from core.vocabulary import ERROR, PURGED
+from purger.core.config import PurgerConfig
+from purger.core.vocabulary import ERROR, PURGED
 from simulation.mailbox import Platform
 from simulation.policy_objects import PolicyObject, PolicyObjects, ledger_rows
-from sinks.ledger import Ledger
-from sinks.purge import purge_partition
+from purger.sinks.ledger import Ledger
+from purger.sinks.purge import purge_partition
 from tests.support.configs import mailbox
 from tests.support.waits import ago, wait_for
 

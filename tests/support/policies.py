@@ -20,10 +20,10 @@ from typing import Any, Iterator, Sequence
 
 import pytest
 
-from core.config import CassandraConfig, KafkaConfig
-from core.policy import Control, ObjectKind, Policy, Resources
+from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.policy import Control, ObjectKind, Policy, Resources
 from devstack.stack import keyspace_replication
-from sinks.journal import CassandraJournal, create_journal
+from purger.sinks.journal import CassandraJournal, create_journal
 
 
 class RecordingControl(Control):
@@ -52,7 +52,7 @@ def resources(session: Any, keyspace: str, control: Control, dry_run: bool = Fal
 def policy_keyspace(policy_class: type[Policy], prefix: str) -> Iterator[tuple[Any, str]]:
     """A fresh keyspace ``<prefix>_<random>`` with the policy's schema and the purger's journal: (a Cassandra
     session, its name); dropped after, and the session shut down."""
-    from connectors import cassandra_session
+    from purger.connectors import cassandra_session
 
     session = cassandra_session(CassandraConfig())
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"

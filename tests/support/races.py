@@ -25,8 +25,8 @@ from typing import Any, Callable, TypeVar
 from cassandra import ConsistencyLevel, ReadTimeout, WriteTimeout
 from cassandra.protocol import ErrorMessage
 
-from core.config import PurgerConfig
-from policies.mailbox.deletes import MessageDeleter
+from purger.core.config import PurgerConfig
+from purger.policies.mailbox.deletes import MessageDeleter
 from simulation.mailbox import Platform
 from tests.support.configs import mailbox
 from tests.support.waits import ago, now

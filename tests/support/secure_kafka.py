@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from core.config import KafkaConfig, KafkaSecurity
+from purger.core.config import KafkaConfig, KafkaSecurity
 from devstack import artifacts
 from devstack.certificates import make_certificates
 from devstack.stack import LocalStack, Server, configure_kafka
@@ -74,7 +74,7 @@ def secure_kafka(directory: Path) -> Iterator[SecureKafka]:
     def ready() -> None:
         from kafka.admin import KafkaAdminClient
 
-        from connectors import kafka_client
+        from purger.connectors import kafka_client
 
         kafka_client(KafkaAdminClient, broker.kafka_config(), request_timeout_ms=5000).close()
 
