@@ -62,7 +62,7 @@ def plain_driver_loop(run: BenchRun, messages: dict[str, str], concurrency: int,
     session = cassandra_session(cassandra, cassandra.keyspace)
     mailbox = run.config.policy_set.policy_of("message")
     rule = mailbox.retention.message_rules[EXPIRED_BY_COUNTER]
-    delete = session.prepare(f"DELETE FROM {mailbox.settings.messages_table} WHERE message_id = ? IF {rule.check}")
+    delete = session.prepare(f"DELETE FROM {mailbox.settings.messages_table} WHERE message_id = ? IF {rule.condition}")
     delete_ref = session.prepare(
         f"DELETE FROM {mailbox.settings.payload_refs_table} WHERE payload_id = ? AND message_id = ?")
     cutoff = datetime.now(timezone.utc) - EXPIRED_TTL

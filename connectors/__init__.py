@@ -20,6 +20,7 @@ import ssl
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from purger.core.config import CassandraConfig, CassandraTls, ConfigError, KafkaConfig, S3Endpoint
+from purger.core.policy import Consistency, Tables
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -90,6 +91,46 @@ def read_serially(session: "Session", statement: "AnyStatement") -> "AnyStatemen
 
     statement.consistency_level = session.get_execution_profile(EXEC_PROFILE_DEFAULT).serial_consistency_level
     return statement
+
+
+class CassandraTables(Tables):
+    """``Tables`` on a session: a policy's handle on its tables (``purger.core.policy.Tables``).
+
+    Example::
+
+        tables = CassandraTables(session, "mailbox", {"users": "users", "virtual_roots": "roots"})
+        read = tables.prepare("SELECT state FROM {users} WHERE user_id = ?", "serial")
+    """
+
+    def __init__(self, session: "Session", keyspace: str, names: dict[str, str]) -> None:
+        self.session = session
+        self.qualified = {table: f"{keyspace}.{name}" for table, name in names.items()}
+
+    def prepare(self, cql: str, consistency: Consistency = "configured") -> Any:
+        from cassandra import ConsistencyLevel
+
+        try:
+            text = cql.format(**self.qualified)
+        except KeyError as unknown:
+            raise ValueError(f"CQL names table {unknown} that the policy's tables do not have: {cql}") from None
+        statement = self.session.prepare(text)
+        if consistency == "serial":
+            read_serially(self.session, statement)
+        elif consistency != "configured":
+            statement.consistency_level = ConsistencyLevel.name_to_value[consistency.upper()]
+        return statement
+
+    def one(self, statement: Any, *values: Any) -> Any | None:
+        return self.session.execute(statement, values).one()
+
+    def all(self, statement: Any, *values: Any) -> list[Any]:
+        return list(self.session.execute(statement, values))
+
+    def applied(self, statement: Any, *values: Any) -> bool:
+        return self.session.execute(statement, values).was_applied
+
+    def execute(self, statement: Any, *values: Any) -> None:
+        self.session.execute(statement, values)
 
 
 def _tls_context(tls: CassandraTls, address: str) -> ssl.SSLContext:

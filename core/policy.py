@@ -1,4 +1,6 @@
-"""The policy interface (SPEC 7.4): all the engine knows about a kind of object.
+"""The policy interface (docs/policies.md, "The policy interface"): all the engine knows about a kind of
+object. What a policy of one's own imports is in ``__all__``; the engine's view of the enabled policies is
+``purger.core.policy_set``.
 
 A policy is one kind of purge (``mailbox``, ``rule_events``, ``users``,
 ``units_of_work``, or one of a user's own). It says:
@@ -8,10 +10,12 @@ A policy is one kind of purge (``mailbox``, ``rule_events``, ``users``,
 - per kind of object (``ObjectKind``): the state kept per object and how
   events fold into it (any order and duplicates give the same state), and its
   eligibility, from the rules (``Rule``: an event-time deadline beside the CQL
-  check the row must pass at delete time);
-- its delete-time half (``Purger``), built on each executor from the shared
-  ``Resources``: the double-checked deletes in its order of deletion, the
-  blobs if any, one ``Outcome`` per decision;
+  condition its conditional delete or claim carries at delete time);
+- its delete-time half, a ``Purge`` per kind built on each executor from the
+  shared ``Resources``: an ``ObjectPurge``, whose protocol the engine owns
+  (read, due?, dry run, claim, journalled dependents, delete, rechecks,
+  earlier attempts) and whose steps the policy fills in through its typed
+  handle on its tables (``Tables``), one ``Outcome`` per decision;
 - its configuration section (``settings_model``, a pydantic model) and the
   tables and columns it reads (for ``purger setup``).
 
@@ -31,13 +35,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from datetime import date
+import json
+from datetime import date, datetime
 from typing import Any, Callable, ClassVar, Generic, Iterable, Iterator, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from purger.core.times import now_ms
-from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED
+from purger.core.failpoints import failpoint
+from purger.core.times import from_epoch_ms, now_ms
+from purger.core.vocabulary import (
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, PURGED, SKIPPED, WOULD_DELETE, reason,
+)
+
+__all__ = [
+    "Attempt", "Candidate", "Consistency", "Control", "Dependent", "Eligibility", "EventField", "EventType",
+    "Journal", "Kept", "Link", "ObjectKind", "ObjectPurge", "Outcome", "Policy", "Purge", "Resources", "Rule",
+    "Settings", "Tables", "earliest",
+]
 
 S = TypeVar("S")
 
@@ -90,13 +104,20 @@ class Eligibility:
 
 @dataclass(frozen=True)
 class Rule(Generic[S]):
-    """One row of a policy's rule table: when the retention period started, in event time, and the CQL
-    condition the row must satisfy at delete time, where ``?`` is the wall clock minus ``period_ms``."""
+    """One row of a policy's rule table: when its period started (``started_at``, from the state: in event
+    time for the stream, from the row's own columns at delete time, so one function decides both), the
+    period, and ``condition``: the CQL condition on the row that the policy's conditional ``DELETE`` or
+    claim carries, its one ``?`` bound to the wall clock minus ``period_ms`` (``cutoff``). None when the
+    claim conditions on the very values read instead (a calendar rule, a writer contract)."""
 
     name: str
     period_ms: int
     started_at: Callable[[S], int | None]
-    check: str
+    condition: str | None = None
+
+    def cutoff(self) -> datetime:
+        """What ``condition``'s ``?`` is bound to: the wall clock minus the period."""
+        return from_epoch_ms(now_ms() - self.period_ms)
 
     def eligible_at(self, state: S) -> int | None:
         start = self.started_at(state)
@@ -143,7 +164,7 @@ class ObjectKind(ABC, Generic[S]):
 
 @dataclass(frozen=True)
 class Candidate:
-    """An object the stream found due: what the sink hands to the policy's ``Purger``."""
+    """An object the stream found due: what the sink hands to the policy's purge."""
 
     kind: str
     id: str
@@ -166,7 +187,7 @@ class Outcome:
 
 
 class Control(ABC):
-    """The sink's reports back to the stateful stage (``streams.control``)."""
+    """The sink's reports back to the stateful stage (``purger.streams.control``)."""
 
     @abstractmethod
     def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
@@ -178,26 +199,66 @@ class Control(ABC):
 
 
 class Journal(ABC):
-    """What a claimed purge is about to delete, kept before it deletes any (``delete_dependents``): a crash
-    between two deletes loses the outcomes of those made, and the retry, finding them gone, could not tell
-    which they were. Entries are per batch (``Attempt.batch``), so only a retry of the same batch reads one."""
+    """What a claimed purge is about to delete, kept before it deletes any: a crash between two deletes
+    loses the outcomes of those made, and the retry, finding them gone, could not tell which they were.
+    Entries are per batch (``Attempt.batch``), so only a retry of the same batch reads one."""
 
     @abstractmethod
     def keep(self, kind: str, object_id: str, batch: str, rows: set[str]) -> None:
-        """Keep ``rows`` (``kind:id`` of each dependent) for ``batch``'s purge of the object."""
+        """Keep ``rows`` (``Dependent.key`` of each dependent) for ``batch``'s purge of the object."""
 
     @abstractmethod
     def kept(self, kind: str, object_id: str, batch: str) -> set[str] | None:
         """What ``batch`` kept for the object; None if it kept nothing."""
 
 
+Consistency = Literal["configured", "serial", "quorum", "local_quorum"]
+
+
+class Tables(ABC):
+    """A policy's typed handle on its Cassandra tables, made by the engine on each executor.
+
+    CQL names tables by their reference names in braces (``{users}``, as in ``Policy.tables``); the handle
+    puts the configured keyspace and names in, prepares each statement once and runs it at the configured
+    consistency, or at the one asked for: ``serial`` reads see the outcome of every lightweight
+    transaction, a writer's or a claim's, even one not yet settled.
+
+    Example::
+
+        read = tables.prepare("SELECT state, updated_at FROM {users} WHERE user_id = ?", "serial")
+        row = tables.one(read, "u1")             # a named tuple, or None
+        claim = tables.prepare("UPDATE {users} SET state = 'purging' WHERE user_id = ? IF state = 'live'")
+        tables.applied(claim, "u1")               # True once the lightweight transaction applied
+    """
+
+    @abstractmethod
+    def prepare(self, cql: str, consistency: Consistency = "configured") -> Any:
+        """The prepared statement of ``cql``, its ``{table}`` names resolved."""
+
+    @abstractmethod
+    def one(self, statement: Any, *values: Any) -> Any | None:
+        """The first row the statement returns (a named tuple), or None."""
+
+    @abstractmethod
+    def all(self, statement: Any, *values: Any) -> list[Any]:
+        """Every row the statement returns, all pages."""
+
+    @abstractmethod
+    def applied(self, statement: Any, *values: Any) -> bool:
+        """Run a lightweight transaction (``... IF ...``); whether it applied."""
+
+    @abstractmethod
+    def execute(self, statement: Any, *values: Any) -> None:
+        """Run a plain write."""
+
+
 @dataclass
 class Resources:
-    """What an executor shares between the policies' purgers: made once per process."""
+    """What an executor shares between the policies' purges: made once per process by the engine."""
 
-    session: Any  # cassandra.cluster.Session
-    keyspace: str
-    stores: Any  # sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}
+    # Each policy's handle on its tables: ``tables(policy.table_names())``.
+    tables: Callable[[dict[str, str]], Tables]
+    stores: Any  # purger.sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}
     control: Control
     journal: Journal
     retry_ms: int  # when to try again after a store or Cassandra failed
@@ -211,64 +272,252 @@ class Attempt:
     # A retried batch or task: an object found gone was deleted by the attempt that failed, whose
     # outcomes were lost with it, so it is recorded as purged now.
     retry: bool
-    # Fault injection for the kill tests (``sinks.attempts.failpoint``).
-    failpoint: Callable[[str], None] = lambda name: None
     # The batch, the same in each of its attempts: ``<query id>/<batch id>``.
     batch: str = ""
 
 
 @dataclass(frozen=True)
 class Dependent:
-    """A row that leads from an object and goes before it: its kind and id as the ledger names them, and
-    its delete."""
+    """Something that leads from an object and goes before it (a child row, a blob in one data centre):
+    its kind, id and data centre as the ledger names them, and its delete, which returns None once done or
+    the error of a store that failed (raising is for Cassandra: the whole candidate is retried)."""
 
     kind: str
     id: str
-    delete: Callable[[], Any]
+    delete: Callable[[], str | None]
+    dc: str | None = None
+
+    @property
+    def key(self) -> str:
+        """How the journal keeps it."""
+        return json.dumps([self.kind, self.id, self.dc])
 
 
-def delete_dependents(candidate: Candidate, found: list[Dependent], claimed_before: bool, journal: Journal,
-                      attempt: Attempt, failpoint: str) -> Iterator[Outcome]:
-    """Delete a claimed object's dependents in order, each one's outcome yielded, once the journal keeps
-    them. ``claimed_before``: the claim was found, made by an attempt that failed; in a retry of its batch,
-    each dependent that attempt kept and that is gone now is recorded as purged by it."""
-    keys = {f"{d.kind}:{d.id}" for d in found}
-    kept = journal.kept(candidate.kind, candidate.id, attempt.batch) if claimed_before and attempt.retry else None
-    if kept is None:
-        journal.keep(candidate.kind, candidate.id, attempt.batch, keys)
-    else:
-        yield from _deleted_earlier(kept - keys)
-    for number, dependent in enumerate(found):
-        dependent.delete()
-        if number == 0:
-            attempt.failpoint(failpoint)
-        yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, deleted_at_ms=now_ms())
+@dataclass(frozen=True)
+class Kept:
+    """Why the row keeps the object now, and when it is worth looking again: ``recheck`` is the rule and the
+    wall-clock moment (None: not by the purger; an event will bring the object back)."""
+
+    reason: str
+    recheck: Eligibility | None = None
 
 
-def found_gone(candidate: Candidate, journal: Journal | None, attempt: Attempt, dry_run: bool) -> Iterator[Outcome]:
-    """The object's row is gone. In a retried batch the attempt that failed deleted it, and the dependents
-    it kept in the ``journal`` (None: the object has none), all recorded as purged now; otherwise
-    ``already_gone``."""
-    if not attempt.retry or dry_run:
-        yield Outcome(ALREADY_GONE)
-        return
-    if journal is not None:
-        yield from _deleted_earlier(journal.kept(candidate.kind, candidate.id, attempt.batch) or set())
-    yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
-
-
-def _deleted_earlier(keys: set[str]) -> Iterator[Outcome]:
-    for key in sorted(keys):
-        kind, object_id = key.split(":", 1)
-        yield Outcome(PURGED, EARLIER_ATTEMPT, kind=kind, id=object_id, deleted_at_ms=now_ms())
-
-
-class Purger(ABC):
-    """A policy's delete-time half, one per executor process."""
+class Purge(ABC):
+    """A kind's delete-time half, one per executor process: double-check a candidate against its row and
+    delete it, dependents first, yielding one ``Outcome`` per decision. Policies build theirs on
+    ``ObjectPurge``, which runs the engine's one protocol."""
 
     @abstractmethod
     def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
         """Double-check the candidate against its row and delete it, dependents first; yield outcomes."""
+
+
+R = TypeVar("R")
+
+
+class ObjectPurge(Purge, Generic[R]):
+    """The purge protocol, once for every policy; a policy fills in the steps for one kind of object.
+
+    For a candidate, the engine:
+
+    1. reads the row (``read``, at the serial consistency). Gone: ``already_gone``, or on a retried batch
+       ``purged`` (the attempt that failed deleted it) with the dependents that attempt journalled; what may
+       be left of it (``leftovers``) is deleted again, harmlessly.
+    2. Not claimed yet (``claimed``): asks the row when it is due (``due``, the policy's rules applied to
+       the row). Not due now: ``skipped`` with the policy's reason (``why_kept``) and, unless a dry run, a
+       recheck when it will be (no sooner than ``stream.retry_interval`` under the candidate's own rule:
+       the stream found it due, so the clocks differ a little). A dry run stops here: ``would_delete`` for
+       each dependent and the object, and no recheck. Then the claim (``claim``, a lightweight
+       transaction on what was read); lost to a writer: ``skipped`` and a recheck.
+    3. Claimed (now, or by an attempt that crashed; a dry run leaves it to the real run): the dependents
+       (``dependents``) are journalled, then deleted in order, each one's outcome recorded; a store that
+       failed leaves the row for a recheck after ``stream.retry_interval``. Then the row (``delete``).
+    4. After the row, whoever deleted it: ``released`` (e.g. a message's payload, once nothing refers to
+       it).
+
+    A kind with no dependents and a rule that one conditional ``DELETE`` checks sets ``deletes_first``: the
+    delete is its claim and comes first, and the row is read only when it did not apply, to say why.
+
+    Example::
+
+        class RouterPurge(ObjectPurge[Row]):
+            def read(self, candidate): return self.tables.one(self.read_router, candidate.id)
+            def claimed(self, row): return bool(row.purging)
+            def due(self, candidate, row): return Eligibility(INACTIVE, epoch_ms(row.last_connected_at) + period)
+            def why_kept(self, candidate, row, due): return reason(NOT_YET_DUE, f"inactive at {due.eligible_at_ms}")
+            def claim(self, candidate, row): ...
+            def dependents(self, candidate, row): ...
+            def delete(self, candidate, row): return self.tables.applied(self.delete_router, candidate.id)
+    """
+
+    deletes_first: ClassVar[bool] = False
+
+    def __init__(self, resources: Resources, tables: dict[str, str]) -> None:
+        self.resources = resources
+        self.tables = resources.tables(tables)
+
+    # --- the steps a policy fills in ---
+
+    @abstractmethod
+    def read(self, candidate: Candidate) -> R | None:
+        """The object's row, at the serial consistency; None when it is gone."""
+
+    def claimed(self, row: R) -> bool:
+        """Whether the row carries a purge's claim (this one's, or an attempt's that crashed)."""
+        return False
+
+    @abstractmethod
+    def due(self, candidate: Candidate, row: R) -> Eligibility | None:
+        """When the row makes the object eligible, in wall-clock time, and under which rule: the policy's
+        rules applied to the row. None: the row keeps it until an event says otherwise."""
+
+    @abstractmethod
+    def why_kept(self, candidate: Candidate, row: R, due: Eligibility | None) -> str:
+        """The reason (``category: details``) the row keeps the object: ``due`` is in the future or None."""
+
+    def claim(self, candidate: Candidate, row: R) -> R | Kept:
+        """Claim the row for this purge, a lightweight transaction conditioned on what ``read`` saw: the row
+        as the claim left it once it applied, else why the object is kept (a writer got in between) and when
+        to look again."""
+        return row
+
+    def dependents(self, candidate: Candidate, row: R) -> list[Dependent]:
+        """What goes before the row, in the order of deletion."""
+        return []
+
+    @abstractmethod
+    def delete(self, candidate: Candidate, row: R | None) -> bool:
+        """The row's conditional delete: on its claim, or (``deletes_first``, ``row`` None) on the candidate's
+        rule; whether it applied."""
+
+    def leftovers(self, candidate: Candidate) -> list[Dependent]:
+        """What may be left of an object whose row is gone, deleted again (idempotently, no outcome)."""
+        return []
+
+    def released(self, candidate: Candidate, row: R | None) -> None:
+        """What follows the row's going, whoever deleted it (``row``: as read before, if it was)."""
+
+    def before_delete(self, candidate: Candidate) -> R | None:
+        """``deletes_first`` only: the row read before the delete when ``released`` will need it."""
+        return None
+
+    # --- the protocol ---
+
+    def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
+        if self.deletes_first and not self.resources.dry_run:
+            yield from self._delete_first(candidate, attempt)
+            return
+        row = self.read(candidate)
+        if row is None:
+            yield from self._gone(candidate, attempt, journalled=True)
+            return
+        claimed_before = self.claimed(row)
+        if not claimed_before:
+            due = self.due(candidate, row)
+            if due is None or due.eligible_at_ms > now_ms():
+                yield self._kept(candidate, Kept(self.why_kept(candidate, row, due), due))
+                return
+            if self.resources.dry_run:
+                yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id, dc=d.dc)
+                            for d in self.dependents(candidate, row))
+                yield Outcome(WOULD_DELETE, self._would_delete_reason(candidate, row, due))
+                return
+            failpoint(f"before_{candidate.kind}_claim")
+            claimed = self.claim(candidate, row)
+            if isinstance(claimed, Kept):
+                yield self._kept(candidate, claimed)
+                return
+            row = claimed
+        elif self.resources.dry_run:
+            yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
+            return
+        failed = False
+        for outcome in self._delete_dependents(candidate, self.dependents(candidate, row), claimed_before, attempt):
+            failed = failed or outcome.status == ERROR
+            yield outcome
+        if failed:
+            self._recheck(candidate, Eligibility(candidate.rule, now_ms() + self.resources.retry_ms))
+            return
+        if self.delete(candidate, row):
+            yield Outcome(PURGED, deleted_at_ms=now_ms())
+        else:  # another attempt finished it meanwhile
+            yield from self._gone(candidate, attempt, journalled=False)
+            return
+        self.released(candidate, row)
+
+    def _would_delete_reason(self, candidate: Candidate, row: R, due: Eligibility) -> str | None:
+        """A dry run's note on ``would_delete``; a policy may add what would follow."""
+        return None
+
+    def _delete_first(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
+        before = self.before_delete(candidate)
+        if self.delete(candidate, None):
+            failpoint(f"after_{candidate.kind}_delete")
+            yield Outcome(PURGED, deleted_at_ms=now_ms())
+            self.released(candidate, before)
+            return
+        # Not deleted: the row says why (gone, changed since, or due under another rule) and when to look again.
+        row = self.read(candidate)
+        if row is None:
+            yield from self._gone(candidate, attempt, journalled=False)
+            self.released(candidate, before)
+            return
+        due = self.due(candidate, row)
+        yield self._kept(candidate, Kept(self.why_kept(candidate, row, due), due))
+
+    def _kept(self, candidate: Candidate, kept: Kept) -> Outcome:
+        if kept.recheck is not None:
+            self._recheck(candidate, kept.recheck)
+        return Outcome(SKIPPED, kept.reason)
+
+    def _recheck(self, candidate: Candidate, at: Eligibility) -> None:
+        """A recheck, never in a dry run; under the candidate's own rule, no sooner than ``retry_ms``."""
+        if self.resources.dry_run:
+            return
+        soonest = now_ms() + (self.resources.retry_ms if at.rule == candidate.rule else 0)
+        self.resources.control.recheck(candidate.kind, candidate.id, at.rule, max(at.eligible_at_ms, soonest))
+
+    def _gone(self, candidate: Candidate, attempt: Attempt, journalled: bool) -> Iterator[Outcome]:
+        """The row is gone. In a retried batch the attempt that failed deleted it, and the dependents it
+        journalled, all recorded as purged now; otherwise ``already_gone``."""
+        for leftover in self.leftovers(candidate):
+            leftover.delete()
+        if not attempt.retry or self.resources.dry_run:
+            yield Outcome(ALREADY_GONE)
+            return
+        if journalled:
+            kept = self.resources.journal.kept(candidate.kind, candidate.id, attempt.batch) or set()
+            yield from _deleted_earlier(kept)
+        yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
+        if journalled:
+            self.released(candidate, None)
+
+    def _delete_dependents(self, candidate: Candidate, found: list[Dependent], claimed_before: bool,
+                           attempt: Attempt) -> Iterator[Outcome]:
+        """Journal the dependents, then delete them in order. ``claimed_before``: an attempt that failed made
+        the claim; in a retry of its batch, what it journalled and is gone now is recorded as purged by it."""
+        journal = self.resources.journal
+        keys = {d.key for d in found}
+        kept = journal.kept(candidate.kind, candidate.id, attempt.batch) if claimed_before and attempt.retry else None
+        if kept is None:
+            if found:
+                journal.keep(candidate.kind, candidate.id, attempt.batch, keys)
+        else:
+            yield from _deleted_earlier(kept - keys)
+        for number, dependent in enumerate(found):
+            error = dependent.delete()
+            if error is None:
+                if number == 0:
+                    failpoint(f"after_{candidate.kind}_dependent_delete")
+                yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, dc=dependent.dc, deleted_at_ms=now_ms())
+            else:
+                yield Outcome(ERROR, error, kind=dependent.kind, id=dependent.id, dc=dependent.dc)
+
+
+def _deleted_earlier(keys: set[str]) -> Iterator[Outcome]:
+    for key in sorted(keys):
+        kind, object_id, dc = json.loads(key)
+        yield Outcome(PURGED, EARLIER_ATTEMPT, kind=kind, id=object_id, dc=dc, deleted_at_ms=now_ms())
 
 
 class Settings(BaseModel):
@@ -306,8 +555,9 @@ class Policy(ABC):
         """Its kinds of object, each with state and one timer per object."""
 
     @abstractmethod
-    def purger(self, resources: Resources) -> Purger:
-        """Its delete-time half on an executor (prepare statements here, once)."""
+    def purges(self, resources: Resources) -> dict[str, Purge]:
+        """Its delete-time half on an executor, a purge per kind (an ``ObjectPurge`` each; statements are
+        prepared here, once)."""
 
     def report_fields(self, day: date) -> dict[str, str]:
         """Extra fields of its rows in the daily report for ``day`` (e.g. the payment store's)."""
@@ -331,54 +581,3 @@ class Policy(ABC):
         return {names[table]: frozenset(columns) for table, columns in self.tables.items()}
 
 
-# The engine's own fields, on every event (SPEC section 2) and on its control events (streams.control).
-COMMON_FIELDS = ("event_id", "type", "event_time")
-
-
-class PolicySet:
-    """The enabled policies, seen as the engine needs them: by kind, by event type, and the union of
-    their event fields. ``ignored_types`` are the event types of the built-in policies that are not
-    enabled: their records are ignored and counted, not dead-lettered.
-
-    Example::
-
-        policies = PolicySet([mailbox], ignored_types={"user_added", "user_removed"})
-        policies.kind("message").fold(None, events)
-    """
-
-    def __init__(self, policies: list[Policy], ignored_types: Iterable[str] = ()) -> None:
-        self.policies = list(policies)
-        self.ignored_types = frozenset(ignored_types)
-        self._kinds: dict[str, tuple[Policy, ObjectKind]] = {}
-        self.event_types: dict[str, EventType] = {}
-        self.fields: dict[str, EventField] = {}
-        for policy in self.policies:
-            for kind in policy.kinds:
-                if kind.name in self._kinds:
-                    raise ValueError(f"policies.{policy.name}: kind {kind.name!r} is also "
-                                     f"policy {self._kinds[kind.name][0].name!r}'s")
-                self._kinds[kind.name] = (policy, kind)
-            for event_type in policy.event_types:
-                if event_type.name in self.event_types:
-                    raise ValueError(f"policies.{policy.name}: event type {event_type.name!r} is also another "
-                                     "policy's; give it a name of its own")
-                self.event_types[event_type.name] = event_type
-            for f in policy.event_fields:
-                known = self.fields.setdefault(f.name, f)
-                if known.type != f.type:
-                    raise ValueError(f"policies.{policy.name}: event field {f.name!r} is a {f.type} here and a "
-                                     f"{known.type} in another policy; rename one")
-
-    @property
-    def kinds(self) -> list[ObjectKind]:
-        return [kind for _, kind in self._kinds.values()]
-
-    def kind(self, name: str) -> ObjectKind:
-        return self._kinds[name][1]
-
-    def policy_of(self, kind: str) -> Policy:
-        return self._kinds[kind][0]
-
-    def id_field(self, kind: str) -> str:
-        """The field that holds an object's id in its events (its first event type's)."""
-        return next(t.id_field for t in self.event_types.values() if t.kind == kind)

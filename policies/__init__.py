@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from purger.core.policy import Policy, PolicySet
+from purger.core.policy import Policy
+from purger.core.policy_set import PolicySet
 
 if TYPE_CHECKING:
     from purger.core.config import PurgerConfig

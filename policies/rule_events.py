@@ -34,21 +34,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any
 
-from purger.connectors import read_serially
 from purger.core.config import Duration
 from purger.core.policy import (
-    Attempt, Candidate, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger, Resources, Rule,
-    Settings, earliest, found_gone,
+    Candidate, Eligibility, EventField, EventType, ObjectKind, ObjectPurge, Policy, Purge, Resources, Rule,
+    Settings, earliest,
 )
-from purger.core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
-from purger.core.vocabulary import (
-    KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
-)
-
-if TYPE_CHECKING:
-    from cassandra.cluster import Session
+from purger.core.times import epoch_ms, format_epoch_ms, now_ms
+from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
 
 KIND = "rule_event"
 RULE_EVENT_STATUS = "rule_event_status"
@@ -150,55 +144,40 @@ class RuleEventKind(ObjectKind[RuleEventState]):
         return (at_ms, -self.rules[rule_name(status)].period_ms, event_id)
 
 
-class RuleEventsPurger(Purger):
-    """Conditional deletes of ``rule_events`` rows, one prepared statement per rule."""
+class RuleEventPurge(ObjectPurge[Any]):
+    """Conditional deletes of ``rule_events`` rows, one prepared statement per rule: the delete, carrying the
+    rule's condition, is the claim, so it comes first."""
+
+    deletes_first = True
 
     def __init__(self, resources: Resources, table: str, rules: dict[str, Rule[RuleEventState]]) -> None:
-        self.resources = resources
-        self.session: Session = resources.session
+        super().__init__(resources, {TABLE: table})
         self.rules = rules
-        name = f"{resources.keyspace}.{table}"
-        self.deletes = {rule.name: self.session.prepare(f"DELETE FROM {name} WHERE rule_event_id = ? IF {rule.check}")
+        self.deletes = {rule.name: self.tables.prepare(f"DELETE FROM {{{TABLE}}} WHERE rule_event_id = ? "
+                                                       f"IF {rule.condition}")
                         for rule in rules.values()}
-        # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
-        self.read = read_serially(
-            self.session, self.session.prepare(f"SELECT status, updated_at FROM {name} WHERE rule_event_id = ?"))
+        self.read_row = self.tables.prepare(f"SELECT status, updated_at FROM {{{TABLE}}} WHERE rule_event_id = ?",
+                                            "serial")
 
-    def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
-        resources = self.resources
+    def read(self, candidate: Candidate) -> Any | None:
+        return self.tables.one(self.read_row, candidate.id)
+
+    def due(self, candidate: Candidate, row: Any) -> Eligibility | None:
+        return earliest(self.rules.values(), _row_state(row))
+
+    def why_kept(self, candidate: Candidate, row: Any, due: Eligibility | None) -> str:
+        if due is not None and due.eligible_at_ms > now_ms():
+            return reason(NOT_YET_DUE, f"{due.rule} at {format_epoch_ms(due.eligible_at_ms)}")
+        return reason(KEPT_BY_RULE, f"{candidate.rule} did not hold (status {row.status})")
+
+    def delete(self, candidate: Candidate, row: Any | None) -> bool:
         rule = self.rules[candidate.rule]
-        if not resources.dry_run:
-            cutoff = from_epoch_ms(now_ms() - rule.period_ms)
-            if self.session.execute(self.deletes[rule.name], (candidate.id, cutoff)).was_applied:
-                yield Outcome(PURGED, deleted_at_ms=now_ms())
-                return
-        # Not deleted: the row says why (gone, changed since, or not yet due) and when to look again.
-        row = self.session.execute(self.read, (candidate.id,)).one()
-        if row is None:
-            yield from found_gone(candidate, None, attempt, resources.dry_run)
-            return
-        due = earliest(self.rules.values(), _row_state(row))
-        now = now_ms()
-        if resources.dry_run and due is not None and due.eligible_at_ms <= now:
-            yield Outcome(WOULD_DELETE)
-            return
-        yield Outcome(SKIPPED, _why_kept(rule.name, row.status, due, now))
-        if due is not None and not resources.dry_run:
-            # Under the rule just checked, not sooner than retry_ms (clocks may differ a little); under
-            # another one (the status changed), as soon as it is due.
-            soonest = now + (resources.retry_ms if due.rule == rule.name else 0)
-            resources.control.recheck(candidate.kind, candidate.id, due.rule, max(due.eligible_at_ms, soonest))
+        return self.tables.applied(self.deletes[rule.name], candidate.id, rule.cutoff())
 
 
 def _row_state(row: Any) -> RuleEventState:
     """A row seen as the stream would see it: its status set at ``updated_at``."""
     return RuleEventState(status=row.status, status_at_ms=epoch_ms(row.updated_at))
-
-
-def _why_kept(checked: str, status: str | None, due: Eligibility | None, now: int) -> str:
-    if due is not None and due.eligible_at_ms > now:
-        return reason(NOT_YET_DUE, f"{due.rule} at {format_epoch_ms(due.eligible_at_ms)}")
-    return reason(KEPT_BY_RULE, f"{checked} did not hold (status {status})")
 
 
 class RuleEventsPolicy(Policy):
@@ -232,8 +211,8 @@ class RuleEventsPolicy(Policy):
     def kinds(self) -> tuple[ObjectKind, ...]:
         return (self._kind,)
 
-    def purger(self, resources: Resources) -> Purger:
-        return RuleEventsPurger(resources, self.settings.table, self.rules)
+    def purges(self, resources: Resources) -> dict[str, Purge]:
+        return {KIND: RuleEventPurge(resources, self.settings.table, self.rules)}
 
     def table_names(self) -> dict[str, str]:
         return {TABLE: self.settings.table}

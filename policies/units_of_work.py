@@ -66,20 +66,16 @@ import re
 from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta, timezone
 from functools import cached_property, partial
-from typing import Any, Iterator, Literal, Mapping, get_args
+from typing import Any, Literal, Mapping, get_args
 
-from cassandra import ConsistencyLevel
 from pydantic import field_validator
 
-from purger.connectors import read_serially
 from purger.core.policy import (
-    Attempt, Candidate, Control, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy,
-    Purger, Resources, Rule, Settings, delete_dependents, earliest, found_gone,
+    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
+    Resources, Rule, Settings, earliest,
 )
 from purger.core.times import epoch_ms, format_timestamp, from_epoch_ms, now_ms
-from purger.core.vocabulary import (
-    BEING_DELETED, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
-)
+from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
 
 UNIT_OF_WORK = "unit_of_work"
 UOW_OBJECT = "uow_object"  # the kind of a unit's object in the outcomes
@@ -298,7 +294,8 @@ class UnitOfWorkKind(ObjectKind[UnitOfWorkState]):
 
     def __init__(self, settings: UnitsOfWorkSettings) -> None:
         # A calendar period has no fixed length: ``started_at`` gives the whole deadline and the period is 0.
-        self.rule: Rule[UnitOfWorkState] = Rule(RETENTION, 0, lambda s: deadline_ms(s, settings), _CLAIM_CHECK)
+        # The check at delete time is the same function on the row; the claim conditions on the values read.
+        self.rule: Rule[UnitOfWorkState] = Rule(RETENTION, 0, lambda s: deadline_ms(s, settings))
 
     def fold(self, state: UnitOfWorkState | None, events: list[UnitOfWorkEvent]) -> UnitOfWorkState:
         for event in events:
@@ -312,78 +309,57 @@ class UnitOfWorkKind(ObjectKind[UnitOfWorkState]):
 # --- the delete-time half ------------------------------------------------------------------------
 
 
-class UnitsOfWorkPurger(Purger):
+class UnitOfWorkPurge(ObjectPurge[Any]):
     """The purger's side of the writer contract (module docstring); one per executor process."""
 
-    def __init__(self, resources: Resources, settings: UnitsOfWorkSettings, rule: Rule[UnitOfWorkState]) -> None:
-        self.session = resources.session
-        self.control: Control = resources.control
-        self.retry_ms = resources.retry_ms
-        self.dry_run = resources.dry_run
-        self.journal = resources.journal
+    def __init__(self, resources: Resources, settings: UnitsOfWorkSettings) -> None:
+        super().__init__(resources, {"units_of_work": settings.units_table, "uow_objects": settings.objects_table})
         self.settings = settings
-        units = f"{resources.keyspace}.{settings.units_table}"
-        objects = f"{resources.keyspace}.{settings.objects_table}"
-        prepare = self.session.prepare
-        # Serial: sees the outcome of every lightweight transaction, a writer's or a claim's.
-        self.read_unit = read_serially(self.session, prepare(
-            f"SELECT journey_type, started_at, finished_at, archived_at, purge_started_at "
-            f"FROM {units} WHERE unit_of_work_id = ?"))
-        self.claim = prepare(f"UPDATE {units} SET purge_started_at = ? WHERE unit_of_work_id = ? IF {rule.check}")
-        self.read_objects = prepare(f"SELECT collection, object_id FROM {objects} WHERE unit_of_work_id = ?")
+        prepare = self.tables.prepare
+        self.read_unit = prepare("SELECT journey_type, started_at, finished_at, archived_at, purge_started_at "
+                                 "FROM {units_of_work} WHERE unit_of_work_id = ?", "serial")
+        self.claim_unit = prepare(f"UPDATE {{units_of_work}} SET purge_started_at = ? WHERE unit_of_work_id = ? "
+                                  f"IF {_CLAIM_CHECK}")
         # Quorum: sees every object a writer added before its serial read found the unit unclaimed.
-        self.read_objects.consistency_level = ConsistencyLevel.QUORUM
+        self.read_objects = prepare("SELECT collection, object_id FROM {uow_objects} WHERE unit_of_work_id = ?",
+                                    "quorum")
         self.delete_object = prepare(
-            f"DELETE FROM {objects} WHERE unit_of_work_id = ? AND collection = ? AND object_id = ?")
-        self.delete_unit = prepare(f"DELETE FROM {units} WHERE unit_of_work_id = ? IF purge_started_at = ?")
+            "DELETE FROM {uow_objects} WHERE unit_of_work_id = ? AND collection = ? AND object_id = ?")
+        self.delete_unit = prepare("DELETE FROM {units_of_work} WHERE unit_of_work_id = ? IF purge_started_at = ?")
 
-    def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
+    def read(self, candidate: Candidate) -> Any | None:
+        # Its objects went before it (the order of deletion), so a unit gone leaves nothing else to delete.
+        return self.tables.one(self.read_unit, candidate.id)
+
+    def claimed(self, row: Any) -> bool:
+        return row.purge_started_at is not None
+
+    def due(self, candidate: Candidate, row: Any) -> Eligibility | None:
+        first = first_eligible_day(row_state(row._asdict()), self.settings)
+        return None if first is None else Eligibility(RETENTION, day_start_ms(first))
+
+    def why_kept(self, candidate: Candidate, row: Any, due: Eligibility | None) -> str:
+        if due is None:
+            return reason(KEPT_BY_RULE, _why_kept(row_state(row._asdict()), self.settings))
+        return reason(NOT_YET_DUE, f"{RETENTION} from {day_of(due.eligible_at_ms).isoformat()}")
+
+    def claim(self, candidate: Candidate, row: Any) -> Any | Kept:
+        claimed_at = from_epoch_ms(now_ms())
+        if self.tables.applied(self.claim_unit, claimed_at, candidate.id, row.started_at, row.finished_at,
+                               row.archived_at):
+            return row._replace(purge_started_at=claimed_at)
+        # A writer got in between: look again with the row as it is now.
+        return Kept(reason(KEPT_BY_RULE, "changed while being purged"), Eligibility(RETENTION, now_ms()))
+
+    def dependents(self, candidate: Candidate, row: Any) -> list[Dependent]:
         uow = candidate.id
-        row = self.session.execute(self.read_unit, (uow,)).one()
-        if row is None:
-            # Its objects went before it (the order of deletion), so there is nothing else to delete.
-            yield from found_gone(candidate, self.journal, attempt, self.dry_run)
-            return
-        claimed_at = row.purge_started_at
-        if claimed_at is None:
-            state = row_state(row._asdict())
-            if not eligible_on(state, day_of(now_ms()), self.settings):
-                yield self._kept(candidate, state)
-                return
-            if self.dry_run:
-                yield from (Outcome(WOULD_DELETE, kind=o.kind, id=o.id) for o in self._objects(uow))
-                yield Outcome(WOULD_DELETE)
-                return
-            attempt.failpoint("before_uow_claim")
-            claimed_at = from_epoch_ms(now_ms())
-            claim = (claimed_at, uow, row.started_at, row.finished_at, row.archived_at)
-            if not self.session.execute(self.claim, claim).was_applied:
-                # A writer got in between: look again with the row as it is now.
-                yield Outcome(SKIPPED, reason(KEPT_BY_RULE, "changed while being purged"))
-                self.control.recheck(candidate.kind, uow, RETENTION, now_ms() + self.retry_ms)
-                return
-        elif self.dry_run:
-            yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
-            return
-        # Claimed, by us or by an attempt that crashed: the objects, then the row.
-        yield from delete_dependents(candidate, self._objects(uow), row.purge_started_at is not None, self.journal,
-                                     attempt, "after_uow_child_delete")
-        if self.session.execute(self.delete_unit, (uow, claimed_at)).was_applied:
-            yield Outcome(PURGED, deleted_at_ms=now_ms())
-        else:  # a concurrent purge of the same unit finished first
-            yield from found_gone(candidate, None, attempt, self.dry_run)
-
-    def _objects(self, uow: str) -> list[Dependent]:
         return [Dependent(UOW_OBJECT, f"{uow}/{found.collection}/{found.object_id}",
-                          partial(self.session.execute, self.delete_object, (uow, found.collection, found.object_id)))
-                for found in self.session.execute(self.read_objects, (uow,))]
+                          partial(self.tables.execute, self.delete_object, uow, found.collection, found.object_id))
+                for found in self.tables.all(self.read_objects, uow)]
 
-    def _kept(self, candidate: Candidate, state: UnitOfWorkState) -> Outcome:
-        first = first_eligible_day(state, self.settings)
-        if first is None:
-            return Outcome(SKIPPED, reason(KEPT_BY_RULE, _why_kept(state, self.settings)))
-        self.control.recheck(candidate.kind, candidate.id, RETENTION, day_start_ms(first))
-        return Outcome(SKIPPED, reason(NOT_YET_DUE, f"{RETENTION} from {first.isoformat()}"))
+    def delete(self, candidate: Candidate, row: Any) -> bool:
+        # On the claim: this attempt's, or the crashed attempt's it finishes.
+        return self.tables.applied(self.delete_unit, candidate.id, row.purge_started_at)
 
 
 # --- the policy ----------------------------------------------------------------------------------
@@ -434,8 +410,8 @@ CREATE TABLE IF NOT EXISTS {keyspace}.uow_objects (
     def kinds(self) -> tuple[ObjectKind, ...]:
         return (self.kind,)
 
-    def purger(self, resources: Resources) -> Purger:
-        return UnitsOfWorkPurger(resources, self.settings, self.kind.rule)
+    def purges(self, resources: Resources) -> dict[str, Purge]:
+        return {UNIT_OF_WORK: UnitOfWorkPurge(resources, self.settings)}
 
     def table_names(self) -> dict[str, str]:
         return {"units_of_work": self.settings.units_table, "uow_objects": self.settings.objects_table}

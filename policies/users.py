@@ -43,7 +43,7 @@ The purger, for a user found due:
    re-added while being purged``) and a recheck a grace later.
 3. With ``state = 'purging'`` (this attempt's claim, or a crashed attempt's):
    read the permission rows and the virtual root, keep their keys in the
-   purger's journal (``core.policy.delete_dependents``), delete them, then
+   purger's journal (``purger.core.policy.ObjectPurge``), delete them, then
    ``DELETE FROM users WHERE user_id = ? IF state = 'purging'``.
 
 A writer (the platform), adding a user in data centre ``dc``:
@@ -81,7 +81,7 @@ Example::
     state = kind.fold(None, [UserEvent("e1", "user_added", 1_000, "u1", "dc1"),
                              UserEvent("e2", "user_removed", 5_000, "u1", "dc1")])
     kind.eligibility(state)   # Eligibility(rule='user_absent', eligible_at_ms=5_000 + 7 days)
-    outcomes = list(policy.purger(resources).purge(candidate, Attempt(retry=False)))
+    outcomes = list(policy.purges(resources)["user"].purge(candidate, Attempt(retry=False)))
 """
 
 from __future__ import annotations
@@ -90,20 +90,17 @@ import json
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import field_validator
 
-from purger.connectors import read_serially
 from purger.core.config import Duration
 from purger.core.policy import (
-    Attempt, Candidate, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger,
-    Resources, Rule, Settings, delete_dependents, earliest, found_gone,
+    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
+    Resources, Rule, Settings, earliest,
 )
-from purger.core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
-from purger.core.vocabulary import (
-    BEING_DELETED, LIVE_REASON, NOT_YET_DUE, PRESENT, PURGED, SKIPPED, WOULD_DELETE, reason,
-)
+from purger.core.times import epoch_ms, format_epoch_ms, now_ms
+from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, PRESENT, reason
 
 USER = "user"
 VIRTUAL_ROOT = "virtual_root"
@@ -145,7 +142,7 @@ class UserEvent:
     dc: str | None = None
 
 
-class Report(NamedTuple):
+class DirectoryReport(NamedTuple):
     """A data centre's latest word on the user. Compared as tuples, the later event wins; at equal times the
     removal, being nearer to purging (the double-check catches a wrong guess that way, while one toward
     keeping would leave the rows behind); then the event id."""
@@ -158,11 +155,11 @@ class Report(NamedTuple):
 
 @dataclass(frozen=True)
 class UserState:
-    # Each data centre's latest Report, JSON-encoded (the state store keeps strings), sorted by data centre.
+    # Each data centre's latest DirectoryReport, JSON-encoded (the state store keeps strings), sorted by data centre.
     reports: tuple[str, ...] = ()
 
-    def latest(self) -> dict[str, Report]:
-        return {r.dc: r for r in (Report(*json.loads(text)) for text in self.reports)}
+    def latest(self) -> dict[str, DirectoryReport]:
+        return {r.dc: r for r in (DirectoryReport(*json.loads(text)) for text in self.reports)}
 
     def absent_since(self, data_centres: tuple[str, ...]) -> int | None:
         """When the last of ``data_centres`` to report removed the user, if none has it now; None while one
@@ -184,7 +181,8 @@ class UserKind(ObjectKind[UserState]):
         self.rule: Rule[UserState] = Rule(
             USER_ABSENT, int(settings.user_grace.total_seconds() * 1000),
             lambda s: s.absent_since(data_centres),
-            # An empty set is null in Cassandra; updated_at is the last change of present_in.
+            # The check at delete time, on the claim. An empty set is null in Cassandra; updated_at is the
+            # last change of present_in.
             "present_in = null AND updated_at <= ?",
         )
 
@@ -192,7 +190,7 @@ class UserKind(ObjectKind[UserState]):
         latest = (state or UserState()).latest()
         for e in events:
             if e.type in (USER_ADDED, USER_REMOVED) and e.dc is not None:
-                report = Report(e.event_time_ms, e.type == USER_REMOVED, e.event_id, e.dc)
+                report = DirectoryReport(e.event_time_ms, e.type == USER_REMOVED, e.event_id, e.dc)
                 latest[e.dc] = max(latest.get(e.dc, report), report)
         return UserState(tuple(json.dumps(latest[dc]) for dc in sorted(latest)))
 
@@ -235,88 +233,67 @@ CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_permissions (
     def kinds(self) -> tuple[ObjectKind, ...]:
         return (self.kind,)
 
-    def purger(self, resources: Resources) -> Purger:
-        return UsersPurger(resources, self.settings, self.kind.rule)
+    def purges(self, resources: Resources) -> dict[str, Purge]:
+        return {USER: UserPurge(resources, self.settings, self.kind.rule)}
 
     def table_names(self) -> dict[str, str]:
         return {"users": self.settings.users_table, "virtual_roots": self.settings.virtual_roots_table,
                 "mailbox_permissions": self.settings.permissions_table}
 
 
-class UsersPurger(Purger):
+class UserPurge(ObjectPurge[Any]):
     """The purger's side of the writer contract (module docstring). One instance per executor process."""
 
     def __init__(self, resources: Resources, settings: UsersSettings, rule: Rule[UserState]) -> None:
-        self.resources = resources
+        super().__init__(resources, {"users": settings.users_table, "virtual_roots": settings.virtual_roots_table,
+                                     "mailbox_permissions": settings.permissions_table})
         self.rule = rule
-        prepare = resources.session.prepare
-        users, roots, permissions = (f"{resources.keyspace}.{table}" for table in (
-            settings.users_table, settings.virtual_roots_table, settings.permissions_table))
-        # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
-        self.read_user = read_serially(
-            resources.session, prepare(f"SELECT state, present_in, updated_at FROM {users} WHERE user_id = ?"))
-        self.claim = prepare(f"UPDATE {users} SET state = '{PURGING}' WHERE user_id = ? "
-                             f"IF state = '{LIVE}' AND {rule.check}")
-        self.delete_user = prepare(f"DELETE FROM {users} WHERE user_id = ? IF state = '{PURGING}'")
-        self.read_permissions = prepare(f"SELECT mailbox FROM {permissions} WHERE user_id = ?")
-        self.delete_permission = prepare(f"DELETE FROM {permissions} WHERE user_id = ? AND mailbox = ?")
-        self.read_root = prepare(f"SELECT user_id FROM {roots} WHERE user_id = ?")
-        self.delete_root = prepare(f"DELETE FROM {roots} WHERE user_id = ?")
+        prepare = self.tables.prepare
+        self.read_user = prepare("SELECT state, present_in, updated_at FROM {users} WHERE user_id = ?", "serial")
+        self.claim_user = prepare(f"UPDATE {{users}} SET state = '{PURGING}' WHERE user_id = ? "
+                                  f"IF state = '{LIVE}' AND {rule.condition}")
+        self.delete_user = prepare(f"DELETE FROM {{users}} WHERE user_id = ? IF state = '{PURGING}'")
+        self.read_permissions = prepare("SELECT mailbox FROM {mailbox_permissions} WHERE user_id = ?")
+        self.delete_permission = prepare("DELETE FROM {mailbox_permissions} WHERE user_id = ? AND mailbox = ?")
+        self.read_root = prepare("SELECT user_id FROM {virtual_roots} WHERE user_id = ?")
+        self.delete_root = prepare("DELETE FROM {virtual_roots} WHERE user_id = ?")
 
-    def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
-        execute, user_id = self.resources.session.execute, candidate.id
-        row = execute(self.read_user, (user_id,)).one()
-        if row is None:
-            yield from found_gone(candidate, self.resources.journal, attempt, self.resources.dry_run)
-            return
-        if row.state == LIVE:
-            kept = self._kept(user_id, row)
-            if kept is not None:
-                yield kept
-                return
-            if self.resources.dry_run:
-                yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id) for d in self._dependents(user_id))
-                yield Outcome(WOULD_DELETE)
-                return
-            cutoff = from_epoch_ms(now_ms() - self.rule.period_ms)
-            if not execute(self.claim, (user_id, cutoff)).was_applied:
-                yield Outcome(SKIPPED, reason(PRESENT, "re-added while being purged"))
-                self.resources.control.recheck(USER, user_id, USER_ABSENT, now_ms() + self.rule.period_ms)
-                return
-        elif row.state != PURGING:
-            # Not a state of the contract: not ours to delete.
-            yield Outcome(SKIPPED, reason(LIVE_REASON, f"state {row.state!r}"))
-            return
-        elif self.resources.dry_run:
-            yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
-            return
-        # Claimed: no writer adds the user until the row is gone, so its dependents are the old user's.
-        yield from delete_dependents(candidate, self._dependents(user_id), row.state == PURGING,
-                                     self.resources.journal, attempt, "after_user_dependent_delete")
-        if execute(self.delete_user, (user_id,)).was_applied:
-            yield Outcome(PURGED, deleted_at_ms=now_ms())
-        else:  # another attempt finished it meanwhile
-            yield from found_gone(candidate, None, attempt, self.resources.dry_run)
+    def read(self, candidate: Candidate) -> Any | None:
+        return self.tables.one(self.read_user, candidate.id)
 
-    def _kept(self, user_id: str, row: Any) -> Outcome | None:
-        """Why the live row keeps the user, or None if it may go now; a recheck when it will be due."""
-        if row.present_in:
-            # A removal event brings the user back to the stream's attention: no recheck needed.
-            return Outcome(SKIPPED, reason(PRESENT, "in " + ", ".join(sorted(row.present_in))))
-        now = now_ms()
-        due_ms = (epoch_ms(row.updated_at) or now) + self.rule.period_ms
-        if due_ms <= now:
+    def claimed(self, row: Any) -> bool:
+        return row.state == PURGING
+
+    def due(self, candidate: Candidate, row: Any) -> Eligibility | None:
+        # Present somewhere (a removal event brings the user back to the stream's attention), or not a
+        # state of the contract (not ours to delete): no deadline.
+        if row.state != LIVE or row.present_in:
             return None
-        # Not sooner than retry_ms: the stream found it due, so the clocks may differ a little.
-        self.resources.control.recheck(USER, user_id, USER_ABSENT, max(due_ms, now + self.resources.retry_ms))
-        return Outcome(SKIPPED, reason(NOT_YET_DUE, f"{USER_ABSENT} at {format_epoch_ms(due_ms)}"))
+        return Eligibility(USER_ABSENT, (epoch_ms(row.updated_at) or now_ms()) + self.rule.period_ms)
 
-    def _dependents(self, user_id: str) -> list[Dependent]:
-        """The rows that lead from the user, in the order of deletion."""
-        execute = self.resources.session.execute
+    def why_kept(self, candidate: Candidate, row: Any, due: Eligibility | None) -> str:
+        if row.state != LIVE:
+            return reason(LIVE_REASON, f"state {row.state!r}")
+        if due is None:
+            return reason(PRESENT, "in " + ", ".join(sorted(row.present_in)))
+        return reason(NOT_YET_DUE, f"{USER_ABSENT} at {format_epoch_ms(due.eligible_at_ms)}")
+
+    def claim(self, candidate: Candidate, row: Any) -> Any | Kept:
+        if self.tables.applied(self.claim_user, candidate.id, self.rule.cutoff()):
+            return row._replace(state=PURGING)
+        return Kept(reason(PRESENT, "re-added while being purged"),
+                    Eligibility(USER_ABSENT, now_ms() + self.rule.period_ms))
+
+    def dependents(self, candidate: Candidate, row: Any) -> list[Dependent]:
+        """The rows that lead from the user, in the order of deletion. Claimed: no writer adds the user
+        until the row is gone, so these are the old user's."""
+        user_id, tables = candidate.id, self.tables
         found = [Dependent(MAILBOX_PERMISSION, f"{user_id}/{r.mailbox}",
-                           partial(execute, self.delete_permission, (user_id, r.mailbox)))
-                 for r in execute(self.read_permissions, (user_id,))]
-        if execute(self.read_root, (user_id,)).one() is not None:
-            found.append(Dependent(VIRTUAL_ROOT, user_id, partial(execute, self.delete_root, (user_id,))))
+                           partial(tables.execute, self.delete_permission, user_id, r.mailbox))
+                 for r in tables.all(self.read_permissions, user_id)]
+        if tables.one(self.read_root, user_id) is not None:
+            found.append(Dependent(VIRTUAL_ROOT, user_id, partial(tables.execute, self.delete_root, user_id)))
         return found
+
+    def delete(self, candidate: Candidate, row: Any) -> bool:
+        return self.tables.applied(self.delete_user, candidate.id)

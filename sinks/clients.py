@@ -5,17 +5,18 @@ enabled policy's purger.
 Example::
 
     clients = executor_clients(config)
-    clients.purgers["message"].purge(candidate, attempt)
+    clients.purges["message"].purge(candidate, attempt)
 """
 
 from __future__ import annotations
 
 import threading
+from functools import partial
 from dataclasses import dataclass
 
 from purger.core.config import PurgerConfig
-from purger.core.policy import Purger, Resources
-from purger.connectors import cassandra_session, kafka_producer
+from purger.core.policy import Purge, Resources
+from purger.connectors import CassandraTables, cassandra_session, kafka_producer
 from purger.sinks.dead_letters import DeadLetters
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
@@ -26,7 +27,7 @@ from purger.streams.control import ControlWriter
 class Clients:
     control: ControlWriter
     dead_letters: DeadLetters
-    purgers: dict[str, Purger]  # by kind
+    purges: dict[str, Purge]  # by kind
     retry_ms: int
 
     def flush(self) -> None:
@@ -48,11 +49,8 @@ def executor_clients(config: PurgerConfig) -> Clients:
             retry_ms = int(config.stream.retry_interval.total_seconds() * 1000)
             session = cassandra_session(config.cassandra)
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
-            resources = Resources(session, config.cassandra.keyspace, ObjectStores(config.stores), control, journal,
-                                  retry_ms, config.stream.dry_run)
-            purgers = {}
-            for policy in policies.policies:
-                purger = policy.purger(resources)
-                purgers.update({kind.name: purger for kind in policy.kinds})
-            _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purgers, retry_ms)
+            resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace),
+                                  ObjectStores(config.stores), control, journal, retry_ms, config.stream.dry_run)
+            purges = {kind: purge for policy in policies.policies for kind, purge in policy.purges(resources).items()}
+            _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purges, retry_ms)
         return _made[key]

@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
 from purger.core.config import LedgerConfig
-from purger.core.policy import PolicySet
+from purger.core.policy_set import PolicySet
 from purger.core.vocabulary import PURGED, SKIPPED, STATUSES
 
 # Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.

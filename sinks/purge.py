@@ -1,6 +1,6 @@
 """The purge of one partition of a micro-batch's candidates, on an executor.
 
-Each candidate goes to its policy's purger (``core.policy.Purger``), which
+Each candidate goes to its kind's purge (``purger.core.policy.ObjectPurge``), which
 double-checks it against its row and deletes it, dependents first; each bad
 record goes to the dead-letter topic. Deletions are paced under
 ``stream.max_deletions_per_second`` (``sinks.throttle``), with
@@ -31,7 +31,6 @@ from purger.core.config import PurgerConfig
 from purger.core.policy import Attempt, Candidate, Outcome
 from purger.core.times import now_ms
 from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED, ENGINE, ERROR
-from purger.sinks.attempts import failpoint
 from purger.sinks.clients import executor_clients
 from purger.sinks.throttle import Pacer, bounded_map
 
@@ -66,7 +65,7 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     outcomes were lost with it: it is recorded as purged then.
     """
     task = TaskContext.get()
-    attempt = Attempt(retry=batch_retried or (task is not None and task.attemptNumber() > 0), failpoint=failpoint,
+    attempt = Attempt(retry=batch_retried or (task is not None and task.attemptNumber() > 0),
                       batch=f"{query_id}/{batch_id}")
     clients = executor_clients(config)
     policies = config.policy_set
@@ -85,7 +84,7 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
         candidate = Candidate(row.kind, row.id, row.rule, row.eligible_at_ms, json.loads(row.hint or "{}"))
         outcomes: list[tuple] = []
         try:
-            outcomes.extend(record(o, policy) for o in clients.purgers[row.kind].purge(candidate, attempt))
+            outcomes.extend(record(o, policy) for o in clients.purges[row.kind].purge(candidate, attempt))
         except Exception as error:  # Cassandra unavailable, timeouts: this candidate only, retried later
             log.warning("purge of %s %s failed, retrying in %d ms: %s", row.kind, row.id, clients.retry_ms, error)
             outcomes.append(record(Outcome(ERROR, f"{type(error).__name__}: {error}"), policy))

@@ -31,7 +31,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from purger.core.config import PurgerConfig
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
-from purger.sinks.attempts import failpoint, first_attempt
+from purger.core.failpoints import failpoint
+from purger.sinks.attempts import first_attempt
 from purger.sinks.ledger import Ledger, lag_seconds
 from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition
 from purger.sinks.throttle import per_task_rate

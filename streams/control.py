@@ -34,7 +34,8 @@ import uuid
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from purger.core.policy import Control, EventField, PolicySet
+from purger.core.policy import Control, EventField
+from purger.core.policy_set import PolicySet
 from purger.core.times import format_epoch_ms, format_timestamp
 from purger.core.vocabulary import CLOCK
 

@@ -24,7 +24,8 @@ from pyspark.sql.types import (
     ArrayType, BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType,
 )
 
-from purger.core.policy import COMMON_FIELDS, EventField, PolicySet
+from purger.core.policy import EventField
+from purger.core.policy_set import COMMON_FIELDS, PolicySet
 from purger.core.times import SPARK_TIMESTAMP_FORMAT
 from purger.streams import control
 

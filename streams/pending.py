@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from purger.core.policy import PolicySet
+from purger.core.policy_set import PolicySet
 from purger.core.schedule import on_timer
 from purger.streams.processor import _Stored, stored_kinds
 

@@ -47,7 +47,8 @@ from pyspark.sql.types import (
     ArrayType, BinaryType, BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType,
 )
 
-from purger.core.policy import ObjectKind, PolicySet
+from purger.core.policy import ObjectKind
+from purger.core.policy_set import PolicySet
 from purger.core.schedule import Schedule, next_timer, on_timer, recheck
 from purger.core.vocabulary import CLOCK, DEAD_LETTER
 from purger.streams.control import RECHECK, control_target

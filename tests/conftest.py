@@ -2,8 +2,13 @@
 
 Endpoints come from the environment when given (PURGER_KAFKA_BOOTSTRAP, PURGER_CASSANDRA_HOSTS,
 PURGER_S3_ENDPOINT); otherwise docker-compose.yml is started through testcontainers when a Docker
-engine answers; otherwise the local stack (`purger stack up`) is started, and stopped at the end
+engine answers; otherwise the local stack (`python -m devstack up`) is started, and stopped at the end
 if this session started it.
+
+A test that uses the servers or a JVM (any of ``INTEGRATION_FIXTURES``, directly or through another
+fixture) is marked ``integration`` at collection, so ``pytest -m "not integration"`` runs the plain
+Python tests alone: no server, no SparkSession. No fixture here is autouse, and this module starts
+nothing when it is imported.
 """
 
 from __future__ import annotations
@@ -25,6 +30,18 @@ from tests.support.faults import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDPOINT_VARIABLES = ("PURGER_KAFKA_BOOTSTRAP", "PURGER_CASSANDRA_HOSTS", "PURGER_S3_ENDPOINT")
+# The session fixtures that start or reach a server or a JVM: a test that requests one of them, however
+# indirectly (a module's fixture on ``config``), is an integration test.
+INTEGRATION_FIXTURES = frozenset({"servers", "config", "spark", "secure_kafka_broker", "secure_cassandra_node"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """Mark ``integration`` every test whose fixture closure reaches a server or a JVM, so that none can
+    forget the marker and ``-m "not integration"`` never starts one."""
+    for item in items:
+        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
 
 
 def _docker_answers() -> bool:
@@ -105,7 +122,8 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
 
 @pytest.fixture(scope="session")
 def spark():
-    """One SparkSession for every test; it needs no server, so parsing tests run without the stack."""
+    """One SparkSession for every test. It needs no server, so parsing tests run without the stack; but it is a
+    JVM, so its tests are integration tests (``INTEGRATION_FIXTURES``)."""
     from purger.spark import spark_session
 
     session = spark_session(build_config({"stream": {"shuffle_partitions": 2}}).stream, app_name="purger-tests")

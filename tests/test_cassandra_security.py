@@ -17,11 +17,10 @@ from purger.core.config import PurgerConfig
 from purger.core.vocabulary import PURGED
 from devstack.certificates import make_certificates
 from devstack.stack import create_schema
-from purger.policies.mailbox.deletes import MessageDeleter
-from purger.policies.mailbox.rules import Retention
 from purger.setup import check
 from simulation.mailbox import Platform
 from tests.support.configs import mailbox
+from tests.support.mailbox import message_purge, purge_message
 from tests.support.waits import ago
 
 pytestmark = pytest.mark.integration
@@ -46,11 +45,11 @@ def test_the_purgers_session_logs_in_over_tls_and_purges_an_expired_message(secu
                    if row.username == secure_cassandra_node.username]
         assert clients and all(row.ssl_enabled for row in clients), clients
         settings = mailbox(secure_config)
-        deleter = MessageDeleter(session, cassandra.keyspace, settings, Retention.from_settings(settings))
+        deleter, _ = message_purge(session, secure_config)
         m = f"secure-{uuid.uuid4().hex[:8]}"
         platform.enqueue(m, f"p-{m}", size=100, extract_count=1, at=ago(settings.expired_ttl))
         platform.dequeue(m, 0, at=ago(settings.expired_ttl))
-        assert deleter.delete(m, "expired_by_counter").status == PURGED
+        assert purge_message(deleter, m, "expired_by_counter", payload_id=f"p-{m}").status == PURGED
         assert platform.row(m) is None
     finally:
         platform.close()

@@ -24,12 +24,10 @@ from purger.connectors import cassandra_session
 from purger.core.config import PurgerConfig
 from purger.core.vocabulary import PURGED, SKIPPED
 from devstack.stack import SECOND_NODE, LocalStack, create_schema
-from purger.policies.mailbox.deletes import MessageDeleter
-from purger.policies.mailbox.rules import Retention
 from simulation.mailbox import Platform
 from tests.support.configs import mailbox, own_config
 from tests.support.faults import reliability
-from tests.support.mailbox import purge_through_outages
+from tests.support.mailbox import message_purge, purge_through_outages
 from tests.support.races import RaceResult, revival_race
 
 pytestmark = pytest.mark.integration
@@ -81,8 +79,7 @@ def race_across_data_centres(config: PurgerConfig) -> RaceResult:
     platform = Platform(through_dc2(config))
     session = cassandra_session(config.cassandra)
     try:
-        settings = mailbox(config)
-        deleter = MessageDeleter(session, config.cassandra.keyspace, settings, Retention.from_settings(settings))
+        deleter, _ = message_purge(session, config)
         return revival_race(platform, deleter, platform.session, config, ATTEMPTS, RACE_TIME_LIMIT_S)
     finally:
         session.cluster.shutdown()

@@ -1,15 +1,21 @@
-"""A claimed object's dependents (core.policy.delete_dependents, found_gone): whatever attempts of a batch
-crash, and wherever, each deleted row is recorded once by the attempt whose outcomes reach the ledger. Plain
-Python: sets stand in for the rows and the journal (sinks.journal is tested on Cassandra through the
-policies' crash tests)."""
+"""The engine's purge protocol (``purger.core.policy.ObjectPurge``) on a claimed object's dependents: whatever
+attempts of a batch crash, and wherever, each deleted row is recorded once by the attempt whose outcomes reach
+the ledger. Plain Python: sets stand in for the rows and the journal (``purger.sinks.journal`` is tested on
+Cassandra through the policies' crash tests)."""
 
 from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from purger.core.policy import Attempt, Candidate, Dependent, Journal, Outcome, delete_dependents, found_gone
-from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED
+from purger.core.policy import (
+    Attempt, Candidate, Control, Dependent, Eligibility, Journal, ObjectPurge, Outcome, Resources,
+)
+from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
 
 CANDIDATE = Candidate("thing", "t1", "rule", 0)
 
@@ -18,7 +24,7 @@ class Crash(Exception):
     pass
 
 
-class Kept(Journal):
+class MemoryJournal(Journal):
     def __init__(self) -> None:
         self.entries: dict[tuple[str, str], tuple[str, set[str]]] = {}
 
@@ -30,44 +36,79 @@ class Kept(Journal):
         return set(found[1]) if found and found[0] == batch else None
 
 
+class RecordedControl(Control):
+    def __init__(self) -> None:
+        self.rechecks: list[tuple[str, str, str, int]] = []
+
+    def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
+        self.rechecks.append((kind, object_id, rule, at_ms))
+
+    def report(self, event_type: str, object_id: str, event_time_ms: int, **fields: Any) -> None:
+        raise AssertionError("no control events")
+
+
 class Thing:
-    """An object with ``n`` dependent rows, purged as a policy's purger does: claim, dependents, the row;
-    ``crash_after`` deletes of this attempt, it crashes (a kill: its outcomes are lost)."""
+    """An object with ``n`` dependent rows, its row claimed before they go."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, due_at_ms: int = 0) -> None:
         self.rows = {f"r{i}" for i in range(n)}
-        self.present, self.claimed = True, False
-        self.journal = Kept()
+        self.present, self.claimed, self.due_at_ms = True, False, due_at_ms
 
-    def purge(self, batch: str, retry: bool, crash_after: int | None) -> list:
-        deletes = 0
 
-        def deleted(action):
-            nonlocal deletes
-            action()
-            deletes += 1
-            if crash_after is not None and deletes > crash_after:
+class ThingPurge(ObjectPurge[Thing]):
+    """A policy's steps, on memory."""
+
+    def __init__(self, thing: Thing, journal: Journal, dry_run: bool = False) -> None:
+        self.control = RecordedControl()
+        super().__init__(Resources(lambda names: None, None, self.control, journal, retry_ms=1_000,
+                                   dry_run=dry_run), {})
+        self.thing = thing
+
+    def read(self, candidate: Candidate) -> Thing | None:
+        return self.thing if self.thing.present else None
+
+    def claimed(self, row: Thing) -> bool:
+        return row.claimed
+
+    def due(self, candidate: Candidate, row: Thing) -> Eligibility | None:
+        return Eligibility("rule", row.due_at_ms)
+
+    def why_kept(self, candidate: Candidate, row: Thing, due: Eligibility | None) -> str:
+        return "not yet due: later"
+
+    def claim(self, candidate: Candidate, row: Thing) -> Thing:
+        row.claimed = True
+        return row
+
+    def dependents(self, candidate: Candidate, row: Thing) -> list[Dependent]:
+        return [Dependent("row", r, partial(row.rows.discard, r)) for r in sorted(row.rows)]
+
+    def delete(self, candidate: Candidate, row: Thing) -> bool:
+        row.present = False
+        return True
+
+
+def purge(thing: Thing, journal: Journal, batch: str, retry: bool, crash_after: int | None) -> list[Outcome] | None:
+    """One attempt; after ``crash_after`` deletes (the object's own included) it crashes: a kill, whose
+    outcomes are lost."""
+    outcomes: list[Outcome] = []
+    try:
+        for outcome in ThingPurge(thing, journal).purge(CANDIDATE, Attempt(retry, batch=batch)):
+            outcomes.append(outcome)
+            if crash_after is not None and len(outcomes) > crash_after:
                 raise Crash()
-
-        attempt = Attempt(retry, batch=batch)
-        try:
-            if not self.present:
-                return list(found_gone(CANDIDATE, self.journal, attempt, dry_run=False))
-            claimed_before, self.claimed = self.claimed, True
-            found = [Dependent("row", r, lambda r=r: deleted(lambda: self.rows.discard(r))) for r in sorted(self.rows)]
-            outcomes = list(delete_dependents(CANDIDATE, found, claimed_before, self.journal, attempt, "x"))
-            deleted(lambda: setattr(self, "present", False))
-            return outcomes + [Outcome(PURGED)]
-        except Crash:
-            return None
+    except Crash:
+        return None
+    return outcomes
 
 
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 5), crashes=st.lists(st.integers(0, 6), max_size=4))
 def test_every_deleted_row_is_recorded_once_whatever_the_crashes(n, crashes):
-    thing, ledger, attempt = Thing(n), None, 0
+    thing, journal, ledger, attempt = Thing(n), MemoryJournal(), None, 0
     while ledger is None:  # the batch runs again until an attempt ends; its outcomes go to the ledger
-        ledger = thing.purge("q/7", retry=attempt > 0, crash_after=crashes[attempt] if attempt < len(crashes) else None)
+        ledger = purge(thing, journal, "q/7", retry=attempt > 0,
+                       crash_after=crashes[attempt] if attempt < len(crashes) else None)
         attempt += 1
     assert thing.rows == set() and not thing.present
     assert sorted(o.id for o in ledger if o.kind == "row") == [f"r{i}" for i in range(n)]
@@ -77,9 +118,32 @@ def test_every_deleted_row_is_recorded_once_whatever_the_crashes(n, crashes):
 
 def test_a_later_batch_finds_the_object_gone_and_records_nothing_again():
     """Not a retry of the batch that deleted it: that batch's outcomes reached the ledger."""
-    thing = Thing(3)
-    assert thing.purge("q/7", retry=False, crash_after=None) is not None
-    assert [o.status for o in thing.purge("q/8", retry=False, crash_after=None)] == [ALREADY_GONE]
+    thing, journal = Thing(3), MemoryJournal()
+    assert purge(thing, journal, "q/7", retry=False, crash_after=None) is not None
+    assert [o.status for o in purge(thing, journal, "q/8", retry=False, crash_after=None)] == [ALREADY_GONE]
     # A retry of another batch does not take this batch's journal for its own.
-    [outcome] = thing.purge("q/9", retry=True, crash_after=None)
+    [outcome] = purge(thing, journal, "q/9", retry=True, crash_after=None)
     assert (outcome.status, outcome.reason, outcome.kind) == (PURGED, EARLIER_ATTEMPT, None)
+
+
+def test_a_dry_run_deletes_nothing_and_sends_no_recheck():
+    thing = Thing(2)
+    dry = ThingPurge(thing, MemoryJournal(), dry_run=True)
+    outcomes = list(dry.purge(CANDIDATE, Attempt(False)))
+    assert [(o.status, o.kind, o.id) for o in outcomes] == [(WOULD_DELETE, "row", "r0"), (WOULD_DELETE, "row", "r1"),
+                                                           (WOULD_DELETE, None, None)]
+    assert thing.rows == {"r0", "r1"} and thing.present and not thing.claimed
+    later = Thing(2, due_at_ms=2**62)
+    dry = ThingPurge(later, MemoryJournal(), dry_run=True)
+    [kept] = dry.purge(CANDIDATE, Attempt(False))
+    assert kept.status == SKIPPED and dry.control.rechecks == []
+
+
+def test_a_recheck_under_the_candidates_rule_is_no_sooner_than_the_retry_interval():
+    """The stream found it due and the row says a moment ago: the clocks differ a little."""
+    now = int(time.time() * 1000)
+    thing = Thing(1, due_at_ms=now + 10)
+    real = ThingPurge(thing, MemoryJournal())
+    [kept] = real.purge(CANDIDATE, Attempt(False))
+    [(_, _, rule, at_ms)] = real.control.rechecks
+    assert kept.status == SKIPPED and rule == "rule" and at_ms >= now + 1_000

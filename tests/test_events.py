@@ -7,6 +7,8 @@ import pytest
 from purger.config import build_config
 from purger.streams.parse import parse_events
 
+pytestmark = pytest.mark.integration  # Spark (a JVM), though no server
+
 CONTROL = "purger.control"
 
 GOOD = {

@@ -28,13 +28,13 @@ from purger.connectors import cassandra_session
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObject, PolicyObjects
 from purger.core.vocabulary import PURGED, SKIPPED
-from purger.policies.mailbox.deletes import MessageDeleter
 from purger.sinks.ledger import Ledger
 from purger.sinks.purge import purge_partition
-from purger.policies.mailbox.rules import Retention
 from tests.support.configs import mailbox, own_config, write_config
 from tests.support.faults import bad_records, reliability
-from tests.support.mailbox import candidate, end_state, unreferenced_payload, write_work, purge_through_outages
+from tests.support.mailbox import (
+    candidate, end_state, message_purge, purge_through_outages, unreferenced_payload, write_work,
+)
 from tests.support.races import revival_race
 from tests.support.waits import ago, wait_for
 
@@ -114,7 +114,7 @@ def test_a_revival_racing_the_double_check_is_never_lost(race_platform, config):
     lands first and the row is kept, or the delete does and the revival finds no row: both applying would
     be a lost revival (a live object deleted)."""
     session = cassandra_session(config.cassandra)
-    deleter = MessageDeleter(session, config.cassandra.keyspace, mailbox(config), Retention.from_settings(mailbox(config)))
+    deleter, _ = message_purge(session, config)
     race = revival_race(race_platform, deleter, session, config, ATTEMPTS)
     reliability("revival between double-check and delete", injected=ATTEMPTS, survived=ATTEMPTS,
                 wrongly_deleted=len(race.lost), left_behind=len(race.left), **race.counts())
@@ -169,8 +169,8 @@ def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, conf
 
 # --- kill -9 anywhere, then restart ---------------------------------------------------------------
 
-FAILPOINTS = ("after_message_delete", "after_blob_delete", "before_ledger_write", "after_ledger_write",
-              "after_user_dependent_delete", "before_uow_claim", "after_uow_child_delete")
+FAILPOINTS = ("after_message_delete", "after_payload_dependent_delete", "before_ledger_write", "after_ledger_write",
+              "after_user_dependent_delete", "before_unit_of_work_claim", "after_unit_of_work_dependent_delete")
 
 
 def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, config, tmp_path_factory):

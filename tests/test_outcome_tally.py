@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from purger.core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED
 from purger.sinks.sink import OutcomeTally
+
+pytestmark = pytest.mark.integration  # Spark (a JVM), though no server
 
 
 def outcome(kind: str, status: str, eligible_at_ms: int | None, deleted_at_ms: int | None) -> tuple:

@@ -41,7 +41,9 @@ from tests.support.configs import own_config  # noqa: E402
 from tests.support.policies import RecordingControl, resources  # noqa: E402
 from tests.support.waits import ago, now, wait_for, wait_for_watermark  # noqa: E402
 
-pytestmark = pytest.mark.integration
+# The policy as plain Python runs without a server; the tests below it use ``config`` or ``spark`` and are marked
+# ``integration`` (here, and by conftest for any that would not be).
+integration = pytest.mark.integration
 
 INACTIVE_AFTER = timedelta(seconds=3)
 SECTION = {"enabled": True, "module": "push_clients_policy", "inactive_after": "3s"}
@@ -73,7 +75,7 @@ def test_the_rule_and_the_interface():
     policy = load_policy("push_clients", {**SECTION, "module": "push_clients_policy:PushClientsPolicy"})
     assert isinstance(policy, PushClientsPolicy) and policy.settings.inactive_after == INACTIVE_AFTER
     rule = policy.kind.rule
-    assert (rule.name, rule.period_ms, rule.check) == (INACTIVE, 3_000, "last_connected_at <= ?")
+    assert (rule.name, rule.period_ms, rule.condition) == (INACTIVE, 3_000, "last_connected_at <= ?")
     assert {t.name: (t.kind, t.id_field) for t in policy.event_types} == {
         PUSH_CLIENT_REGISTERED: (PUSH_CLIENT, "client_id"), PUSH_CLIENT_CONNECTED: (PUSH_CLIENT, "client_id")}
     assert "purging" in policy.tables["push_routers"]
@@ -151,7 +153,7 @@ def purge(cfg, platform):
 
     def run(client_id, retry=False, dry_run=False):
         control = RecordingControl("push_clients")
-        purger = policy.purger(resources(platform.session, cfg.cassandra.keyspace, control, dry_run))
+        purger = policy.purges(resources(platform.session, cfg.cassandra.keyspace, control, dry_run))[PUSH_CLIENT]
         outcomes = list(purger.purge(Candidate(PUSH_CLIENT, client_id, INACTIVE, eligible_at_ms=0),
                                      Attempt(retry=retry)))
         return outcomes, control.rechecks
@@ -179,8 +181,8 @@ def raced(purger, client, n, writer):
 
 
 def race_purger(platform, cfg):
-    return load_policy("push_clients", SECTION).purger(
-        resources(platform.session, cfg.cassandra.keyspace, RecordingControl("push_clients")))
+    return load_policy("push_clients", SECTION).purges(
+        resources(platform.session, cfg.cassandra.keyspace, RecordingControl("push_clients")))[PUSH_CLIENT]
 
 
 def new_client(platform, name, at=None, messages=3, emit=False):
@@ -192,6 +194,7 @@ def new_client(platform, name, at=None, messages=3, emit=False):
     return client
 
 
+@integration
 def test_the_purger_claims_then_deletes_messages_then_the_router(platform, purge):
     client = new_client(platform, "direct", at=ago(INACTIVE_AFTER))
     outcomes, rechecks = purge(client)
@@ -208,6 +211,7 @@ def test_the_purger_claims_then_deletes_messages_then_the_router(platform, purge
     assert [o.status for o in purge(client, retry=True, dry_run=True)[0]] == [ALREADY_GONE]
 
 
+@integration
 def test_a_recent_connection_keeps_the_client_and_a_dry_run_deletes_nothing(platform, purge):
     fresh = new_client(platform, "fresh")
     (outcome,), rechecks = purge(fresh)
@@ -223,6 +227,7 @@ def test_a_recent_connection_keeps_the_client_and_a_dry_run_deletes_nothing(plat
     assert len(platform.messages(fresh)) == 3
 
 
+@integration
 def test_a_claimed_row_is_finished_by_the_next_attempt_and_a_dry_run_leaves_it(platform, purge, cfg):
     client = new_client(platform, "claimed", at=ago(INACTIVE_AFTER))
     # What a failed attempt leaves: its claim, and the rows it had not deleted yet.
@@ -236,6 +241,7 @@ def test_a_claimed_row_is_finished_by_the_next_attempt_and_a_dry_run_leaves_it(p
     assert [o.status for o in outcomes] == [PURGED] * 4 and platform.router(client) is None
 
 
+@integration
 def test_a_client_connecting_while_it_is_purged_loses_nothing_it_needs(platform, cfg):
     """The race of the writer contract: a purge of an inactive client against the client connecting and a
     message being stored for it, started together, many times. Whatever the interleaving: a connection that
@@ -260,6 +266,7 @@ def test_a_client_connecting_while_it_is_purged_loses_nothing_it_needs(platform,
           f"registered anew after the purge {seen[PUSH_CLIENT_REGISTERED]}")
 
 
+@integration
 def test_a_message_stored_while_its_client_is_purged_is_never_left_without_a_router(platform, cfg):
     """The other race of the contract: a message stored for an inactive client while it is purged. The sender
     either is told the client is gone (and its row is removed again) or its message goes with the client:
@@ -288,6 +295,7 @@ def ledger_rows(spark, cfg, clients):
             if r.id.split("/")[0] in clients]
 
 
+@integration
 def test_an_inactive_client_is_purged_end_to_end_and_the_active_ones_are_kept(
         spark, executors_import_the_module, cfg, platform):
     hour_ago = now() - timedelta(hours=1)

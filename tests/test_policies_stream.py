@@ -1,8 +1,8 @@
 """Every built-in policy through the whole job on the real servers (SPEC section 7): events through Kafka,
 the stateful stage, double-checked deletes in Cassandra, the ledger and the daily report.
 
-One purger runs ``rule_events``, ``users`` and ``units_of_work`` (and ``mailbox``, idle) for the module's
-last four tests; the platform stand-ins write every case's rows once, and all their events are held back,
+One purger runs ``rule_events``, ``users`` and ``units_of_work`` (and ``mailbox``, idle) for the four tests
+of ``TestOnePurgerForThreePolicies``; the platform stand-ins write every case's rows once, and all their events are held back,
 then sent shuffled and twice. Its periods (event time; the double-check reads the wall clock):
 
 - ``rule_events``: complete 3s, failed 4s, unprocessed 20s, processing 1h. Unprocessed is longer than
@@ -11,9 +11,13 @@ then sent shuffled and twice. Its periods (event time; the double-check reads th
 - ``users``: grace 3s over dc1 and dc2.
 - ``units_of_work``: the default P2Y, with SPEC 7.3's examples moved to today (dated years back).
 
-Before it, and stopped before it starts (the cores are shared), a purger with ``mailbox`` and
-``units_of_work`` only runs the examples whose settings are not the defaults (``terminal_only``,
-archived-dependent BULK) and receives events of a built-in policy it does not enable (``users``).
+For ``TestAPurgerOfItsOwn``, a purger with ``mailbox`` and ``units_of_work`` only runs the examples whose
+settings are not the defaults (``terminal_only``, archived-dependent BULK) and receives events of a built-in
+policy it does not enable (``users``).
+
+The cores are shared, so no two of the module's purgers run at once: each is a fixture of its class's scope,
+stopped when its class's last test is done, whichever class runs first (or alone, with ``-k``);
+``the_only_purger`` fails a start that would overlap another rather than let them share the cores.
 
 The daily report is read as the running purger rewrites it (``ledger.report_interval``, 2 s here): a
 ``Report.refresh`` of the test's own would race that one for the same Delta partition.
@@ -177,6 +181,20 @@ def expected_lower_bound(day: date) -> str:
     return f"{bound.isoformat()}T00:00:00"
 
 
+_RUNNING: list[str] = []  # the purger of this module that is running, if one is
+
+
+@contextmanager
+def the_only_purger(name: str):
+    """Around a purger's run: fails if another purger of this module is running (see the module docstring)."""
+    assert not _RUNNING, f"the purger {name} would start while {_RUNNING[0]} runs: they would share the cores"
+    _RUNNING.append(name)
+    try:
+        yield
+    finally:
+        _RUNNING.remove(name)
+
+
 # --- a purger of its own: mailbox and units_of_work with settings that are not the defaults --------------
 
 
@@ -209,26 +227,27 @@ def own_purger(spark, config, tmp_path_factory) -> OwnRun:
                              "event_time": format_timestamp(ago(USER_GRACE)), "user_id": user,
                              "dc": "dc1"}).encode()
     malformed = b'{"event_id": "x", "type": "user_add'
-    running = start_purger(spark, cfg)
-    try:
-        warmed_up(running.query)
-        with holding(platform) as events:
-            for n in OWN_EXAMPLES:
-                write_unit(platform, units[n], today_example(NINE_EXAMPLES[n].row))
-        topic = cfg.kafka.topics[0]
-        events += [(topic, user.encode(), user_added), (topic, user.encode(), malformed)]
-        send_all(platform.producer, events, seed=5)
-        yield OwnRun(cfg, running, platform, units, now(), malformed)
-    finally:
-        running.stop()
-        platform.close()
+    with the_only_purger("own_purger"):
+        running = start_purger(spark, cfg)
+        try:
+            warmed_up(running.query)
+            with holding(platform) as events:
+                for n in OWN_EXAMPLES:
+                    write_unit(platform, units[n], today_example(NINE_EXAMPLES[n].row))
+            topic = cfg.kafka.topics[0]
+            events += [(topic, user.encode(), user_added), (topic, user.encode(), malformed)]
+            send_all(platform.producer, events, seed=5)
+            yield OwnRun(cfg, running, platform, units, now(), malformed)
+        finally:
+            running.stop()
+            platform.close()
     assert running.failure is None
 
 
 class TestAPurgerOfItsOwn:
     """One purger with ``mailbox`` and ``units_of_work`` only (``own_purger``): SPEC 7.3's examples with
     settings that are not the defaults, and events of a built-in policy that is not enabled (``users``). It
-    runs before the module's main purger and stops after this class, so no two purgers share the cores."""
+    stops after this class, before or after ``TestOnePurgerForThreePolicies`` runs, never beside it."""
 
     def test_its_settings_are_those_of_the_examples(self, own_purger):
         """Examples 5, 7, 8 and 9 (counting from 1) under one purger with both settings: terminal_only changes
@@ -335,16 +354,18 @@ def platforms(policies_config):
         platform.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def purger(spark, policies_config):
-    running = start_purger(spark, policies_config)
-    try:
-        warmed_up(running.query)
-    except AssertionError:
+    """The purger of ``TestOnePurgerForThreePolicies``, stopped when that class is done."""
+    with the_only_purger("purger"):
+        running = start_purger(spark, policies_config)
+        try:
+            warmed_up(running.query)
+        except AssertionError:
+            running.stop()
+            raise
+        yield running
         running.stop()
-        raise
-    yield running
-    running.stop()
     assert running.failure is None
 
 
@@ -419,7 +440,7 @@ class Scenario:
                 | set().union(*(unit_rows(uow) for uow in self.units_gone())))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def scenario(purger, platforms) -> Scenario:
     """Every case's rows written, then all their events, shuffled and twice, while the purger runs."""
     rules, users, units = platforms
@@ -460,127 +481,131 @@ def scenario(purger, platforms) -> Scenario:
     return s
 
 
-def test_rule_events_go_by_status_and_period_whatever_the_order(purger, platforms, scenario):
-    """SPEC 7.1: an eligible rule event goes; one whose status went back (COMPLETE to PROCESSING, FAILED to
-    UNPROCESSED on a retry) is kept for the new status's period; a recent one is kept."""
-    rules, s = platforms[0], scenario
-    cases = _rule_cases()
-    eligible = [s.rule_events[c] for c, (_, rule) in cases.items() if rule]
-    wait_for(lambda: all(rules.row(r) is None for r in eligible), timeout_s=120,
-             what="every rule event past its status's period to be deleted")
-    # The retried one was FAILED from the same moment as "failed for its period", which is gone: it is
-    # kept, unless (on a very slow machine) its new period has passed meanwhile.
-    unprocessed = RULE_PERIODS["unprocessed"]
-    row, left = rules.row(s.rule_events[RETRIED]), (s.retried_at + unprocessed - now()).total_seconds()
-    assert (row is not None and row["status"] == UNPROCESSED) or left <= 0, \
-        "the retried rule event was deleted under its old status"
-    print(f"the retried rule event was seen kept {left:.1f}s before its new period passed")
-    wait_for_watermark(purger.query, s.sent + timedelta(seconds=3))
-    # Every deadline of the events as sent is behind the watermark now.
-    assert rules.row(s.rule_events["complete, then processing again"])["status"] == PROCESSING
-    assert rules.row(s.rule_events["raised just now"])["status"] == PROCESSING
-    # Then it goes under the new status, once that status has been held for its period.
-    seen_gone = gone_at(lambda: rules.row(s.rule_events[RETRIED]) is None, timeout_s=90,
-                        what="the retried rule event, once UNPROCESSED for its period")
-    assert seen_gone >= s.retried_at + unprocessed
-    assert rules.row(s.rule_events["raised just now"]) is not None
+class TestOnePurgerForThreePolicies:
+    """One purger for ``rule_events``, ``users`` and ``units_of_work`` (``purger``), with every case's events
+    sent once it has warmed up (``scenario``)."""
+
+    def test_rule_events_go_by_status_and_period_whatever_the_order(self, purger, platforms, scenario):
+        """SPEC 7.1: an eligible rule event goes; one whose status went back (COMPLETE to PROCESSING, FAILED to
+        UNPROCESSED on a retry) is kept for the new status's period; a recent one is kept."""
+        rules, s = platforms[0], scenario
+        cases = _rule_cases()
+        eligible = [s.rule_events[c] for c, (_, rule) in cases.items() if rule]
+        wait_for(lambda: all(rules.row(r) is None for r in eligible), timeout_s=120,
+                 what="every rule event past its status's period to be deleted")
+        # The retried one was FAILED from the same moment as "failed for its period", which is gone: it is
+        # kept, unless (on a very slow machine) its new period has passed meanwhile.
+        unprocessed = RULE_PERIODS["unprocessed"]
+        row, left = rules.row(s.rule_events[RETRIED]), (s.retried_at + unprocessed - now()).total_seconds()
+        assert (row is not None and row["status"] == UNPROCESSED) or left <= 0, \
+            "the retried rule event was deleted under its old status"
+        print(f"the retried rule event was seen kept {left:.1f}s before its new period passed")
+        wait_for_watermark(purger.query, s.sent + timedelta(seconds=3))
+        # Every deadline of the events as sent is behind the watermark now.
+        assert rules.row(s.rule_events["complete, then processing again"])["status"] == PROCESSING
+        assert rules.row(s.rule_events["raised just now"])["status"] == PROCESSING
+        # Then it goes under the new status, once that status has been held for its period.
+        seen_gone = gone_at(lambda: rules.row(s.rule_events[RETRIED]) is None, timeout_s=90,
+                            what="the retried rule event, once UNPROCESSED for its period")
+        assert seen_gone >= s.retried_at + unprocessed
+        assert rules.row(s.rule_events["raised just now"]) is not None
 
 
-def test_users_go_only_when_absent_from_every_data_centre(purger, platforms, scenario):
-    """SPEC 7.2: every row of a user absent from both data centres past the grace goes (a data centre that
-    never had the user counts as absent); a user present in any one, or added again, keeps every row."""
-    users, s = platforms[1], scenario
-    nothing = {"user": None, "virtual_root": None, "permissions": {}}
-    cases = _user_cases(USER_GRACE)
-    gone = [s.users[c] for c, (_, g) in cases.items() if g]
-    wait_for(lambda: all(users.rows(u) == nothing for u in gone), timeout_s=120,
-             what="every row of the users absent everywhere past the grace")
-    seen_gone = gone_at(lambda: users.rows(s.users[REMOVED_JUST_NOW]) == nothing, timeout_s=60,
-                        what="the user removed from its last data centre just now, after the grace")
-    assert seen_gone >= s.removed_at + USER_GRACE
-    wait_for_watermark(purger.query, s.sent + timedelta(seconds=3))
-    present = {"present in dc2 only": {"dc2"}, "added in dc2 only": {"dc2"}, "re-added after removal": {"dc1"}}
-    for case, dcs in present.items():
-        user = s.users[case]
-        rows = users.rows(user)
-        assert rows["user"] is not None and rows["user"]["state"] == "live", case
-        assert rows["user"]["present_in"] == dcs, case
-        assert rows["virtual_root"] == mailboxes(user)[0], f"{case}: virtual root deleted"
-        assert set(rows["permissions"]) == set(mailboxes(user)), f"{case}: a permission row deleted"
+    def test_users_go_only_when_absent_from_every_data_centre(self, purger, platforms, scenario):
+        """SPEC 7.2: every row of a user absent from both data centres past the grace goes (a data centre that
+        never had the user counts as absent); a user present in any one, or added again, keeps every row."""
+        users, s = platforms[1], scenario
+        nothing = {"user": None, "virtual_root": None, "permissions": {}}
+        cases = _user_cases(USER_GRACE)
+        gone = [s.users[c] for c, (_, g) in cases.items() if g]
+        wait_for(lambda: all(users.rows(u) == nothing for u in gone), timeout_s=120,
+                 what="every row of the users absent everywhere past the grace")
+        seen_gone = gone_at(lambda: users.rows(s.users[REMOVED_JUST_NOW]) == nothing, timeout_s=60,
+                            what="the user removed from its last data centre just now, after the grace")
+        assert seen_gone >= s.removed_at + USER_GRACE
+        wait_for_watermark(purger.query, s.sent + timedelta(seconds=3))
+        present = {"present in dc2 only": {"dc2"}, "added in dc2 only": {"dc2"}, "re-added after removal": {"dc1"}}
+        for case, dcs in present.items():
+            user = s.users[case]
+            rows = users.rows(user)
+            assert rows["user"] is not None and rows["user"]["state"] == "live", case
+            assert rows["user"]["present_in"] == dcs, case
+            assert rows["virtual_root"] == mailboxes(user)[0], f"{case}: virtual root deleted"
+            assert set(rows["permissions"]) == set(mailboxes(user)), f"{case}: a permission row deleted"
 
 
-def test_units_of_work_the_examples_moved_to_today_are_purged_or_kept_whole(purger, platforms, scenario):
-    """SPEC 7.3's examples with the default settings (1, 2, 3, 4 and 6, counting from 1), dated relative to
-    today: the eligible ones go with every object of theirs, the others stay whole."""
-    units, s = platforms[2], scenario
-    assert sorted(s.units) == [0, 1, 2, 3, 5]
-    wait_for(lambda: all(units.rows(uow) == (None, 0) for uow in s.units_gone()), timeout_s=120,
-             what="the eligible units of work and every object of theirs to be deleted")
-    wait_for_watermark(purger.query, s.sent + timedelta(seconds=3))
-    for n, uow in s.units.items():
-        if NINE_EXAMPLES[n].purged:
-            continue
-        unit, children = units.rows(uow)
-        written = today_example(NINE_EXAMPLES[n].row)
-        assert unit is not None and unit["purge_started_at"] is None, NINE_EXAMPLES[n].name
-        assert unit["journey_type"] == written["journey_type"]
-        assert children == CHILDREN, f"{NINE_EXAMPLES[n].name}: an object of a kept unit was deleted"
+    def test_units_of_work_the_examples_moved_to_today_are_purged_or_kept_whole(self, purger, platforms, scenario):
+        """SPEC 7.3's examples with the default settings (1, 2, 3, 4 and 6, counting from 1), dated relative to
+        today: the eligible ones go with every object of theirs, the others stay whole."""
+        units, s = platforms[2], scenario
+        assert sorted(s.units) == [0, 1, 2, 3, 5]
+        wait_for(lambda: all(units.rows(uow) == (None, 0) for uow in s.units_gone()), timeout_s=120,
+                 what="the eligible units of work and every object of theirs to be deleted")
+        wait_for_watermark(purger.query, s.sent + timedelta(seconds=3))
+        for n, uow in s.units.items():
+            if NINE_EXAMPLES[n].purged:
+                continue
+            unit, children = units.rows(uow)
+            written = today_example(NINE_EXAMPLES[n].row)
+            assert unit is not None and unit["purge_started_at"] is None, NINE_EXAMPLES[n].name
+            assert unit["journey_type"] == written["journey_type"]
+            assert children == CHILDREN, f"{NINE_EXAMPLES[n].name}: an object of a kept unit was deleted"
 
 
-def test_the_ledger_and_report_name_each_policy_one_record_per_deleted_row(spark, purger, platforms, scenario,
-                                                                           policies_config):
-    """Guarantee 5 for every policy: one ``purged`` record per deleted row, dependents included, each naming
-    its policy and rule, none before the double-check allows; the daily report counts them per policy, and
-    the units_of_work rows carry the payment store's report fields."""
-    cfg, s = policies_config, scenario
-    rules, users, units = platforms
-    nothing = {"user": None, "virtual_root": None, "permissions": {}}
-    wait_for(lambda: all(rules.row(r) is None for r in s.rule_events_gone())
-             and all(users.rows(u) == nothing for u in s.users_gone())
-             and all(units.rows(uow) == (None, 0) for uow in s.units_gone()),
-             timeout_s=120, what="every deletion of the scenario")
-    expected = s.expected_purged()
-    records = purged_records(spark, cfg.ledger, len(expected))
-    counted = Counter((r["policy"], r["kind"], r["id"]) for r in records)
-    assert set(counted) == expected, (set(counted) - expected, expected - set(counted))
-    assert [k for k, v in counted.items() if v != 1] == [], "a deleted row recorded more than once"
-    rule_of = {**{("rule_events", r): rule for r, rule in s.rule_events_gone().items()},
-               **{("users", u): "user_absent" for u in s.users_gone()},
-               **{("units_of_work", uow): "retention" for uow in s.units_gone()}}
-    for r in records:
-        object_id = r["id"] if r["kind"] in ("rule_event", "user", "unit_of_work", "virtual_root") else \
-            r["id"].split("/")[0]
-        assert r["rule"] == rule_of[(r["policy"], object_id)], r
-        assert r["reason"] is None, r  # nothing found gone by a retry
-    # Deleted no sooner than the double-check allows, by the wall clock.
-    deleted_at = {(r["kind"], r["id"]): r["deleted_ms"] / 1000 for r in records}
-    retried = s.rule_events[RETRIED]
-    assert deleted_at[("rule_event", retried)] >= (s.retried_at + RULE_PERIODS["unprocessed"]).timestamp()
-    for _, kind, row_id in user_rows(s.users[REMOVED_JUST_NOW]):
-        assert deleted_at[(kind, row_id)] >= (s.removed_at + USER_GRACE).timestamp(), (kind, row_id)
-    # Every record, purged or not, names the policy of its kind.
-    kinds = Ledger(spark, cfg.ledger).records().select("policy", "kind").distinct().collect()
-    assert all(POLICY_OF_KIND[r["kind"]] == r["policy"] for r in kinds), kinds
+    def test_the_ledger_and_report_name_each_policy_one_record_per_deleted_row(self, spark, purger, platforms, scenario,
+                                                                               policies_config):
+        """Guarantee 5 for every policy: one ``purged`` record per deleted row, dependents included, each naming
+        its policy and rule, none before the double-check allows; the daily report counts them per policy, and
+        the units_of_work rows carry the payment store's report fields."""
+        cfg, s = policies_config, scenario
+        rules, users, units = platforms
+        nothing = {"user": None, "virtual_root": None, "permissions": {}}
+        wait_for(lambda: all(rules.row(r) is None for r in s.rule_events_gone())
+                 and all(users.rows(u) == nothing for u in s.users_gone())
+                 and all(units.rows(uow) == (None, 0) for uow in s.units_gone()),
+                 timeout_s=120, what="every deletion of the scenario")
+        expected = s.expected_purged()
+        records = purged_records(spark, cfg.ledger, len(expected))
+        counted = Counter((r["policy"], r["kind"], r["id"]) for r in records)
+        assert set(counted) == expected, (set(counted) - expected, expected - set(counted))
+        assert [k for k, v in counted.items() if v != 1] == [], "a deleted row recorded more than once"
+        rule_of = {**{("rule_events", r): rule for r, rule in s.rule_events_gone().items()},
+                   **{("users", u): "user_absent" for u in s.users_gone()},
+                   **{("units_of_work", uow): "retention" for uow in s.units_gone()}}
+        for r in records:
+            object_id = r["id"] if r["kind"] in ("rule_event", "user", "unit_of_work", "virtual_root") else \
+                r["id"].split("/")[0]
+            assert r["rule"] == rule_of[(r["policy"], object_id)], r
+            assert r["reason"] is None, r  # nothing found gone by a retry
+        # Deleted no sooner than the double-check allows, by the wall clock.
+        deleted_at = {(r["kind"], r["id"]): r["deleted_ms"] / 1000 for r in records}
+        retried = s.rule_events[RETRIED]
+        assert deleted_at[("rule_event", retried)] >= (s.retried_at + RULE_PERIODS["unprocessed"]).timestamp()
+        for _, kind, row_id in user_rows(s.users[REMOVED_JUST_NOW]):
+            assert deleted_at[(kind, row_id)] >= (s.removed_at + USER_GRACE).timestamp(), (kind, row_id)
+        # Every record, purged or not, names the policy of its kind.
+        kinds = Ledger(spark, cfg.ledger).records().select("policy", "kind").distinct().collect()
+        assert all(POLICY_OF_KIND[r["kind"]] == r["policy"] for r in kinds), kinds
 
-    # The daily report, as the running purger rewrites it every ledger.report_interval (2 s here).
-    today = now().date()
-    report = Report(spark, cfg.ledger, cfg.policy_set)
-    deleted = Counter((policy, kind) for policy, kind, _ in expected)
+        # The daily report, as the running purger rewrites it every ledger.report_interval (2 s here).
+        today = now().date()
+        report = Report(spark, cfg.ledger, cfg.policy_set)
+        deleted = Counter((policy, kind) for policy, kind, _ in expected)
 
-    def report_counts_every_deletion() -> bool:
-        purged = {(r["policy"], r["kind"]): r["purged"] for r in report.rows(today) if r["dc"] == "all"}
-        return all(purged.get(key) == count for key, count in deleted.items())
+        def report_counts_every_deletion() -> bool:
+            purged = {(r["policy"], r["kind"]): r["purged"] for r in report.rows(today) if r["dc"] == "all"}
+            return all(purged.get(key) == count for key, count in deleted.items())
 
-    wait_for(report_counts_every_deletion, timeout_s=90, what="the daily report to count every deletion")
-    rows = report.rows(today)
-    assert {"rule_events", "users", "units_of_work"} <= {r["policy"] for r in rows}
-    for r in rows:
-        if r["policy"] == "units_of_work":
-            fields = r["policy_fields"]
-            assert fields["execution_date"] == today.isoformat()
-            assert fields["retention_period"] == "P2Y"
-            assert fields["retention_lower_bound"].startswith(expected_lower_bound(today))
-            assert fields["terminal_only"] == "false"
-            assert fields["archived_dependent_journey_types"] == ""
-        else:
-            assert r["policy_fields"] == {}, r
+        wait_for(report_counts_every_deletion, timeout_s=90, what="the daily report to count every deletion")
+        rows = report.rows(today)
+        assert {"rule_events", "users", "units_of_work"} <= {r["policy"] for r in rows}
+        for r in rows:
+            if r["policy"] == "units_of_work":
+                fields = r["policy_fields"]
+                assert fields["execution_date"] == today.isoformat()
+                assert fields["retention_period"] == "P2Y"
+                assert fields["retention_lower_bound"].startswith(expected_lower_bound(today))
+                assert fields["terminal_only"] == "false"
+                assert fields["archived_dependent_journey_types"] == ""
+            else:
+                assert r["policy_fields"] == {}, r

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from purger.core.config import CassandraConfig, KafkaConfig
 from purger.core.policy import Attempt, Candidate, Eligibility
 from purger.core.times import epoch_ms, now_ms, parse_timestamp
 from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
@@ -80,7 +79,7 @@ def test_the_raising_event_gives_message_and_rule_whenever_it_arrives():
 
 def test_one_rule_per_status_with_its_check():
     policy = load_policy("rule_events", {"enabled": True})
-    assert {name: (rule.period_ms, rule.check) for name, rule in policy.rules.items()} == {
+    assert {name: (rule.period_ms, rule.condition) for name, rule in policy.rules.items()} == {
         "rule_event_complete": (7 * 86_400_000, "status = 'COMPLETE' AND updated_at <= ?"),
         "rule_event_failed": (30 * 86_400_000, "status = 'FAILED' AND updated_at <= ?"),
         "rule_event_unprocessed": (30 * 86_400_000, "status = 'UNPROCESSED' AND updated_at <= ?"),
@@ -119,10 +118,10 @@ topic = topic_fixture("test.rule_events")
 
 
 @pytest.fixture(scope="module")
-def platform(keyspace, topic):
+def platform(config, keyspace, topic):
     from simulation.rule_events import RuleEventsPlatform
 
-    platform = RuleEventsPlatform(KafkaConfig(), CassandraConfig(), topic, keyspace[1])
+    platform = RuleEventsPlatform(config.kafka, config.cassandra, topic, keyspace[1])
     yield platform
     platform.close()
 
@@ -135,7 +134,7 @@ def purge(keyspace):
 
     def run(rule_event_id, rule, retry=False, dry_run=False):
         control = RecordingControl("rule_events")
-        purger = policy.purger(resources(session, name, control, dry_run))
+        purger = policy.purges(resources(session, name, control, dry_run))[KIND]
         outcomes = list(purger.purge(Candidate(KIND, rule_event_id, rule, eligible_at_ms=0), Attempt(retry=retry)))
         return outcomes, control.rechecks
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from purger.core.failpoints import injected
 from purger.core.policy import Attempt, Candidate, Eligibility
 from purger.core.times import now_ms, parse_timestamp
 from purger.core.vocabulary import (
@@ -188,20 +189,20 @@ def crash_at(name: str):
 
 
 @pytest.fixture(scope="module")
-def store():
-    """A fresh keyspace with the policy's schema, a topic of its own, and the platform writing to both."""
-    from purger.core.config import CassandraConfig, KafkaConfig
-
-    with policy_keyspace(UnitsOfWorkPolicy, "test_uow") as (session, keyspace), policy_topic("test.uow") as topic:
-        platform = UnitsOfWorkPlatform(KafkaConfig(), CassandraConfig(), topic, keyspace, UnitsOfWorkSettings())
+def store(config):
+    """A fresh keyspace with the policy's schema, a topic of its own, and the platform writing to both, on the
+    session's servers."""
+    with policy_keyspace(UnitsOfWorkPolicy, "test_uow", config.cassandra) as (session, keyspace), \
+            policy_topic("test.uow", config.kafka) as topic:
+        platform = UnitsOfWorkPlatform(config.kafka, config.cassandra, topic, keyspace, UnitsOfWorkSettings())
         yield session, keyspace, platform
         platform.close()
 
 
 def purger_for(store, control, dry_run=False, **tweaks):
     session, keyspace, _ = store
-    return UnitsOfWorkPolicy(UnitsOfWorkSettings(enabled=True, **tweaks)).purger(
-        resources(session, keyspace, control, dry_run))
+    return UnitsOfWorkPolicy(UnitsOfWorkSettings(enabled=True, **tweaks)).purges(
+        resources(session, keyspace, control, dry_run))[UNIT_OF_WORK]
 
 
 def candidate(uow: str) -> Candidate:
@@ -268,9 +269,8 @@ def test_a_crash_after_the_first_child_is_finished_by_the_retry_and_writers_keep
     write(platform, "crash", dict(journey_type="RECALL", started_at=years_ago(3), finished_at=years_ago(3, -1),
                                   archived_at=None), children=5)
     purger = purger_for(store, RecordingControl("units_of_work"))
-    with pytest.raises(Crash):
-        list(purger.purge(candidate("crash"),
-                          Attempt(retry=False, failpoint=crash_at("after_uow_child_delete"), batch="q/1")))
+    with pytest.raises(Crash), injected(crash_at("after_unit_of_work_dependent_delete")):
+        list(purger.purge(candidate("crash"), Attempt(retry=False, batch="q/1")))
     unit, children = platform.rows("crash")
     assert unit["purge_started_at"] is not None and children == 4
     # Claimed: a writer is refused, and treats the unit as gone.
@@ -300,11 +300,12 @@ def test_a_writer_finishing_the_unit_between_the_check_and_the_claim_keeps_it_wh
     finished_now = datetime.now(UTC)
 
     def writer_lands(name: str) -> None:
-        if name == "before_uow_claim":
+        if name == "before_unit_of_work_claim":
             assert platform.finish("race", finished_now)
 
     before = now_ms()
-    [kept] = purger.purge(candidate("race"), Attempt(retry=False, failpoint=writer_lands))
+    with injected(writer_lands):
+        [kept] = purger.purge(candidate("race"), Attempt(retry=False))
     assert (kept.status, kept.reason) == (SKIPPED, f"{KEPT_BY_RULE}: changed while being purged")
     [(_, _, _, recheck_at)] = control.rechecks
     assert recheck_at >= before + 2000

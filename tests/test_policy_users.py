@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.failpoints import injected
 from purger.core.policy import Attempt, Candidate, Eligibility
 from purger.core.times import epoch_ms, now_ms, parse_timestamp
 from purger.core.vocabulary import ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
@@ -149,10 +149,10 @@ topic = topic_fixture("test.users")
 
 
 @pytest.fixture(scope="module")
-def platform(keyspace, topic):
+def platform(config, keyspace, topic):
     from simulation.users import UsersPlatform
 
-    platform = UsersPlatform(KafkaConfig(), CassandraConfig(), topic, keyspace[1], POLICY.settings)
+    platform = UsersPlatform(config.kafka, config.cassandra, topic, keyspace[1], POLICY.settings)
     yield platform
     platform.close()
 
@@ -166,7 +166,7 @@ def purger(keyspace, grace="1h", dry_run=False):
     session, name = keyspace
     control = RecordingControl("users")
     policy = load_policy("users", {"enabled": True, "user_grace": grace})
-    return policy.purger(resources(session, name, control, dry_run)), control
+    return policy.purges(resources(session, name, control, dry_run))[USER], control
 
 
 @pytest.fixture
@@ -175,8 +175,9 @@ def purge(keyspace):
 
     def run(user_id, retry=False, dry_run=False, failpoint=lambda name: None):
         users, control = purger(keyspace, dry_run=dry_run)
-        outcomes = list(users.purge(Candidate(USER, user_id, USER_ABSENT, eligible_at_ms=0),
-                                    Attempt(retry=retry, failpoint=failpoint)))
+        with injected(failpoint):
+            outcomes = list(users.purge(Candidate(USER, user_id, USER_ABSENT, eligible_at_ms=0),
+                                        Attempt(retry=retry)))
         return outcomes, control.rechecks
 
     return run
@@ -271,7 +272,8 @@ class Crash(Exception):
 
 
 def crash(name):
-    raise Crash(name)
+    if name == "after_user_dependent_delete":
+        raise Crash(name)
 
 
 @pytest.mark.integration

@@ -112,7 +112,7 @@ def test_a_table_that_does_not_exist_under_its_configured_name_is_one_line(confi
 
 
 def test_a_column_that_does_not_exist_is_one_line(config, tmp_path):
-    with policy_keyspace(MailboxPolicy, "test_setup") as (session, keyspace):
+    with policy_keyspace(MailboxPolicy, "test_setup", config.cassandra) as (session, keyspace):
         session.execute(f"ALTER TABLE {keyspace}.messages DROP deleted")
         lines = problems(variant(config, cassandra={"keyspace": keyspace}), tmp_path)
     assert lines == [

@@ -9,11 +9,11 @@ import pytest
 
 from purger.connectors import cassandra_session
 from purger.core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED
-from purger.policies.mailbox.deletes import DELETING, MessageDeleter, payload_key
-from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD, Retention
+from purger.policies.mailbox.deletes import DELETING, payload_key
+from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD
 from purger.sinks.objects import ObjectStores
 from tests.support.configs import mailbox
-from tests.support.mailbox import candidate, new_id, purge, unreferenced_payload
+from tests.support.mailbox import candidate, message_purge, new_id, purge, purge_message, unreferenced_payload
 from tests.support.waits import ago
 
 pytestmark = pytest.mark.integration
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def deleter(config):
     session = cassandra_session(config.cassandra)
-    yield MessageDeleter(session, config.cassandra.keyspace, mailbox(config), Retention.from_settings(mailbox(config)))
+    yield message_purge(session, config)
     session.cluster.shutdown()
 
 
@@ -58,11 +58,14 @@ REVIVE = {
 def test_an_eligible_row_is_deleted_once(platform, deleter, config, rule):
     m = new_id()
     ELIGIBLE[rule](platform, mailbox(config), m)
-    outcome = deleter.delete(m, rule)
-    assert (outcome.status, outcome.payload_id) == (PURGED, f"p-{m}")
-    assert platform.row(m) is None
-    # A retried batch finds the row gone and says so, rather than skipping it.
-    assert deleter.delete(m, rule).status == ALREADY_GONE
+    purge, control = deleter
+    outcome = purge_message(purge, m, rule, payload_id=f"p-{m}")
+    assert outcome.status == PURGED and platform.row(m) is None
+    # Its payload, referred to by no other message, is released.
+    assert [(event, payload) for event, payload, *_ in control.reports if payload == f"p-{m}"] == \
+        [("payload_released", f"p-{m}")]
+    # A later batch finds the row gone and says so, rather than skipping it.
+    assert purge_message(purge, m, rule, payload_id=f"p-{m}").status == ALREADY_GONE
 
 
 @pytest.mark.parametrize("rule", list(REVIVE))
@@ -70,26 +73,32 @@ def test_a_row_revived_after_the_streams_decision_is_kept(platform, deleter, con
     m = new_id()
     ELIGIBLE[rule](platform, mailbox(config), m)
     REVIVE[rule](platform, m)  # lands after the stream decided, before the delete
-    outcome = deleter.delete(m, rule)
+    purge, control = deleter
+    outcome = purge_message(purge, m, rule, payload_id=f"p-{m}")
     assert outcome.status == SKIPPED and platform.row(m) is not None
-    assert outcome.recheck is None or outcome.recheck.eligible_at_ms > time.time() * 1000, outcome
+    assert all(at_ms > time.time() * 1000 for kind, object_id, _, at_ms in control.rechecks if object_id == m), outcome
 
 
 def test_a_row_not_yet_due_by_the_wall_clock_is_kept_and_says_when(platform, deleter, config):
     m = new_id()
     platform.enqueue(m, f"p-{m}")
     platform.dequeue(m, 0)  # zero just now: expired_ttl has not passed
-    outcome = deleter.delete(m, EXPIRED_BY_COUNTER)
+    purge, control = deleter
+    outcome = purge_message(purge, m, EXPIRED_BY_COUNTER, payload_id=f"p-{m}")
     assert outcome.status == SKIPPED and outcome.reason.startswith("not yet due: expired_by_counter")
-    assert outcome.recheck.rule == EXPIRED_BY_COUNTER
     expected = platform.row(m)["updated_at"].replace(tzinfo=timezone.utc) + mailbox(config).expired_ttl
-    assert outcome.recheck.eligible_at_ms == int(expected.timestamp() * 1000)
+    assert [r for r in control.rechecks if r[1] == m] == \
+        [("message", m, EXPIRED_BY_COUNTER, int(expected.timestamp() * 1000))]
 
 
 def test_the_stream_not_knowing_the_payload_asks_the_row(platform, deleter, config):
     m = new_id()
     counter_case(platform, mailbox(config), m)
-    assert deleter.delete(m, EXPIRED_BY_COUNTER, payload_id=None).payload_id == f"p-{m}"
+    purge, control = deleter
+    assert purge_message(purge, m, EXPIRED_BY_COUNTER, payload_id=None).status == PURGED
+    assert platform.session.execute(f"SELECT * FROM {mailbox(config).payload_refs_table} WHERE payload_id = %s",
+                                    (f"p-{m}",)).one() is None
+    assert [payload for _, payload, *_ in control.reports if payload == f"p-{m}"] == [f"p-{m}"]
 
 
 def test_payload_blobs_go_from_every_data_centre(platform, config):

@@ -3,7 +3,11 @@
 import os
 import sys
 
+import pytest
+
 from purger.worker_daemon import PRELOADED
+
+pytestmark = pytest.mark.integration  # Spark (a JVM), though no server
 
 
 def test_python_workers_are_forked_from_the_purgers_daemon_with_its_libraries_imported(spark):

@@ -1,9 +1,11 @@
 """``push_clients``: a policy of one's own (SPEC 7.4), written outside the purger's package.
 
 Inactive push clients: the router row and the message rows of a client that
-has not connected for ``inactive_after`` [60d]. It imports only ``core.*``
-(the documented interface) and the Cassandra driver, and is named in the
-configuration::
+has not connected for ``inactive_after`` [60d]. It imports only the purger's
+policy interface (``purger.core.policy``, with ``purger.core.config``'s
+``Duration``, ``purger.core.times`` and ``purger.core.vocabulary``), no driver:
+its CQL runs through the typed handle the engine gives it (``Tables``). It is
+named in the configuration::
 
     [policies.push_clients]
     enabled = true
@@ -13,7 +15,7 @@ configuration::
 with this file's directory on ``PYTHONPATH`` on the driver and on every
 executor (``spark-submit --py-files push_clients_policy.py``).
 
-How it implements the interface (``core.policy``)
+How it implements the interface (``purger.core.policy``)
 -------------------------------------------------
 
 =================  ======================================================================
@@ -29,6 +31,10 @@ rules              ``inactive``: due at the last connection plus ``inactive_afte
                    inactive_after``
 order of deletion  the ``push_messages`` rows (one outcome each, kind ``push_message``),
                    then the ``push_routers`` row (kind ``push_client``)
+delete time        ``PushClientPurge``, an ``ObjectPurge``: the engine runs the protocol
+                   (read, due?, dry run, claim, journalled dependents, delete, rechecks);
+                   the policy fills in ``read``, ``claimed``, ``due``, ``why_kept``,
+                   ``claim``, ``dependents`` and ``delete``
 =================  ======================================================================
 
 Tables (``{keyspace}`` is ``cassandra.keyspace``)::
@@ -64,7 +70,7 @@ The purger, for a client found due:
    connected while being purged``) and a recheck a period later.
 3. ``purging`` (this attempt's claim or a failed attempt's): read the message
    rows, keep their keys in the purger's journal
-   (``core.policy.delete_dependents``, so that a retry records the ones a
+   (the engine's ``ObjectPurge`` does it, so that a retry records the ones a
    crashed attempt deleted), delete each, then ``DELETE FROM push_routers
    WHERE client_id = ? IF purging = true``.
 
@@ -115,20 +121,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any, Iterator
+from typing import Any
 
-from cassandra import ConsistencyLevel
-
-from purger.connectors import read_serially
 from purger.core.config import Duration
 from purger.core.policy import (
-    Attempt, Candidate, Dependent, Eligibility, EventField, EventType, ObjectKind, Outcome, Policy, Purger,
-    Resources, Rule, Settings, delete_dependents, earliest, found_gone,
+    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
+    Resources, Rule, Settings, earliest,
 )
-from purger.core.times import epoch_ms, format_epoch_ms, from_epoch_ms, now_ms
-from purger.core.vocabulary import (
-    BEING_DELETED, KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, reason,
-)
+from purger.core.times import epoch_ms, format_epoch_ms, now_ms
+from purger.core.vocabulary import KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, reason
 
 NAME = "push_clients"
 PUSH_CLIENT = "push_client"
@@ -187,77 +188,54 @@ class PushClientKind(ObjectKind[PushClientState]):
         return earliest((self.rule,), state)
 
 
-class PushClientsPurger(Purger):
-    """The purger's side of the writer contract (module docstring); one per executor process."""
+class PushClientPurge(ObjectPurge[Any]):
+    """The purger's side of the writer contract (module docstring): the engine runs the protocol
+    (``ObjectPurge``), this fills in its steps. One per executor process."""
 
     def __init__(self, resources: Resources, rule: Rule[PushClientState]) -> None:
-        self.resources = resources
+        super().__init__(resources, {ROUTERS: ROUTERS, MESSAGES: MESSAGES})
         self.rule = rule
-        prepare = resources.session.prepare
-        routers, messages = f"{resources.keyspace}.{ROUTERS}", f"{resources.keyspace}.{MESSAGES}"
-        # Serial: sees the outcome of every lightweight transaction, including a not-yet-settled one.
-        self.read_router = read_serially(
-            resources.session, prepare(f"SELECT last_connected_at, purging FROM {routers} WHERE client_id = ?"))
-        self.claim = prepare(f"UPDATE {routers} SET purging = true WHERE client_id = ? "
-                             f"IF purging = null AND {rule.check}")
-        self.delete_router = prepare(f"DELETE FROM {routers} WHERE client_id = ? IF purging = true")
-        self.read_messages = prepare(f"SELECT message_id FROM {messages} WHERE client_id = ?")
-        self.read_messages.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-        self.delete_message = prepare(f"DELETE FROM {messages} WHERE client_id = ? AND message_id = ?")
-        self.delete_message.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        prepare = self.tables.prepare
+        self.read_router = prepare(f"SELECT last_connected_at, purging FROM {{{ROUTERS}}} WHERE client_id = ?",
+                                   "serial")
+        self.claim_router = prepare(f"UPDATE {{{ROUTERS}}} SET purging = true WHERE client_id = ? "
+                                    f"IF purging = null AND {rule.condition}")
+        self.delete_router = prepare(f"DELETE FROM {{{ROUTERS}}} WHERE client_id = ? IF purging = true")
+        self.read_messages = prepare(f"SELECT message_id FROM {{{MESSAGES}}} WHERE client_id = ?", "local_quorum")
+        self.delete_message = prepare(f"DELETE FROM {{{MESSAGES}}} WHERE client_id = ? AND message_id = ?",
+                                      "local_quorum")
 
-    def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
-        execute, client_id, resources = self.resources.session.execute, candidate.id, self.resources
-        row = execute(self.read_router, (client_id,)).one()
-        if row is None:
-            yield from found_gone(candidate, resources.journal, attempt, resources.dry_run)
-            return
-        if not row.purging:
-            kept = self._kept(client_id, row)
-            if kept is not None:
-                yield kept
-                return
-            if resources.dry_run:
-                yield from (Outcome(WOULD_DELETE, kind=PUSH_MESSAGE, id=f"{client_id}/{m}")
-                            for m in self._messages(client_id))
-                yield Outcome(WOULD_DELETE)
-                return
-            cutoff = from_epoch_ms(now_ms() - self.rule.period_ms)
-            if not execute(self.claim, (client_id, cutoff)).was_applied:
-                yield Outcome(SKIPPED, reason(LIVE_REASON, "connected while being purged"))
-                resources.control.recheck(PUSH_CLIENT, client_id, INACTIVE, now_ms() + self.rule.period_ms)
-                return
-        elif resources.dry_run:
-            yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
-            return
-        # Claimed: no connect applies until the row is gone, so these are the inactive client's messages.
-        messages = [Dependent(PUSH_MESSAGE, f"{client_id}/{m}", partial(execute, self.delete_message, (client_id, m)))
-                    for m in self._messages(client_id)]
-        yield from delete_dependents(candidate, messages, bool(row.purging), resources.journal, attempt,
-                                     "after_push_message_delete")
-        if execute(self.delete_router, (client_id,)).was_applied:
-            yield Outcome(PURGED, deleted_at_ms=now_ms())
-        else:
-            yield from found_gone(candidate, None, attempt, resources.dry_run)  # another attempt finished it
+    def read(self, candidate: Candidate) -> Any | None:
+        return self.tables.one(self.read_router, candidate.id)
 
-    def _kept(self, client_id: str, row: Any) -> Outcome | None:
-        """Why the live row keeps the client, or None if it may go now; a recheck when it will be due."""
+    def claimed(self, row: Any) -> bool:
+        return bool(row.purging)
+
+    def due(self, candidate: Candidate, row: Any) -> Eligibility | None:
+        # No last_connected_at: not a row of the contract (a connect or register always sets it).
         last = epoch_ms(row.last_connected_at)
-        if last is None:
-            # Not a row of the contract (a connect or register always sets it): not ours to judge.
-            return Outcome(SKIPPED, reason(KEPT_BY_RULE, f"{INACTIVE} did not hold (no last_connected_at)"))
-        now = now_ms()
-        due_ms = last + self.rule.period_ms
-        if due_ms <= now:
-            return None
-        if not self.resources.dry_run:
-            # Not sooner than retry_ms: the stream found it due, so the clocks may differ a little.
-            self.resources.control.recheck(PUSH_CLIENT, client_id, INACTIVE,
-                                           max(due_ms, now + self.resources.retry_ms))
-        return Outcome(SKIPPED, reason(NOT_YET_DUE, f"{INACTIVE} at {format_epoch_ms(due_ms)}"))
+        return None if last is None else Eligibility(INACTIVE, last + self.rule.period_ms)
 
-    def _messages(self, client_id: str) -> list[str]:
-        return [r.message_id for r in self.resources.session.execute(self.read_messages, (client_id,))]
+    def why_kept(self, candidate: Candidate, row: Any, due: Eligibility | None) -> str:
+        if due is None:
+            return reason(KEPT_BY_RULE, f"{INACTIVE} did not hold (no last_connected_at)")
+        return reason(NOT_YET_DUE, f"{INACTIVE} at {format_epoch_ms(due.eligible_at_ms)}")
+
+    def claim(self, candidate: Candidate, row: Any) -> Any | Kept:
+        if self.tables.applied(self.claim_router, candidate.id, self.rule.cutoff()):
+            return row._replace(purging=True)
+        return Kept(reason(LIVE_REASON, "connected while being purged"),
+                    Eligibility(INACTIVE, now_ms() + self.rule.period_ms))
+
+    def dependents(self, candidate: Candidate, row: Any) -> list[Dependent]:
+        # Claimed: no connect applies until the row is gone, so these are the inactive client's messages.
+        client_id = candidate.id
+        return [Dependent(PUSH_MESSAGE, f"{client_id}/{r.message_id}",
+                          partial(self.tables.execute, self.delete_message, client_id, r.message_id))
+                for r in self.tables.all(self.read_messages, client_id)]
+
+    def delete(self, candidate: Candidate, row: Any) -> bool:
+        return self.tables.applied(self.delete_router, candidate.id)
 
 
 class PushClientsPolicy(Policy):
@@ -298,5 +276,5 @@ CREATE TABLE IF NOT EXISTS {{keyspace}}.{MESSAGES} (
     def kinds(self) -> tuple[ObjectKind, ...]:
         return (self.kind,)
 
-    def purger(self, resources: Resources) -> Purger:
-        return PushClientsPurger(resources, self.kind.rule)
+    def purges(self, resources: Resources) -> dict[str, Purge]:
+        return {PUSH_CLIENT: PushClientPurge(resources, self.kind.rule)}

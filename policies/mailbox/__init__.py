@@ -25,8 +25,9 @@ from pydantic import field_validator
 
 from purger.core.config import Duration
 from purger.core.policy import (
-    Eligibility, EventField, EventType, Link, ObjectKind, Policy, Purger, Resources, Settings,
+    Eligibility, EventField, EventType, Link, ObjectKind, Policy, Purge, Resources, Settings,
 )
+from purger.policies.mailbox.deletes import MessagePurge, PayloadPurge
 from purger.policies.mailbox.rules import Retention, eligibility, payload_eligibility
 from purger.policies.mailbox.state import (
     DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, LINK, MESSAGE, PAYLOAD, RELEASED, UPLOAD_COMPLETE,
@@ -150,10 +151,9 @@ CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
     def kinds(self) -> tuple[ObjectKind, ...]:
         return (MessageKind(self.retention), PayloadKind(self.retention))
 
-    def purger(self, resources: Resources) -> Purger:
-        from purger.policies.mailbox.deletes import MailboxPurger  # the Cassandra driver loads on the executors only
-
-        return MailboxPurger(resources, self.settings, self.retention)
+    def purges(self, resources: Resources) -> dict[str, Purge]:
+        messages = MessagePurge(resources, self.settings, self.retention)
+        return {MESSAGE: messages, PAYLOAD: PayloadPurge(resources, self.settings, self.retention, messages)}
 
     def table_names(self) -> dict[str, str]:
         return {"messages": self.settings.messages_table, "payload_refs": self.settings.payload_refs_table,

@@ -91,10 +91,9 @@ class Retention:
     @cached_property
     def payload_rule(self) -> Rule[PayloadState]:
         """Released and not linked since: the grace runs from the last referring message's going."""
-        return Rule(PAYLOAD, self.payload_grace_ms,
-                    lambda s: s.released_at_ms if s.released else None,
-                    # Checked by the writer contract (README), not by one CQL condition:
-                    "no payload_refs row; state = 'live' AND last_ref_at = <seen> <= ?")
+        # At delete time, by the writer contract (docs/policies.md): no payload_refs row, and the claim
+        # conditions on the last_ref_at read, at least payload_grace old.
+        return Rule(PAYLOAD, self.payload_grace_ms, lambda s: s.released_at_ms if s.released else None)
 
 
 def eligibility(state: MessageState | None, retention: Retention) -> Eligibility | None:

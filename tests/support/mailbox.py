@@ -7,14 +7,22 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 from pyspark.sql import Row
 from pyspark.sql import functions as F
 from tenacity import Retrying, stop_after_delay, wait_fixed
 
+from purger.connectors import CassandraTables
 from purger.core.config import PurgerConfig
+from purger.core.policy import Attempt, Candidate, Control, Outcome, Resources
+from purger.core.times import now_ms
 from purger.core.vocabulary import ERROR, PURGED
+from purger.policies.mailbox.deletes import MessagePurge
+from purger.policies.mailbox.state import MESSAGE
+from purger.sinks.journal import CassandraJournal
+from purger.sinks.objects import ObjectStores
 from simulation.mailbox import Platform
 from simulation.policy_objects import PolicyObject, PolicyObjects, ledger_rows
 from purger.sinks.ledger import Ledger
@@ -32,6 +40,39 @@ def candidate(kind, object_id, rule, dcs=("dc1", "dc2"), payload_id=None):
     hint = {"payload_id": payload_id, "inline": False, "dcs": list(dcs)}
     return Row(kind=kind, id=object_id, rule=rule, eligible_at_ms=int(time.time() * 1000), hint=json.dumps(hint),
                reason=None, key=None, value=None, topic=None, partition=None, offset=None)
+
+
+class RecordingControl(Control):
+    """The control a purge reports to, recorded: rechecks and control events (a payload released)."""
+
+    def __init__(self) -> None:
+        self.rechecks: list[tuple[str, str, str, int]] = []
+        self.reports: list[tuple[str, str, int, dict[str, Any]]] = []
+
+    def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
+        self.rechecks.append((kind, object_id, rule, at_ms))
+
+    def report(self, event_type: str, object_id: str, event_time_ms: int, **fields: Any) -> None:
+        self.reports.append((event_type, object_id, event_time_ms, fields))
+
+
+def message_purge(session: Any, config: PurgerConfig, dry_run: bool = False) -> tuple[MessagePurge, RecordingControl]:
+    """The mailbox policy's message purge on ``session``, as an executor builds it, and its recorded control."""
+    control = RecordingControl()
+    keyspace = config.cassandra.keyspace
+    resources = Resources(partial(CassandraTables, session, keyspace), ObjectStores(config.stores), control,
+                          CassandraJournal(session, keyspace, config.cassandra.journal_table), retry_ms=2_000,
+                          dry_run=dry_run)
+    return config.policy_set.policy_of(MESSAGE).purges(resources)[MESSAGE], control
+
+
+def purge_message(purge: MessagePurge, message_id: str, rule: str, payload_id: str | None = None,
+                  retry: bool = False) -> Outcome:
+    """The message's own outcome of one purge (``payload_id``: the stream's hint; None, as after a replay
+    from a timestamp, makes the purge ask the row)."""
+    hint = {"payload_id": payload_id, "inline": False, "dcs": ["dc1", "dc2"]} if payload_id else {}
+    [outcome] = purge.purge(Candidate(MESSAGE, message_id, rule, now_ms(), hint), Attempt(retry=retry))
+    return outcome
 
 
 def purge(config, *candidates):

@@ -2,10 +2,14 @@
 rechecks, a keyspace and a topic of a test module's own, the events a platform emitted, and the arrivals a
 fold must withstand.
 
+The servers are the session's: the fixtures use the ``config`` fixture (which starts or finds the servers
+and honours PURGER_KAFKA_BOOTSTRAP, PURGER_CASSANDRA_HOSTS and PURGER_S3_ENDPOINT), so a module of them runs
+alone; a helper given no configuration takes the same environment overrides (``environment_config``).
+
 Example::
 
-    keyspace = keyspace_fixture(UsersPolicy, "test_users")   # a module fixture: (session, name)
-    topic = topic_fixture("test.users")                      # a module fixture: the topic's name
+    keyspace = keyspace_fixture(UsersPolicy, "test_users")   # a module fixture on `config`: (session, name)
+    topic = topic_fixture("test.users")                      # a module fixture on `config`: the topic's name
     control = RecordingControl("users")
     state = fold_in_batches(kind, events, random)
 """
@@ -19,8 +23,9 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import pytest
+from functools import partial
 
-from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
 from purger.core.policy import Control, ObjectKind, Policy, Resources
 from devstack.stack import keyspace_replication
 from purger.sinks.journal import CassandraJournal, create_journal
@@ -43,18 +48,28 @@ class RecordingControl(Control):
 
 def resources(session: Any, keyspace: str, control: Control, dry_run: bool = False) -> Resources:
     """What a policy's purger needs, on ``keyspace`` (made by ``policy_keyspace``): no object stores."""
-    return Resources(session, keyspace, stores=None, control=control,
+    from purger.connectors import CassandraTables
+
+    return Resources(partial(CassandraTables, session, keyspace), stores=None, control=control,
                      journal=CassandraJournal(session, keyspace, CassandraConfig().journal_table), retry_ms=2_000,
                      dry_run=dry_run)
 
 
+def environment_config() -> PurgerConfig:
+    """The default configuration with the environment's endpoint overrides (PURGER_KAFKA_BOOTSTRAP,
+    PURGER_CASSANDRA_HOSTS, PURGER_S3_ENDPOINT), as the session's ``config`` fixture has its endpoints."""
+    from purger.config import build_config
+
+    return build_config({})
+
+
 @contextmanager
-def policy_keyspace(policy_class: type[Policy], prefix: str) -> Iterator[tuple[Any, str]]:
-    """A fresh keyspace ``<prefix>_<random>`` with the policy's schema and the purger's journal: (a Cassandra
-    session, its name); dropped after, and the session shut down."""
+def policy_keyspace(policy_class: type[Policy], prefix: str, cassandra: CassandraConfig) -> Iterator[tuple[Any, str]]:
+    """A fresh keyspace ``<prefix>_<random>`` on ``cassandra``'s nodes with the policy's schema and the purger's
+    journal: (a Cassandra session, its name); dropped after, and the session shut down."""
     from purger.connectors import cassandra_session
 
-    session = cassandra_session(CassandraConfig())
+    session = cassandra_session(cassandra)
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     session.execute(f"CREATE KEYSPACE {name} WITH replication = {keyspace_replication(session)}")
     try:
@@ -69,11 +84,13 @@ def policy_keyspace(policy_class: type[Policy], prefix: str) -> Iterator[tuple[A
 
 
 @contextmanager
-def policy_topic(prefix: str) -> Iterator[str]:
-    """A fresh topic ``<prefix>.<random>`` of one partition; deleted after."""
+def policy_topic(prefix: str, kafka: KafkaConfig) -> Iterator[str]:
+    """A fresh topic ``<prefix>.<random>`` of one partition on ``kafka``'s brokers; deleted after."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    admin = KafkaAdminClient(bootstrap_servers=KafkaConfig().bootstrap_servers)
+    from purger.connectors import kafka_client
+
+    admin = kafka_client(KafkaAdminClient, kafka)
     name = f"{prefix}.{uuid.uuid4().hex[:8]}"
     try:
         admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])
@@ -84,34 +101,38 @@ def policy_topic(prefix: str) -> Iterator[str]:
 
 
 def keyspace_fixture(policy_class: type[Policy], prefix: str):
-    """A module fixture ``keyspace``: ``policy_keyspace(policy_class, prefix)``."""
+    """A module fixture ``keyspace``: ``policy_keyspace(policy_class, prefix)`` on the session's Cassandra."""
 
     @pytest.fixture(scope="module")
-    def keyspace():
-        with policy_keyspace(policy_class, prefix) as found:
+    def keyspace(config):
+        with policy_keyspace(policy_class, prefix, config.cassandra) as found:
             yield found
 
     return keyspace
 
 
 def topic_fixture(prefix: str):
-    """A module fixture ``topic``: ``policy_topic(prefix)``."""
+    """A module fixture ``topic``: ``policy_topic(prefix)`` on the session's Kafka."""
 
     @pytest.fixture(scope="module")
-    def topic():
-        with policy_topic(prefix) as name:
+    def topic(config):
+        with policy_topic(prefix, config.kafka) as name:
             yield name
 
     return topic
 
 
-def emitted(topic: str, object_id: str, timeout_ms: int = 10_000) -> list[dict[str, Any]]:
-    """The events on ``topic`` keyed by ``object_id``, from the start, as JSON; read until none came for
-    ``timeout_ms``."""
+def emitted(topic: str, object_id: str, timeout_ms: int = 10_000, kafka: KafkaConfig | None = None
+            ) -> list[dict[str, Any]]:
+    """The events on ``topic`` (on ``kafka``'s brokers, by default the environment's) keyed by ``object_id``,
+    from the start, as JSON; read until none came for ``timeout_ms``."""
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=KafkaConfig().bootstrap_servers, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=timeout_ms)
+    from purger.connectors import kafka_client
+
+    consumer = kafka_client(KafkaConsumer, kafka or environment_config().kafka, auto_offset_reset="earliest",
+                            enable_auto_commit=False, consumer_timeout_ms=timeout_ms)
+    consumer.subscribe([topic])
     try:
         return [json.loads(r.value) for r in consumer if r.key == object_id.encode()]
     finally:

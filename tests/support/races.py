@@ -26,9 +26,10 @@ from cassandra import ConsistencyLevel, ReadTimeout, WriteTimeout
 from cassandra.protocol import ErrorMessage
 
 from purger.core.config import PurgerConfig
-from purger.policies.mailbox.deletes import MessageDeleter
+from purger.policies.mailbox.deletes import MessagePurge
 from simulation.mailbox import Platform
 from tests.support.configs import mailbox
+from tests.support.mailbox import purge_message
 from tests.support.waits import ago, now
 
 # A lightweight transaction's outcome unknown: "CAS operation result is unknown", or a timeout.
@@ -49,7 +50,7 @@ class RaceResult:
         return {k.replace(" ", "_").replace(",", ""): v for k, v in self.outcomes.items()}
 
 
-def revival_race(platform: Platform, deleter: MessageDeleter, revive_session: Any, config: PurgerConfig,
+def revival_race(platform: Platform, deleter: MessagePurge, revive_session: Any, config: PurgerConfig,
                  attempts: int, time_limit_s: float | None = None) -> RaceResult:
     """Race ``attempts`` revivals (through ``revive_session``) against ``deleter``'s deletes, four at a time;
     with ``time_limit_s``, start no attempt after that long."""
@@ -81,7 +82,7 @@ def revival_race(platform: Platform, deleter: MessageDeleter, revive_session: An
         def delete() -> None:
             gate.wait()
             time.sleep(random.random() * 0.004)
-            sides["delete"] = decided(lambda: deleter.delete(m, "expired_by_counter").status)
+            sides["delete"] = decided(lambda: purge_message(deleter, m, "expired_by_counter", f"p-{m}").status)
 
         def revival() -> None:
             gate.wait()
