@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from bench.common import BenchRun, job_steps, spark_jobs, ticking
+from purger.core.times import duration_ms
 from purger.core.config import PurgerConfig
 from purger.running import start_purger
 from simulation.mailbox import Platform
@@ -84,7 +85,7 @@ def main() -> None:
     run = BenchRun.start("batch", policies={"mailbox": RETENTION},
                          kafka={"starting_offsets": "latest"})
     config = run.config
-    trigger_ms = int(config.stream.trigger_interval.total_seconds() * 1000)
+    trigger_ms = duration_ms(config.stream.trigger_interval)
     trigger = f"{trigger_ms / 1000:g} s"
     spark = run.spark()
     policies = config.policy_set

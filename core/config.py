@@ -4,7 +4,7 @@ The file is loaded once, at the edge, by ``purger.config.load_config``, which
 also builds the enabled policies from their ``[policies.<name>]`` sections and
 hands the one ``PurgerConfig`` (settings and ``policy_set``) down.
 
-Every key has a default that matches SPEC section 4 or the local stack, so an
+Every key has a default that matches the documented defaults (docs/configuration.md) or the local stack, so an
 empty file is a valid configuration for the demo. Endpoints can be overridden
 from the environment (``PURGER_KAFKA_BOOTSTRAP``, ``PURGER_CASSANDRA_HOSTS``,
 ``PURGER_S3_ENDPOINT``) so the same file serves the local stack, Docker and a
@@ -27,13 +27,16 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
+import types
+import typing
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Sequence, Union
 
 if TYPE_CHECKING:
     from purger.core.policy_set import PolicySet
@@ -146,7 +149,7 @@ class CassandraConfig(_Section):
     local_data_centre: str | None = None
     # Reads and plain writes. The conditional deletes' check runs at serial_consistency: SERIAL runs the
     # check across every data centre, so a revival written through another one is never lost;
-    # LOCAL_SERIAL only in the local one (README, "Consistency").
+    # LOCAL_SERIAL only in the local one (docs/operations.md, "Consistency").
     consistency: Literal["ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"] = "LOCAL_QUORUM"
     serial_consistency: Literal["SERIAL", "LOCAL_SERIAL"] = "SERIAL"
 
@@ -179,7 +182,7 @@ class StreamConfig(_Section):
     retry_interval: Duration = timedelta(minutes=1)
     shuffle_partitions: int = Field(default=2, gt=0)
     # A cap on deletions (double-checked purges of a message or a payload) per second, over all
-    # partitions together: the share of the database's headroom the purger may take (README).
+    # partitions together: the share of the database's headroom the purger may take (docs/operations.md, "Throttling").
     max_deletions_per_second: float = Field(default=1000, gt=0)
     # Candidates purged at once by each task: a conditional delete is four round trips to the
     # replicas, so one at a time leaves Cassandra idle (BENCHMARKS.md).
@@ -292,13 +295,57 @@ def _environment_overrides(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _model_at(model: type[BaseModel], path: Sequence[str | int]) -> type[BaseModel] | None:
+    """The settings model that holds the keys at ``path`` under ``model`` (through sections, optional
+    sections, and tables of sections such as ``stores.<dc>``), or None where the keys are free."""
+    current: Any = model
+    for part in path:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return None
+            current = field.annotation
+        elif typing.get_origin(current) in (dict, list, tuple):
+            current = typing.get_args(current)[-1 if typing.get_origin(current) is dict else 0]
+        else:
+            return None
+        # An optional section (``CassandraTls | None``) or an annotated type: the model in it.
+        while typing.get_origin(current) in (Union, types.UnionType, Annotated):
+            args = typing.get_args(current)
+            current = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), args[0])
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def closest_key(model: type[BaseModel], loc: Sequence[str | int]) -> str | None:
+    """The valid key nearest to the unknown one at ``loc`` (a pydantic error's ``loc``: the path of keys,
+    the unknown one last) among the keys of the model there, or None when none is near.
+
+    >>> closest_key(PurgerConfig, ("stream", "trigger_intervl"))
+    'trigger_interval'
+    """
+    if not loc:
+        return None
+    holder = _model_at(model, loc[:-1])
+    if holder is None:
+        return None
+    keys = [field.alias or name for name, field in holder.model_fields.items()]
+    found = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def unknown_key(model: type[BaseModel], loc: Sequence[str | int]) -> str:
+    """The message for an unknown key: ``unknown key``, and the nearest valid one when there is one."""
+    near = closest_key(model, loc)
+    return f"unknown key; did you mean {near}?" if near else "unknown key"
+
+
 def _explain(error: ValidationError) -> str:
     lines = []
     for problem in error.errors():
         key = ".".join(str(part) for part in problem["loc"]) or "(top level)"
         message = problem["msg"]
         if problem["type"] == "extra_forbidden":
-            message = "unknown key"
+            message = unknown_key(PurgerConfig, problem["loc"])
         elif problem["type"] == "literal_error":
             message = f"{message} (got {problem['input']!r})"
         lines.append(f"  {key}: {message}")

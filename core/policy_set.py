@@ -13,7 +13,7 @@ from typing import Iterable
 
 from purger.core.policy import EventField, EventType, ObjectKind, Policy
 
-# The engine's own fields, on every event (SPEC section 2) and on its control events (streams.control).
+# The engine's own fields, on every event (docs/reference.md, Events) and on its control events (streams.control).
 COMMON_FIELDS = ("event_id", "type", "event_time")
 
 

@@ -1,4 +1,4 @@
-"""Time formats: the spec's ISO-8601 UTC text with milliseconds, and epoch milliseconds.
+"""Time formats: the events' ISO-8601 UTC text with milliseconds, and epoch milliseconds.
 
 Example::
 
@@ -8,14 +8,14 @@ Example::
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 # The same format as Spark's pattern in streams.parse.
 SPARK_TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
 
 
 def format_timestamp(moment: datetime) -> str:
-    """The spec's timestamp text: ISO-8601 UTC with milliseconds, e.g. ``2026-01-01T07:58:00.000Z``."""
+    """the events' timestamp text: ISO-8601 UTC with milliseconds, e.g. ``2026-01-01T07:58:00.000Z``."""
     moment = moment.astimezone(timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
@@ -26,7 +26,7 @@ def format_epoch_ms(epoch_ms: int) -> str:
 
 
 def parse_timestamp(text: str) -> int:
-    """Epoch milliseconds of the spec's timestamp text."""
+    """Epoch milliseconds of the events' timestamp text."""
     return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
 
 
@@ -47,3 +47,8 @@ def now_ms() -> int:
 def from_epoch_ms(epoch_ms: int) -> datetime:
     """A timezone-aware UTC datetime (what a bound CQL timestamp parameter takes)."""
     return datetime.fromtimestamp(epoch_ms / 1000, timezone.utc)
+
+
+def duration_ms(duration: timedelta) -> int:
+    """A duration in whole milliseconds (the state, the timers and the rules count in them)."""
+    return duration // timedelta(milliseconds=1)

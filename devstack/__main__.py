@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 import typer
 
@@ -18,6 +18,11 @@ from purger.cli import ConfigOption, DryRunOption, LogLevelOption, check_platfor
 from purger.core.config import PurgerConfig
 from purger.config import load_config
 from purger.logs import LogLevel
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from simulation.demo import DemoReport
 
 app = typer.Typer(help="The purger's developer tools: the local stack, a local Spark cluster, the demo.",
                   no_args_is_help=True)
@@ -112,22 +117,19 @@ def submit(config: Optional[Path] = ConfigOption, dry_run: bool = DryRunOption,
 
 
 
-@app.command("demo")
-def demo(messages: int = typer.Option(200, min=1, help="How many messages the demo platform writes.")) -> None:
-    """Start the local stack if needed, run a demo workload through the purger, print a report."""
-    from rich.console import Console
+def demo_table(report: "DemoReport", messages: int) -> "Table":
+    """What the demo expected and what it observed, a line per scenario: reads at 80 columns."""
+    from rich import box
     from rich.table import Table
 
-    from purger.output import report_table
-    from simulation.demo import run_demo
+    from purger.output import human_duration
     from simulation.workload import is_purged
 
-    _stack_up(load_config())
-    report = run_demo(messages=messages)
-    table = Table(title=f"Purge demo: {messages} messages, {report.seconds:.0f} s")
-    table.add_column("what")
-    table.add_column("expected", justify="right")
-    table.add_column("observed", justify="right")
+    table = Table(title=f"Purge demo: {messages} messages, {human_duration(report.seconds)}", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, collapse_padding=True, title_justify="left")
+    table.add_column("what", overflow="fold")
+    table.add_column("expected", justify="right", no_wrap=True)
+    table.add_column("observed", justify="right", no_wrap=True)
     for name, (expected, observed) in report.scenarios.items():
         outcome = "purged" if is_purged(name) else "kept"
         table.add_row(f"{name}: messages {outcome}", str(expected), str(observed))
@@ -137,8 +139,23 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     table.add_row("payloads kept (still referred to)", str(report.payloads_expected_kept), str(report.payloads_kept))
     for dc, left in sorted(report.blobs_left.items()):
         table.add_row(f"blobs of purged payloads left in {dc}", "0", str(left))
-    Console().print(table)
-    Console().print(report_table(report.purge_report, "The demo's purge report, from its ledger"))
+    return table
+
+
+@app.command("demo")
+def demo(messages: int = typer.Option(200, min=1, help="How many messages the demo platform writes.")) -> None:
+    """Start the local stack if needed, run a demo workload through the purger, print a report."""
+    from rich.console import Console
+
+    from purger.output import report_tables
+    from simulation.demo import run_demo
+
+    _stack_up(load_config())
+    report = run_demo(messages=messages)
+    console = Console()
+    console.print(demo_table(report, messages))
+    console.print()
+    console.print(report_tables(report.purge_report, "The demo's purge report, from its ledger"))
     if not report.ok:
         typer.echo("the demo's end state is not the expected one", err=True)
         raise typer.Exit(1)

@@ -2,7 +2,7 @@
 
 ``up`` fetches the jars (cached), starts each server with a small heap, waits
 until it really answers (a record produced and consumed, a CQL query, a bucket
-listing), then creates the events topic, the keyspace of SPEC section 3 and one
+listing), then creates the events topic, the keyspace of docs/reference.md, Tables and one
 bucket per data centre. Process ids are recorded, so ``down`` stops exactly what
 ``up`` started.
 
@@ -382,18 +382,20 @@ def keyspace_replication(session: "Session", data_centres: Sequence[str] = ()) -
 
 def create_schema(config: PurgerConfig, data_centres: Sequence[str] = ()) -> None:
     """Create the keyspace (replicated as ``keyspace_replication`` says) and the enabled policies' reference
-    tables (SPEC sections 3 and 7) if they do not exist; a real platform already has them."""
+    tables (docs/reference.md, Tables; docs/policies.md) under the configured names, as `purger schema` prints
+    them (``purger.setup.policy_schema``), if they do not exist; a real platform already has them."""
     from purger.connectors import cassandra_session
+    from purger.setup import policy_schema
 
     keyspace = config.cassandra.keyspace
     session = cassandra_session(config.cassandra)
     try:
         session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} "
                         f"WITH replication = {keyspace_replication(session, data_centres)}", timeout=60)
-        for policy in config.policy_set.policies:
-            for statement in policy.schema.format(keyspace=keyspace).split(";"):
-                if statement.strip():
-                    session.execute(statement, timeout=60)
+        # Under the configured table names, as `purger schema` prints them.
+        for statements in policy_schema(config).values():
+            for statement in statements:
+                session.execute(statement, timeout=60)
         create_journal(session, keyspace, config.cassandra.journal_table)
     finally:
         session.cluster.shutdown()

@@ -1,4 +1,4 @@
-"""The ``rule_events`` policy (SPEC 7.1): events raised by routing rules, kept per status for a period.
+"""The ``rule_events`` policy (docs/policies.md, rule_events): events raised by routing rules, kept per status for a period.
 
 A mailbox platform raises an event for a message from one of its routing rules
 and keeps its status in a ``rule_events`` row. Each status has its own
@@ -41,7 +41,7 @@ from purger.core.policy import (
     Candidate, Eligibility, EventField, EventType, ObjectKind, ObjectPurge, Policy, Purge, Resources, Rule,
     Settings, earliest,
 )
-from purger.core.times import epoch_ms, format_epoch_ms, now_ms
+from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
 
 KIND = "rule_event"
@@ -56,7 +56,7 @@ STATUSES = (UNPROCESSED, PROCESSING, COMPLETE, FAILED)
 
 
 class RuleEventsSettings(Settings):
-    """``[policies.rule_events]``: the table and the period of each status (SPEC 7.1's defaults)."""
+    """``[policies.rule_events]``: the table and the period of each status (the defaults of docs/policies.md)."""
 
     table: str = TABLE
     complete: Duration = timedelta(days=7)
@@ -98,13 +98,13 @@ def rule_name(status: str) -> str:
 def _held(status: str, period: timedelta) -> Rule[RuleEventState]:
     """Eligible once the status has been ``status`` for ``period`` since the change to it; the row's
     ``updated_at`` is that change, so the check at delete time says the same of the row."""
-    return Rule(rule_name(status), period // timedelta(milliseconds=1),
+    return Rule(rule_name(status), duration_ms(period),
                 lambda s: s.status_at_ms if s.status == status else None,
                 f"status = '{status}' AND updated_at <= ?")
 
 
 def rule_table(settings: RuleEventsSettings) -> dict[str, Rule[RuleEventState]]:
-    """SPEC 7.1's rules by name, in its order, each with its deadline and its check at delete time."""
+    """The rules (docs/policies.md, rule_events) by name, in its order, each with its deadline and its check at delete time."""
     return {rule.name: rule for rule in (
         _held(COMPLETE, settings.complete),
         _held(FAILED, settings.failed),
@@ -150,8 +150,8 @@ class RuleEventPurge(ObjectPurge[Any]):
 
     deletes_first = True
 
-    def __init__(self, resources: Resources, table: str, rules: dict[str, Rule[RuleEventState]]) -> None:
-        super().__init__(resources, {TABLE: table})
+    def __init__(self, resources: Resources, tables: dict[str, str], rules: dict[str, Rule[RuleEventState]]) -> None:
+        super().__init__(resources, tables)
         self.rules = rules
         self.deletes = {rule.name: self.tables.prepare(f"DELETE FROM {{{TABLE}}} WHERE rule_event_id = ? "
                                                        f"IF {rule.condition}")
@@ -181,7 +181,7 @@ def _row_state(row: Any) -> RuleEventState:
 
 
 class RuleEventsPolicy(Policy):
-    """SPEC 7.1: rule events, purged by status."""
+    """docs/policies.md, rule_events: rule events, purged by status."""
 
     name = "rule_events"
     settings_model = RuleEventsSettings
@@ -212,7 +212,7 @@ class RuleEventsPolicy(Policy):
         return (self._kind,)
 
     def purges(self, resources: Resources) -> dict[str, Purge]:
-        return {KIND: RuleEventPurge(resources, self.settings.table, self.rules)}
+        return {KIND: RuleEventPurge(resources, self.table_names(), self.rules)}
 
     def table_names(self) -> dict[str, str]:
         return {TABLE: self.settings.table}

@@ -1,4 +1,4 @@
-"""The ``units_of_work`` policy (SPEC 7.3): a payment store's units of work and their objects.
+"""The ``units_of_work`` policy (docs/policies.md, units_of_work): a payment store's units of work and their objects.
 
 A unit of work is one ``units_of_work`` row and its objects in ``uow_objects``
 (a summary, message data, process data, process objects, custom objects). Its
@@ -312,8 +312,8 @@ class UnitOfWorkKind(ObjectKind[UnitOfWorkState]):
 class UnitOfWorkPurge(ObjectPurge[Any]):
     """The purger's side of the writer contract (module docstring); one per executor process."""
 
-    def __init__(self, resources: Resources, settings: UnitsOfWorkSettings) -> None:
-        super().__init__(resources, {"units_of_work": settings.units_table, "uow_objects": settings.objects_table})
+    def __init__(self, resources: Resources, tables: dict[str, str], settings: UnitsOfWorkSettings) -> None:
+        super().__init__(resources, tables)
         self.settings = settings
         prepare = self.tables.prepare
         self.read_unit = prepare("SELECT journey_type, started_at, finished_at, archived_at, purge_started_at "
@@ -411,7 +411,7 @@ CREATE TABLE IF NOT EXISTS {keyspace}.uow_objects (
         return (self.kind,)
 
     def purges(self, resources: Resources) -> dict[str, Purge]:
-        return {UNIT_OF_WORK: UnitOfWorkPurge(resources, self.settings)}
+        return {UNIT_OF_WORK: UnitOfWorkPurge(resources, self.table_names(), self.settings)}
 
     def table_names(self) -> dict[str, str]:
         return {"units_of_work": self.settings.units_table, "uow_objects": self.settings.objects_table}

@@ -1,4 +1,4 @@
-"""The ``users`` policy (SPEC 7.2): a user's virtual root and mailbox permissions across data centres.
+"""The ``users`` policy (docs/policies.md, users): a user's virtual root and mailbox permissions across data centres.
 
 Each data centre keeps its own user directory and reports to the purger when
 it adds or removes a user (``user_added`` / ``user_removed``, with ``user_id``
@@ -99,7 +99,7 @@ from purger.core.policy import (
     Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
     Resources, Rule, Settings, earliest,
 )
-from purger.core.times import epoch_ms, format_epoch_ms, now_ms
+from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, PRESENT, reason
 
 USER = "user"
@@ -179,7 +179,7 @@ class UserKind(ObjectKind[UserState]):
     def __init__(self, settings: UsersSettings) -> None:
         data_centres = tuple(settings.data_centres)
         self.rule: Rule[UserState] = Rule(
-            USER_ABSENT, int(settings.user_grace.total_seconds() * 1000),
+            USER_ABSENT, duration_ms(settings.user_grace),
             lambda s: s.absent_since(data_centres),
             # The check at delete time, on the claim. An empty set is null in Cassandra; updated_at is the
             # last change of present_in.
@@ -234,7 +234,7 @@ CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_permissions (
         return (self.kind,)
 
     def purges(self, resources: Resources) -> dict[str, Purge]:
-        return {USER: UserPurge(resources, self.settings, self.kind.rule)}
+        return {USER: UserPurge(resources, self.table_names(), self.kind.rule)}
 
     def table_names(self) -> dict[str, str]:
         return {"users": self.settings.users_table, "virtual_roots": self.settings.virtual_roots_table,
@@ -244,9 +244,8 @@ CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_permissions (
 class UserPurge(ObjectPurge[Any]):
     """The purger's side of the writer contract (module docstring). One instance per executor process."""
 
-    def __init__(self, resources: Resources, settings: UsersSettings, rule: Rule[UserState]) -> None:
-        super().__init__(resources, {"users": settings.users_table, "virtual_roots": settings.virtual_roots_table,
-                                     "mailbox_permissions": settings.permissions_table})
+    def __init__(self, resources: Resources, tables: dict[str, str], rule: Rule[UserState]) -> None:
+        super().__init__(resources, tables)
         self.rule = rule
         prepare = self.tables.prepare
         self.read_user = prepare("SELECT state, present_in, updated_at FROM {users} WHERE user_id = ?", "serial")

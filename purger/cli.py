@@ -6,6 +6,7 @@
     purger report [--date D]                     the daily purge report, from the ledger
     purger pending [--hours N]                   what the checkpoint's state will purge in the next N hours
     purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
+    purger schema [--config F]                   the enabled policies' reference CQL, under the configured names
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ def setup(config: Optional[Path] = ConfigOption) -> None:
         typer.echo(f"in place on {line}")
 
 
+@app.command("schema")
+def schema(config: Optional[Path] = ConfigOption) -> None:
+    """Print the enabled policies' reference tables as CQL, under the configured keyspace and table names."""
+    from purger.setup import reference_schema
+
+    typer.echo(reference_schema(load_or_exit(config)))
+
+
 def _exit_on_problems(findings: Findings) -> None:
     """Print each problem on a line of its own and exit 2 when there is any."""
     for problem in findings.problems:
@@ -99,9 +108,24 @@ def _run(settings: PurgerConfig, log_level: LogLevel, start: Callable[..., Runni
         if stop_requested.is_set():
             typer.echo("stopping")
         running.stop()
+        typer.echo(how_it_stopped(running))
         # Before the process exits: Spark's listener bus hands its last progress events to the Python
         # listener while Python still answers (else an error with a Java stack trace at every stop).
         spark.stop()
+
+
+def how_it_stopped(running: RunningPurger) -> str:
+    """The run's last line: stopped cleanly after which batch, or why not cleanly."""
+    last = running.sink.last_batch
+    after = "before its first batch" if last is None else f"after batch {last}"
+    failure = running.failure
+    if failure is not None:
+        reason = (str(failure).strip().splitlines() or [type(failure).__name__])[0]
+        return f"stopped {after}: the query failed: {reason}"
+    if running.stopped_cleanly is False:
+        return (f"stopped {after}, cutting the next batch in its deletions or its ledger write: it runs again "
+                "at the next start, which records its deletions")
+    return f"stopped cleanly {after}"
 
 
 def _set_on_signals(*signals: signal.Signals) -> threading.Event:
@@ -192,7 +216,7 @@ def report(
 ) -> None:
     """Bring a day's purge report up to date from the ledger and print it."""
     from rich.console import Console
-    from purger.output import report_table
+    from purger.output import report_tables
     from purger.sinks.ledger import Report
     from purger.spark import spark_session
 
@@ -206,7 +230,7 @@ def report(
     purge_report.refresh(when)
     rows = purge_report.rows(when)
     title = f"Purge report {when.isoformat()} (UTC), from {settings.ledger.path}"
-    Console().print(report_table(rows, title) if rows else f"no ledger records for {when.isoformat()}")
+    Console().print(report_tables(rows, title) if rows else f"no ledger records for {when.isoformat()}")
 
 
 @app.command("pending")
@@ -217,7 +241,7 @@ def pending(
 ) -> None:
     """List the objects the checkpoint's state will purge in the next N hours (read from its state store)."""
     from rich.console import Console
-    from rich.table import Table
+    from purger.output import human_duration, pending_table
     from purger.spark import spark_session
     from purger.streams.pending import pending_purges
 
@@ -226,12 +250,9 @@ def pending(
     spark = spark_session(settings.stream, app_name="purger-pending")
     rows = pending_purges(spark, settings.stream.checkpoint_location, until,
                           settings.policy_set).limit(limit).collect()
-    table = Table(title=f"Due within {hours:g} h, from {settings.stream.checkpoint_location} "
-                        f"(purged about stream.watermark_delay after due)")
-    for column in ("due (UTC)", "kind", "id", "rule", "hint"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(f"{r['due_at']:%Y-%m-%d %H:%M:%S}", r["kind"], r["id"], r["rule"], r["hint"] or "-")
-    Console().print(table if rows else f"nothing due within {hours:g} h")
+    within = human_duration(hours * 3600)
+    title = (f"Due within {within}, from {settings.stream.checkpoint_location} (purged about "
+             f"{human_duration(settings.stream.watermark_delay)} after due: stream.watermark_delay)")
+    Console().print(pending_table(rows, title) if rows else f"nothing due within {within}")
 
 

@@ -1,44 +1,157 @@
 """What the command line prints: tables and durations a person reads, apart from the commands' parsing
-(``purger.cli``).
+(``purger.cli``). Everything here reads at 80 columns.
 
 Example::
 
-    from purger.output import report_table
-    Console().print(report_table(rows, "Purge report 2026-11-24"))
+    from purger.output import human_duration, report_tables
+    human_duration(856270.1)   # '9.9 d'
+    Console().print(report_tables(rows, "Purge report 2026-11-24"))
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Iterable
 
+from rich import box
+from rich.console import Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
-def report_table(rows: list[dict[str, Any]], title: str) -> Table:
-    """The daily purge report's rows (``sinks.ledger.Report.rows``) as a table: a column per kind and
-    data centre, a line per figure, so it fits a terminal."""
-    from purger.core.vocabulary import STATUSES
+# Each unit, its size in seconds, and how many of it make the next one.
+_UNITS = (("ms", 0.001, 1000), ("s", 1, 60), ("min", 60, 60), ("h", 3600, 24), ("d", 86400, None))
 
-    def shown(value) -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, float):
-            return f"{value:.1f}"
-        if isinstance(value, datetime):
-            return f"{value:%H:%M:%S}"
-        if isinstance(value, dict):
-            return ", ".join(f"{k} {v}" for k, v in sorted(value.items())) or "-"
-        return str(value)
 
-    table = Table(title=title)
-    table.add_column("")
+def human_duration(value: float | int | timedelta | None) -> str:
+    """A duration as a person reads it: the largest unit that keeps the number at 1 or more, one decimal
+    under 10 (none when it is 0), no decimal from 10 on. ``None`` (no figure) is ``-``.
+
+    >>> [human_duration(s) for s in (0.85, 14, 3.2 * 3600, 856270.1, 90, 2.0, None)]
+    ['850 ms', '14 s', '3.2 h', '9.9 d', '1.5 min', '2 s', '-']
+    """
+    if value is None:
+        return "-"
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    for unit, size, next_unit in _UNITS:
+        number = seconds / size
+        shown = f"{number:.1f}" if number < 10 else f"{number:.0f}"
+        if next_unit is None or float(shown) < next_unit:
+            if shown.endswith(".0"):
+                shown = shown[:-2]
+            return f"{sign}{shown} {unit}"
+    raise AssertionError("unreachable: the last unit takes any number")
+
+
+def _table(title: str | None = None, caption: str | None = None) -> Table:
+    """A table with no vertical rules and one space between columns: the most columns in 80."""
+    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                 padding=0, title_justify="left", caption_justify="left")
+
+
+def _numbers(table: Table, header: str, values: Iterable[str]) -> None:
+    """A right-aligned column of figures, never folded or cut: as wide as its widest value or header line."""
+    width = max([len(v) for v in values] + [len(line) for line in header.splitlines()])
+    table.add_column(header, justify="right", no_wrap=True, min_width=width)
+
+
+def _by_policy(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        table.add_column(f"{r['policy']}: {r['kind']} {r['dc']}", justify="right")
-    for figure in ("candidates", *STATUSES, "skipped_by_reason", "lag_p50_s", "lag_p95_s", "lag_p99_s",
-                   "started_at", "finished_at", "duration_s"):
-        table.add_row(figure.replace("_", " "), *(shown(r[figure]) for r in rows))
-    for name in sorted({k for r in rows for k in (r["policy_fields"] or {})}):
-        table.add_row(name.replace("_", " "), *(shown((r["policy_fields"] or {}).get(name)) for r in rows))
+        grouped.setdefault(r["policy"], []).append(r)
+    return grouped
+
+
+def report_tables(rows: list[dict[str, Any]], title: str) -> RenderableType:
+    """The daily purge report's rows (``sinks.ledger.Report.rows``), a row per policy, kind and data centre
+    (``all``: the objects' Cassandra rows), in a few narrow tables: the outcomes by status (a dry run's and a
+    replay's statuses, and dead letters, only when there are some), the purge lag and the day's first and last
+    decision, the skips by reason, and each policy's own fields. Reads at 80 columns."""
+    from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
+
+    rows = [r if isinstance(r, dict) else r.asDict() for r in rows]
+    grouped = _by_policy(rows)
+    parts: list[RenderableType] = []
+
+    def kind_column(table: Table) -> None:
+        # The only column that may be folded, when a name is too long for what is left.
+        table.add_column("policy / kind", overflow="fold")
+        table.add_column("dc", no_wrap=True)
+
+    def each_row(table: Table, cells) -> None:
+        for policy, members in grouped.items():
+            table.add_row(Text(policy, style="bold"))
+            for r in members:
+                table.add_row(f" {r['kind']}", r["dc"], *cells(r))
+
+    statuses = [(PURGED, "purged"), (WOULD_DELETE, "would\ndelete"), (ALREADY_GONE, "already\ngone"),
+                (SKIPPED, "skipped"), (ERROR, "errors"), (DEAD_LETTERED, "dead\nletters")]
+    shown = [(s, h) for s, h in statuses
+             if s in (PURGED, SKIPPED, ERROR) or any(r[s] for r in rows)]
+    outcomes = _table(title)
+    kind_column(outcomes)
+    _numbers(outcomes, "candidates", [str(r["candidates"]) for r in rows])
+    for status, header in shown:
+        _numbers(outcomes, header, [str(r[status]) for r in rows])
+    each_row(outcomes, lambda r: [str(r["candidates"]), *(str(r[s]) for s, _ in shown)])
+    parts.append(outcomes)
+
+    def moment(value: datetime | None) -> str:
+        return "-" if value is None else f"{value:%H:%M:%S}"
+
+    lags = ("lag_p50_s", "lag_p95_s", "lag_p99_s")
+    timing = _table("Purge lag (eligible to deleted), first and last decision (UTC)")
+    kind_column(timing)
+    for lag in lags:
+        _numbers(timing, lag[:-2].replace("_", " "), [human_duration(r[lag]) for r in rows])
+    for header, figure in (("first", "started_at"), ("last", "finished_at")):
+        _numbers(timing, header, [moment(r[figure]) for r in rows])
+    _numbers(timing, "span", [human_duration(r["duration_s"]) for r in rows])
+    each_row(timing, lambda r: [*(human_duration(r[lag]) for lag in lags), moment(r["started_at"]),
+                                moment(r["finished_at"]), human_duration(r["duration_s"])])
+    parts.append(timing)
+
+    if any(r["skipped_by_reason"] for r in rows):
+        skips = _table("Skipped, by reason")
+        skips.add_column("policy / kind", overflow="fold")
+        skips.add_column("dc", no_wrap=True)
+        skips.add_column("reason", overflow="fold")
+        _numbers(skips, "skipped", [str(n) for r in rows for n in (r["skipped_by_reason"] or {}).values()])
+        for policy, members in grouped.items():
+            if any(r["skipped_by_reason"] for r in members):
+                skips.add_row(Text(policy, style="bold"))
+            for r in members:
+                for reason, n in sorted((r["skipped_by_reason"] or {}).items()):
+                    skips.add_row(f" {r['kind']}", r["dc"], reason, str(n))
+        parts.append(skips)
+
+    # The same for every row of a policy: once per policy.
+    fields = {policy: members[0]["policy_fields"] for policy, members in grouped.items()
+              if members[0]["policy_fields"]}
+    if fields:
+        own = _table("Each policy's own report fields")
+        own.add_column("policy / field", overflow="fold")
+        own.add_column("value", overflow="fold")
+        for policy, values in fields.items():
+            own.add_row(Text(policy, style="bold"))
+            for name, value in sorted(values.items()):
+                own.add_row(f" {name.replace('_', ' ')}", value or "-")
+        parts.append(own)
+    spaced: list[RenderableType] = []
+    for part in parts:
+        spaced += [Text(""), part] if spaced else [part]
+    return Group(*spaced)
+
+
+def pending_table(rows: list[Any], title: str) -> Table:
+    """What the checkpoint's state will purge (``streams.pending.pending_purges`` rows): a line per object,
+    soonest first; a long id or hint is folded onto more lines, never cut. Reads at 80 columns."""
+    table = _table(title)
+    table.add_column("due (UTC)", no_wrap=True, min_width=19)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("id", overflow="fold")
+    table.add_column("rule", overflow="fold")
+    table.add_column("hint", overflow="fold")
+    for r in rows:
+        table.add_row(f"{r['due_at']:%Y-%m-%d %H:%M:%S}", r["kind"], r["id"], r["rule"], r["hint"] or "-")
     return table
-
-

@@ -1,6 +1,6 @@
 """Replay: the events topics again, from the earliest offset or from a time, into a fresh checkpoint.
 
-Replay is recovery (SPEC guarantee 5): the state is rebuilt from the events,
+Replay is recovery (docs/reference.md, Guarantees): the state is rebuilt from the events,
 every object that became eligible is a candidate again, and the double-check
 makes the ones already purged ``already_gone``. No clock tick is sent while the
 query is behind (``streams.clock``), so nothing is decided before the replay has

@@ -28,14 +28,18 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import re
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
+from purger.core.times import duration_ms
 from purger.connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
 from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
-from purger.sinks.journal import JOURNAL_COLUMNS, create_journal
+from purger.sinks.journal import JOURNAL_COLUMNS, create_journal, journal_schema
 
 if TYPE_CHECKING:
     from kafka.admin import KafkaAdminClient
@@ -61,7 +65,7 @@ class OwnTopic:
             # -1: the brokers' default.replication.factor, so a real cluster's durability applies.
             "replication_factor": -1,
             # Deleted by age, never compacted: clock ticks have no key, which a compacted topic refuses.
-            "configs": {"cleanup.policy": "delete", "retention.ms": str(int(self.retention.total_seconds() * 1000))},
+            "configs": {"cleanup.policy": "delete", "retention.ms": str(duration_ms(self.retention))},
         }
 
     def __str__(self) -> str:
@@ -97,10 +101,32 @@ def set_up(config: PurgerConfig, create: bool = True) -> Findings:
     problem), and check the events topics, the tables and columns the enabled policies read, and the
     buckets."""
     findings = Findings()
-    _kafka(config, create, findings)
-    _cassandra(config, create, findings)
-    _stores(config, findings)
+    with _clients_quiet():
+        _kafka(config, create, findings)
+        _cassandra(config, create, findings)
+        _stores(config, findings)
     return findings
+
+
+# The client libraries the checks use. Each logs what fails as it meets it (the Cassandra driver each
+# connection error with its traceback, kafka-python each retry of a bootstrap), on top of the one line per
+# problem the checks report: shown wherever a handler takes other libraries' warnings (`purger run`'s,
+# ``purger.logs.log_to_stderr``), not under `purger setup`, which sets none.
+CLIENT_LOGGERS = ("cassandra", "kafka", "botocore", "urllib3")
+
+
+@contextmanager
+def _clients_quiet() -> Iterator[None]:
+    """The client libraries' loggers silent while the checks run: their findings are the checks' lines."""
+    loggers = [logging.getLogger(name) for name in CLIENT_LOGGERS]
+    levels = [each.level for each in loggers]
+    for each in loggers:
+        each.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for each, level in zip(loggers, levels):
+            each.setLevel(level)
 
 
 def check(config: PurgerConfig) -> Findings:
@@ -211,11 +237,13 @@ def _cassandra(config: PurgerConfig, create: bool, findings: Findings) -> None:
                 if table not in columns:
                     findings.problems.append(
                         f"{where}: table {keyspace}.{table} does not exist (policy {policy.name} reads it); create "
-                        f"it as in the policy's reference schema, or correct its name in [policies.{policy.name}]")
+                        "it as in the policy's reference schema (run `purger schema` to see the reference CQL), "
+                        f"or correct its name in [policies.{policy.name}]")
                     continue
                 findings.problems.extend(
                     f"{where}: column {keyspace}.{table}.{column} does not exist (policy {policy.name} reads it); "
-                    f"add it as in the policy's reference schema (ALTER TABLE {keyspace}.{table} ADD {column} ...)"
+                    f"add it as in the policy's reference schema (ALTER TABLE {keyspace}.{table} ADD {column} ...; "
+                    "`purger schema` shows the reference CQL)"
                     for column in sorted(read - columns[table]))
                 checked.append(table)
         findings.checked.append(f"{where}: keyspace {keyspace}, tables {', '.join(checked) or '(none)'} with the "
@@ -224,6 +252,45 @@ def _cassandra(config: PurgerConfig, create: bool, findings: Findings) -> None:
         findings.problems.append(f"{where}: reading the schema failed ({error}); check that the nodes answer")
     finally:
         session.cluster.shutdown()
+
+
+# --- the reference schema ------------------------------------------------------------------------
+
+_TABLE_IN_SCHEMA = re.compile(r"\{keyspace\}\.(\w+)")
+
+
+def policy_schema(config: PurgerConfig) -> dict[str, list[str]]:
+    """Each enabled policy's reference schema (``Policy.schema``) as CQL statements, rendered under the
+    configured keyspace (``cassandra.keyspace``) and the policy's configured table names
+    (``Policy.table_names``): what ``purger schema`` prints and the local stack creates.
+
+    Example::
+
+        policy_schema(load_config("purger.toml"))["mailbox"][0]
+        # 'CREATE TABLE IF NOT EXISTS mailbox.messages (\n  message_id text PRIMARY KEY, ...);'
+    """
+    rendered: dict[str, list[str]] = {}
+    for policy in config.policy_set.policies:
+        names = policy.table_names()
+
+        def configured(match: re.Match[str]) -> str:
+            name = names.get(match.group(1), match.group(1))
+            return "{keyspace}." + name.replace("{", "{{").replace("}", "}}")
+
+        cql = _TABLE_IN_SCHEMA.sub(configured, policy.schema).format(keyspace=config.cassandra.keyspace)
+        rendered[policy.name] = [f"{statement.strip()};" for statement in cql.split(";") if statement.strip()]
+    return rendered
+
+
+def reference_schema(config: PurgerConfig) -> str:
+    """``policy_schema`` as one CQL script, a comment before each policy's statements, and the purger's own
+    journal table last (``purger setup`` creates that one)."""
+    keyspace, journal = config.cassandra.keyspace, config.cassandra.journal_table
+    parts = [f"-- {name}: the policy's reference tables (cassandra.keyspace, [policies.{name}])\n"
+             + "\n".join(statements) for name, statements in policy_schema(config).items()]
+    parts.append("-- the purger's own journal (cassandra.journal_table): `purger setup` creates it\n"
+                 f"{journal_schema(keyspace, journal)};")
+    return "\n\n".join(parts)
 
 
 def _journal(session: Any, cassandra: CassandraConfig, where: str, columns: dict[str, set[str]], create: bool,

@@ -2,7 +2,7 @@
 
 The platform stand-in writes messages (rows, blobs in two data centres, inline
 payloads, payloads shared by two messages) and emits their events. Each message
-follows one scenario of SPEC section 4: it expires by counter, by date, stays an
+follows one scenario of the mailbox rules (docs/reference.md, Rules): it expires by counter, by date, stays an
 incomplete upload or is deleted, and some of those are revived (counter set
 again, date moved, upload completed) before their deadline; the rest stay live.
 The purger runs with short periods until every expected purge is seen in

@@ -1,6 +1,6 @@
 """What the platform stand-ins share: an event record, and a writer of rows and events.
 
-An event is JSON with ``event_id``, ``type``, ``event_time`` (the spec's
+An event is JSON with ``event_id``, ``type``, ``event_time`` (the events'
 timestamp text), the id of the object it is about in its id field, then its
 own fields; its record key is that id.
 

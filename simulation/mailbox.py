@@ -8,7 +8,7 @@ Example::
 
     platform = Platform(config)
     platform.enqueue("m1", "p1", extract_count=1)
-    platform.enqueue("m2", "p1", shared=True)   # links to p1 by the writer contract (README)
+    platform.enqueue("m2", "p1", shared=True)   # links to p1 by the writer contract (docs/policies.md, mailbox)
     platform.dequeue("m1", extract_count=0)
     platform.flush()
 """
@@ -27,7 +27,7 @@ from purger.policies.mailbox.deletes import payload_key
 from simulation.clock import now  # successive changes to one message carry increasing event times
 from simulation.events import event_record
 
-INLINE_LIMIT = 10 * 1024  # payloads under 10 KiB live in the message row (SPEC section 2)
+INLINE_LIMIT = 10 * 1024  # payloads under 10 KiB live in the message row (docs/reference.md, Events)
 
 
 class Platform:
@@ -115,7 +115,7 @@ class Platform:
         self.session.execute(self._updates[statement_key], (*(columns[n] for n in names), at, message_id))
 
     def link(self, message_id: str, payload_id: str, at: datetime | None = None) -> bool:
-        """Refer a message to an existing payload, by the writer contract (README).
+        """Refer a message to an existing payload, by the writer contract (docs/policies.md, mailbox).
 
         Returns False when the payload is being purged: the caller must store a new payload instead.
         """

@@ -1,6 +1,6 @@
 """A stand-in for the platform's routing rules: it writes ``rule_events`` rows and emits their events.
 
-The writer side of the ``rule_events`` policy (SPEC 7.1) that the tests and
+The writer side of the ``rule_events`` policy (docs/policies.md, rule_events) that the tests and
 the demo play. Every change writes the row (``status`` and ``updated_at``)
 before it emits its ``rule_event_status`` event, keyed by ``rule_event_id``,
 as a real platform would. A change may be dated in the past (``at``) to make

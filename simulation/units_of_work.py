@@ -1,4 +1,4 @@
-"""A stand-in for the payment store (SPEC 7.3): the writer side of the ``units_of_work`` policy's contract.
+"""A stand-in for the payment store (docs/policies.md, units_of_work): the writer side of the ``units_of_work`` policy's contract.
 
 A unit of work starts with its ``units_of_work`` row and its objects, spread
 over the collections; it may then finish and be archived. Finishing and

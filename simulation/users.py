@@ -1,4 +1,4 @@
-"""A stand-in for the platform's users (SPEC 7.2): the writer side of the ``users`` policy's contract.
+"""A stand-in for the platform's users (docs/policies.md, users): the writer side of the ``users`` policy's contract.
 
 Each data centre's directory adds and removes users on its own; the platform
 keeps per user a ``users`` row, a virtual root and permission rows. Adding and

@@ -1,4 +1,4 @@
-"""A workload that plays the platform: messages through the scenarios of SPEC section 4, at a chosen rate and mix.
+"""A workload that plays the platform: messages through the scenarios of the mailbox rules (docs/reference.md, Rules), at a chosen rate and mix.
 
 Each message follows one scenario: it expires by counter or by date, stays an
 incomplete upload or is deleted, some of those are revived before their

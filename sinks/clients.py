@@ -14,6 +14,7 @@ import threading
 from functools import partial
 from dataclasses import dataclass
 
+from purger.core.times import duration_ms
 from purger.core.config import PurgerConfig
 from purger.core.policy import Purge, Resources
 from purger.connectors import CassandraTables, cassandra_session, kafka_producer
@@ -46,7 +47,7 @@ def executor_clients(config: PurgerConfig) -> Clients:
             policies = config.policy_set
             producer = kafka_producer(config.kafka, acks="all", linger_ms=20)
             control = ControlWriter(producer, config.kafka.control_topic, policies)
-            retry_ms = int(config.stream.retry_interval.total_seconds() * 1000)
+            retry_ms = duration_ms(config.stream.retry_interval)
             session = cassandra_session(config.cassandra)
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace),

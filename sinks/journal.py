@@ -35,9 +35,14 @@ CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
 JOURNAL_COLUMNS = frozenset({"kind", "object_id", "purge_batch", "rows"})
 
 
+def journal_schema(keyspace: str, table: str) -> str:
+    """The CQL that creates the journal table ``keyspace.table`` if it does not exist."""
+    return _SCHEMA.format(keyspace=keyspace, table=table).strip()
+
+
 def create_journal(session: Any, keyspace: str, table: str) -> None:
     """Create the journal table ``keyspace.table`` if it does not exist."""
-    session.execute(_SCHEMA.format(keyspace=keyspace, table=table), timeout=60)
+    session.execute(journal_schema(keyspace, table), timeout=60)
 
 
 class CassandraJournal(Journal):

@@ -32,6 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from purger.core.config import PurgerConfig
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.core.failpoints import failpoint
+from purger.output import human_duration
 from purger.sinks.attempts import first_attempt
 from purger.sinks.ledger import Ledger, lag_seconds
 from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition
@@ -60,7 +61,7 @@ def batch_summary(batch_id: int, counts: dict[tuple[str, str], int], lags_s: lis
 
     >>> batch_summary(42, {("message", "purged"): 3, ("payload", "purged"): 9, ("message", "skipped"): 1},
     ...               [2.0, 4.0, 3.0], 1.43)
-    'batch 42: 13 candidates, 12 purged, 1 skipped, 0 errors, 0 dead-lettered, lag p99 4.0 s, in 1.4 s'
+    'batch 42: 13 candidates, 12 purged, 1 skipped, 0 errors, 0 dead-lettered, lag p99 4 s, in 1.4 s'
     """
     by_status: Counter[str] = Counter()
     for (_, status), n in counts.items():
@@ -68,8 +69,9 @@ def batch_summary(batch_id: int, counts: dict[tuple[str, str], int], lags_s: lis
     shown = [f"{by_status[status]} {label}" for status, label in _SUMMARY_STATUSES
              if by_status[status] or status not in _SUMMARY_WHEN_ANY]
     if lags_s:
-        shown.append(f"lag p99 {float(np.percentile(lags_s, 99)):.1f} s")
-    return f"batch {batch_id}: {sum(by_status.values())} candidates, {', '.join(shown)}, in {sink_seconds:.1f} s"
+        shown.append(f"lag p99 {human_duration(float(np.percentile(lags_s, 99)))}")
+    return (f"batch {batch_id}: {sum(by_status.values())} candidates, {', '.join(shown)}, "
+            f"in {human_duration(sink_seconds)}")
 
 
 class OutcomeTally(AccumulatorParam):
@@ -116,7 +118,19 @@ def job_description(spark: SparkSession, description: str) -> Iterator[None]:
 
 
 class SinkClosed(RuntimeError):
-    """A batch reached the sink after the purger began to stop."""
+    """A batch reached the sink after the purger began to stop, and no stop followed (``PurgeSink._refuse``)."""
+
+
+class StoppedWhileRefused(RuntimeError):
+    """A batch refused by a closed sink, ended by the query's stop (``PurgeSink._refuse``): no failure."""
+
+
+# How long a batch refused by a closed sink waits for the query's stop before ending the query itself.
+REFUSED_WAIT_S = 10
+# What Spark recognises, in the foreachBatch function's error, as a JVM call of it interrupted by the query's
+# stop (the text py4j gives such an error): the query then ends as stopped, not failed.
+_INTERRUPTED_BY_STOP = ("py4j.protocol.Py4JJavaError: An error occurred while calling Thread.sleep\n"
+                        ": java.lang.InterruptedException: the purger is stopping")
 
 
 class PurgeSink:
@@ -130,6 +144,11 @@ class PurgeSink:
         self.ledger = ledger
         self._gate = threading.Lock()  # held while a batch deletes and records
         self._closed = False
+        # Set when the first batch of this start reaches the sink: the query's set-up (the stateful stage's, in
+        # Python, at its first batch) is over.
+        self.entered = threading.Event()
+        # The last batch that deleted and recorded here, since this start.
+        self.last_batch: int | None = None
         self._tally: Accumulator | None = None  # made at the first batch, with the session's context
 
     def bind(self, query_id: str) -> None:
@@ -137,23 +156,50 @@ class PurgeSink:
         self.query_id = query_id
         self._bound.set()
 
-    def close(self, timeout_s: float) -> None:
+    def close(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the batch under way to delete and record, then refuse the next
         ones. A query stopped between its deletions and its ledger write leaves them unrecorded until
-        the batch runs again at the next start; a refused batch has deleted nothing."""
+        the batch runs again at the next start; a refused batch has deleted nothing. Returns False when
+        the batch under way did not end in time (it is cut when the query stops)."""
         finished = self._gate.acquire(timeout=timeout_s)
         self._closed = True
         if finished:
             self._gate.release()
+        return finished
 
     def __call__(self, candidates: DataFrame, batch_id: int) -> None:
         if not self._bound.wait(timeout=60):
             raise RuntimeError("PurgeSink.bind(query.id) was not called: the ledger cannot name its writes")
+        self.entered.set()
         with self._gate:
-            if self._closed:
-                raise SinkClosed(f"the purger is stopping: batch {batch_id} runs again from the checkpoint "
-                                 "at the next start")
-            self._purge(candidates, batch_id)
+            refused = self._closed
+            if not refused:
+                self._purge(candidates, batch_id)
+                self.last_batch = batch_id
+        if refused:
+            self._refuse(candidates.sparkSession, batch_id)
+
+    def _refuse(self, spark: SparkSession, batch_id: int) -> None:
+        """A batch that reached the sink after ``close``: it deletes nothing and runs again at the next start.
+
+        It waits in the JVM, on the query's thread (PySpark pins a callback's calls to the thread that made
+        it), for the ``query.stop()`` that follows ``close``: the stop's interrupt then ends the batch, and
+        Spark takes an interrupted JVM call of the foreachBatch function for a stop, not a failure (no error
+        logged, no exception kept). Raising at once would end the query with an error, logged with its whole
+        plan, whenever a batch slips in between ``close`` and the stop. Without a stop within
+        ``REFUSED_WAIT_S`` the batch ends the query with ``SinkClosed``."""
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            spark.sparkContext._jvm.java.lang.Thread.sleep(int(REFUSED_WAIT_S * 1000))
+        except Py4JJavaError as error:
+            if error.java_exception.getClass().getName() != "java.lang.InterruptedException":
+                raise
+            # Said again in short: Spark reads the error's text with a regular expression that overflows
+            # the query thread's stack on a long one, the Java stack trace of the original (SPARK's
+            # StreamExecution.PROXY_ERROR); the query thread then dies instead of stopping.
+            raise StoppedWhileRefused(_INTERRUPTED_BY_STOP) from None
+        raise SinkClosed(f"the purger is stopping: batch {batch_id} runs again from the checkpoint at the next start")
 
     def _purge(self, candidates: DataFrame, batch_id: int) -> None:
         spark = candidates.sparkSession

@@ -11,20 +11,16 @@ Example::
 
 from __future__ import annotations
 
-from datetime import timedelta
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from purger.core.config import PurgerConfig
+from purger.core.times import duration_ms
 from purger.core.vocabulary import DEAD_LETTER
 from purger.streams.parse import parse_events
 from purger.streams.processor import purge_candidates
 from purger.streams.source import read_records
-
-
-def ms(duration: timedelta) -> int:
-    return int(duration.total_seconds() * 1000)
 
 
 def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
@@ -42,7 +38,7 @@ def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offset
     events = parse_events(records, config.kafka.control_topic, policies).observe(
         "purger.input", F.count(F.when(F.col("ignored"), True)).alias("ignored"))
     # 3. Per object: state, one event-time timer, and a candidate when the watermark passes its due time.
-    candidates = purge_candidates(events, policies, ms(config.stream.watermark_delay))
+    candidates = purge_candidates(events, policies, duration_ms(config.stream.watermark_delay))
     return candidates.observe(
         "purger",
         *(F.count(F.when(F.col("kind") == kind, True)).alias(name)

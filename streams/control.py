@@ -57,7 +57,7 @@ def tick() -> bytes:
 
 
 class ControlWriter(Control):
-    """The sink's reports, on the control topic. ``fields`` ending in ``_ms`` are written as the spec's
+    """The sink's reports, on the control topic. ``fields`` ending in ``_ms`` are written as the events'
     timestamps without that suffix (``observed_at_ms`` -> ``observed_at``)."""
 
     def __init__(self, producer: "KafkaProducer", topic: str, policies: PolicySet) -> None:

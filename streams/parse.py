@@ -1,6 +1,6 @@
 """Event parsing: Kafka record bytes -> typed events of the enabled policies, or the reason they are bad input.
 
-SPEC section 2 and each policy's events (``core.policy.EventField`` and
+docs/reference.md, Events and each policy's events (``core.policy.EventField`` and
 ``EventType``) are the contract. Every record becomes one row with the typed
 fields of the union of all enabled policies' events and the control protocol's
 (``streams.control``), ``event_time_ms`` and ``<timestamp field>_ms`` (epoch

@@ -45,6 +45,32 @@ def test_an_unknown_key_is_refused():
         build_config({"policies": {"mailbox": {"expird_ttl": "1d"}}})
 
 
+@pytest.mark.parametrize("raw, line", [
+    ({"stream": {"trigger_intervl": "2s"}}, "stream.trigger_intervl: unknown key; did you mean trigger_interval?"),
+    ({"strem": {}}, "strem: unknown key; did you mean stream?"),
+    # Through a table of sections, an optional section and a section in a section.
+    ({"stores": {"dc1": {"bucket": "dc1", "endpont": "http://s3"}}},
+     "stores.dc1.endpont: unknown key; did you mean endpoint?"),
+    ({"cassandra": {"tls": {"ca_file": "ca.pem", "check_hostnam": False}}},
+     "cassandra.tls.check_hostnam: unknown key; did you mean check_hostname?"),
+    ({"kafka": {"security": {"protocl": "SSL"}}}, "kafka.security.protocl: unknown key; did you mean protocol?"),
+    # Nothing near: no guess.
+    ({"stream": {"colour": "blue"}}, "stream.colour: unknown key\n"),
+])
+def test_an_unknown_key_names_the_closest_valid_one(raw, line):
+    with pytest.raises(ConfigError) as error:
+        build_config(raw)
+    assert line in f"{error.value}\n"
+
+
+def test_the_closest_key_is_found_at_any_depth_of_a_model():
+    from purger.core.config import PurgerConfig, closest_key
+
+    assert closest_key(PurgerConfig, ("ledger", "s3", "acces_key")) == "access_key"
+    assert closest_key(PurgerConfig, ("stream", "nothing_like_it")) is None
+    assert closest_key(PurgerConfig, ("policies", "mailbox", "expird_ttl")) is None  # free keys: the policy's own
+
+
 def test_environment_overrides_endpoints(monkeypatch):
     monkeypatch.setenv("PURGER_CASSANDRA_HOSTS", "db1:9142,db2:9142")
     monkeypatch.setenv("PURGER_S3_ENDPOINT", "http://s3.local:9000")

@@ -25,7 +25,7 @@ from purger.core.config import PurgerConfig
 from purger.core.vocabulary import PURGED, SKIPPED
 from devstack.stack import SECOND_NODE, LocalStack, create_schema
 from simulation.mailbox import Platform
-from tests.support.configs import mailbox, own_config
+from tests.support.configs import own_config
 from tests.support.faults import reliability
 from tests.support.mailbox import message_purge, purge_through_outages
 from tests.support.races import RaceResult, revival_race

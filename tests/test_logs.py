@@ -29,7 +29,7 @@ from tests.support.mailbox import deletable
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH_LINE = re.compile(
-    r"INFO sinks\.sink: batch (?P<batch>\d+): (?P<candidates>\d+) candidates, (?P<purged>\d+) purged, "
+    r"INFO purger\.sinks\.sink: batch (?P<batch>\d+): (?P<candidates>\d+) candidates, (?P<purged>\d+) purged, "
     r"(?:(?P<would_delete>\d+) would be deleted, )?(?:(?P<already_gone>\d+) already gone, )?"
     r"(?P<skipped>\d+) skipped, (?P<error>\d+) errors, (?P<dead_lettered>\d+) dead-lettered")
 # Spark's warnings per key (every new object's empty state), per batch (one longer than the trigger interval)
@@ -42,16 +42,16 @@ def test_the_batch_line_counts_outcomes_by_status_over_kinds():
     counts = {("message", PURGED): 3, ("payload", PURGED): 9, ("message", SKIPPED): 2,
               ("payload", ERROR): 1, ("dead_letter", DEAD_LETTERED): 4}
     line = batch_summary(7, counts, [1.0] * 99 + [101.0], 2.345)
-    assert line == ("batch 7: 19 candidates, 12 purged, 2 skipped, 1 errors, 4 dead-lettered, lag p99 2.0 s, "
+    assert line == ("batch 7: 19 candidates, 12 purged, 2 skipped, 1 errors, 4 dead-lettered, lag p99 2 s, "
                     "in 2.3 s")
-    assert BATCH_LINE.search(f"INFO sinks.sink: {line}")["purged"] == "12"
+    assert BATCH_LINE.search(f"INFO purger.sinks.sink: {line}")["purged"] == "12"
 
 
 def test_the_batch_line_shows_a_dry_runs_and_a_replays_statuses_only_when_there_are_some():
     line = batch_summary(0, {("message", WOULD_DELETE): 2, ("payload", ALREADY_GONE): 1}, [], 0.5)
     assert line == ("batch 0: 3 candidates, 0 purged, 2 would be deleted, 1 already gone, 0 skipped, 0 errors, "
-                    "0 dead-lettered, in 0.5 s")
-    assert BATCH_LINE.search(f"INFO sinks.sink: {line}")["would_delete"] == "2"
+                    "0 dead-lettered, in 500 ms")
+    assert BATCH_LINE.search(f"INFO purger.sinks.sink: {line}")["would_delete"] == "2"
 
 
 @pytest.mark.parametrize("level, spark_level", [(LogLevel.DEBUG, "WARN"), (LogLevel.INFO, "WARN"),

@@ -1,4 +1,4 @@
-"""A policy of one's own (SPEC 7.4): ``examples/push_clients``, a module outside the purger's package, named in
+"""A policy of one's own (docs/policies.md, A policy of one's own): ``examples/push_clients``, a module outside the purger's package, named in
 the configuration and run by the unchanged engine, end to end on the real servers.
 
 The module is found as a user's would be: its directory on ``sys.path`` (the driver) and on ``PYTHONPATH`` (the

@@ -18,6 +18,7 @@ from simulation.rule_events import RuleEventsPlatform
 from simulation.units_of_work import UnitsOfWorkPlatform
 from simulation.users import UsersPlatform
 from devstack.stack import prepare
+from purger.config import with_policies
 from purger.connectors import kafka_producer
 from purger.policies.mailbox.state import RELEASED
 from purger.policies.rule_events import PROCESSING
@@ -48,6 +49,7 @@ def pending_config(config, tmp_path_factory):
             "units_of_work": {"enabled": True}},
         "stream": config.stream.model_copy(update={"checkpoint": str(tmp_path_factory.mktemp("pending-checkpoint"))}),
     })
+    own = with_policies(own)
     prepare(own, partitions=2)
     return own
 

@@ -1,4 +1,4 @@
-"""Every built-in policy through the whole job on the real servers (SPEC section 7): events through Kafka,
+"""Every built-in policy through the whole job on the real servers (docs/policies.md): events through Kafka,
 the stateful stage, double-checked deletes in Cassandra, the ledger and the daily report.
 
 One purger runs ``rule_events``, ``users`` and ``units_of_work`` (and ``mailbox``, idle) for the four tests
@@ -9,7 +9,7 @@ then sent shuffled and twice. Its periods (event time; the double-check reads th
   failed, so a FAILED rule event retried (UNPROCESSED) after its failed period is seen kept before its own
   period passes; processing is long, so one raised now is kept for the whole module.
 - ``users``: grace 3s over dc1 and dc2.
-- ``units_of_work``: the default P2Y, with SPEC 7.3's examples moved to today (dated years back).
+- ``units_of_work``: the default P2Y, with the units-of-work cases of docs/policies.md moved to today (dated years back).
 
 For ``TestAPurgerOfItsOwn``, a purger with ``mailbox`` and ``units_of_work`` only runs the examples whose
 settings are not the defaults (``terminal_only``, archived-dependent BULK) and receives events of a built-in
@@ -245,7 +245,7 @@ def own_purger(spark, config, tmp_path_factory) -> OwnRun:
 
 
 class TestAPurgerOfItsOwn:
-    """One purger with ``mailbox`` and ``units_of_work`` only (``own_purger``): SPEC 7.3's examples with
+    """One purger with ``mailbox`` and ``units_of_work`` only (``own_purger``): the units-of-work cases of docs/policies.md with
     settings that are not the defaults, and events of a built-in policy that is not enabled (``users``). It
     stops after this class, before or after ``TestOnePurgerForThreePolicies`` runs, never beside it."""
 
@@ -486,7 +486,7 @@ class TestOnePurgerForThreePolicies:
     sent once it has warmed up (``scenario``)."""
 
     def test_rule_events_go_by_status_and_period_whatever_the_order(self, purger, platforms, scenario):
-        """SPEC 7.1: an eligible rule event goes; one whose status went back (COMPLETE to PROCESSING, FAILED to
+        """docs/policies.md, rule_events: an eligible rule event goes; one whose status went back (COMPLETE to PROCESSING, FAILED to
         UNPROCESSED on a retry) is kept for the new status's period; a recent one is kept."""
         rules, s = platforms[0], scenario
         cases = _rule_cases()
@@ -510,9 +510,8 @@ class TestOnePurgerForThreePolicies:
         assert seen_gone >= s.retried_at + unprocessed
         assert rules.row(s.rule_events["raised just now"]) is not None
 
-
     def test_users_go_only_when_absent_from_every_data_centre(self, purger, platforms, scenario):
-        """SPEC 7.2: every row of a user absent from both data centres past the grace goes (a data centre that
+        """docs/policies.md, users: every row of a user absent from both data centres past the grace goes (a data centre that
         never had the user counts as absent); a user present in any one, or added again, keeps every row."""
         users, s = platforms[1], scenario
         nothing = {"user": None, "virtual_root": None, "permissions": {}}
@@ -533,9 +532,8 @@ class TestOnePurgerForThreePolicies:
             assert rows["virtual_root"] == mailboxes(user)[0], f"{case}: virtual root deleted"
             assert set(rows["permissions"]) == set(mailboxes(user)), f"{case}: a permission row deleted"
 
-
     def test_units_of_work_the_examples_moved_to_today_are_purged_or_kept_whole(self, purger, platforms, scenario):
-        """SPEC 7.3's examples with the default settings (1, 2, 3, 4 and 6, counting from 1), dated relative to
+        """the units-of-work cases of docs/policies.md with the default settings (1, 2, 3, 4 and 6, counting from 1), dated relative to
         today: the eligible ones go with every object of theirs, the others stay whole."""
         units, s = platforms[2], scenario
         assert sorted(s.units) == [0, 1, 2, 3, 5]
@@ -550,7 +548,6 @@ class TestOnePurgerForThreePolicies:
             assert unit is not None and unit["purge_started_at"] is None, NINE_EXAMPLES[n].name
             assert unit["journey_type"] == written["journey_type"]
             assert children == CHILDREN, f"{NINE_EXAMPLES[n].name}: an object of a kept unit was deleted"
-
 
     def test_the_ledger_and_report_name_each_policy_one_record_per_deleted_row(self, spark, purger, platforms, scenario,
                                                                                policies_config):

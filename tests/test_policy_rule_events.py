@@ -1,4 +1,4 @@
-"""The ``rule_events`` policy (SPEC 7.1): its rule table as plain Python, its deletes against real Cassandra."""
+"""The ``rule_events`` policy (docs/policies.md, rule_events): its rule table as plain Python, its deletes against real Cassandra."""
 
 import itertools
 import uuid

@@ -261,6 +261,12 @@ def test_a_dry_run_deletes_nothing(store):
     assert len({o.id for o in outcomes[:4]}) == 4 and all(o.id.startswith("dry/") for o in outcomes[:4])
     unit, children = platform.rows("dry")
     assert unit["purge_started_at"] is None and children == 4
+    # Not yet due: kept, as in a real run, but a dry run sends no recheck (the engine's protocol, every policy).
+    write(platform, "dry-later", dict(journey_type="PAYMENT", started_at=years_ago(1), finished_at=years_ago(1, -1),
+                                      archived_at=None), children=2)
+    control = RecordingControl("units_of_work")
+    [kept] = purger_for(store, control, dry_run=True).purge(candidate("dry-later"), Attempt(False))
+    assert kept.status == SKIPPED and category(kept.reason) == NOT_YET_DUE and control.rechecks == []
 
 
 @pytest.mark.integration

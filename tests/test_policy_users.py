@@ -1,4 +1,4 @@
-"""The ``users`` policy (SPEC 7.2): its rule table as plain Python, its deletes and its writer contract against
+"""The ``users`` policy (docs/policies.md, users): its rule table as plain Python, its deletes and its writer contract against
 real Cassandra, and the race of a purge with the user added back in another data centre.
 
 The race runs ``PURGER_FAULT_ATTEMPTS`` attempts (2000 unless set) and prints its counts as a
@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 from purger.core.failpoints import injected
 from purger.core.policy import Attempt, Candidate, Eligibility
 from purger.core.times import epoch_ms, now_ms, parse_timestamp
-from purger.core.vocabulary import ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
+from purger.core.vocabulary import (
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE,
+)
 from purger.policies import PolicyError, load_policy
 from purger.policies.users import (
     MAILBOX_PERMISSION, PURGING, USER, USER_ABSENT, USER_ADDED, USER_REMOVED, VIRTUAL_ROOT, UserEvent,
@@ -255,6 +257,10 @@ def test_a_dry_run_deletes_nothing(platform, purge):
                                  (WOULD_DELETE, VIRTUAL_ROOT, user_id), (WOULD_DELETE, None, None)]
     assert intact(platform.rows(user_id)) and rechecks == []
     assert deleted(purge(new_user(), retry=True, dry_run=True)[0]) == [(ALREADY_GONE, None, None)]
+    # Not yet due: kept, as in a real run, but a dry run sends no recheck (the engine's protocol, every policy).
+    recent = absent_user(platform, removed_ago=timedelta(minutes=10))
+    (outcome,), rechecks = purge(recent, dry_run=True)
+    assert outcome.status == SKIPPED and outcome.reason.startswith(f"{NOT_YET_DUE}: ") and rechecks == []
 
 
 @pytest.mark.integration

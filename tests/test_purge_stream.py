@@ -29,7 +29,7 @@ def purger(spark, config):
 
 
 def test_every_rule_purges_the_eligible_and_keeps_the_revived_whatever_the_order(purger, platform, config):
-    """SPEC section 4, one row per case; events arrive shuffled and each twice."""
+    """The mailbox rules (docs/reference.md, Rules), one row per case; events arrive shuffled and each twice."""
     r = mailbox(config)
     run = uuid.uuid4().hex[:8]
     far_future = now() + timedelta(days=365)

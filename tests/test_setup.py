@@ -107,8 +107,31 @@ def test_a_table_that_does_not_exist_under_its_configured_name_is_one_line(confi
     lines = problems(with_policies(config, renamed), tmp_path)
     assert lines == [
         f"Cassandra {cassandra_address(config)}: table {config.cassandra.keyspace}.no_such_payloads does not exist "
-        "(policy mailbox reads it); create it as in the policy's reference schema, or correct its name in "
-        "[policies.mailbox]"]
+        "(policy mailbox reads it); create it as in the policy's reference schema (run `purger schema` to see the "
+        "reference CQL), or correct its name in [policies.mailbox]"]
+
+
+def test_the_reference_schema_makes_the_tables_setup_checks_under_their_configured_names(config, tmp_path):
+    """What `purger schema` prints, run on a fresh keyspace, is what `purger setup` then finds in place."""
+    from devstack.stack import keyspace_replication
+    from purger.setup import policy_schema
+
+    keyspace = f"test_schema_{uuid.uuid4().hex[:8]}"
+    renamed = with_policies(variant(config, cassandra={"keyspace": keyspace}),
+                            {**config.policies, "mailbox": {**config.policies.get("mailbox", {}),
+                                                            "payloads_table": "blobs"}})
+    session = cassandra_session(config.cassandra)
+    session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = {keyspace_replication(session)}", timeout=60)
+    try:
+        for statements in policy_schema(renamed).values():
+            for statement in statements:
+                session.execute(statement, timeout=60)
+        result = setup(renamed, tmp_path)
+        assert result.exit_code == 0, result.output
+        assert f"keyspace {keyspace}, tables messages, payload_refs, blobs with the columns" in result.stdout
+    finally:
+        session.execute(f"DROP KEYSPACE {keyspace}", timeout=60)
+        session.cluster.shutdown()
 
 
 def test_a_column_that_does_not_exist_is_one_line(config, tmp_path):
@@ -117,7 +140,8 @@ def test_a_column_that_does_not_exist_is_one_line(config, tmp_path):
         lines = problems(variant(config, cassandra={"keyspace": keyspace}), tmp_path)
     assert lines == [
         f"Cassandra {cassandra_address(config)}: column {keyspace}.messages.deleted does not exist (policy mailbox "
-        f"reads it); add it as in the policy's reference schema (ALTER TABLE {keyspace}.messages ADD deleted ...)"]
+        f"reads it); add it as in the policy's reference schema (ALTER TABLE {keyspace}.messages ADD deleted ...; "
+        "`purger schema` shows the reference CQL)"]
 
 
 def test_a_keyspace_that_does_not_exist_is_one_line_not_one_per_table(config, tmp_path):

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from purger.connectors import cassandra_session
-from purger.core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED
+from purger.core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.policies.mailbox.deletes import DELETING, payload_key
 from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD
 from purger.sinks.objects import ObjectStores
@@ -99,6 +99,26 @@ def test_the_stream_not_knowing_the_payload_asks_the_row(platform, deleter, conf
     assert platform.session.execute(f"SELECT * FROM {mailbox(config).payload_refs_table} WHERE payload_id = %s",
                                     (f"p-{m}",)).one() is None
     assert [payload for _, payload, *_ in control.reports if payload == f"p-{m}"] == [f"p-{m}"]
+
+
+def test_a_dry_run_decides_as_a_real_run_and_deletes_nothing_nor_rechecks(platform, config):
+    """The engine's protocol, the same for every policy: would_delete with what would follow, no recheck."""
+    session = cassandra_session(config.cassandra)
+    try:
+        dry, control = message_purge(session, config, dry_run=True)
+        due, later = new_id(), new_id()
+        counter_case(platform, mailbox(config), due)
+        platform.enqueue(later, f"p-{later}")
+        platform.dequeue(later, 0)
+        outcome = purge_message(dry, due, EXPIRED_BY_COUNTER, payload_id=f"p-{due}")
+        assert (outcome.status, outcome.reason) == (
+            WOULD_DELETE, f"due: {EXPIRED_BY_COUNTER}; payload p-{due} would be released")
+        kept = purge_message(dry, later, EXPIRED_BY_COUNTER, payload_id=f"p-{later}")
+        assert kept.status == SKIPPED and kept.reason.startswith("not yet due: ")
+        assert platform.row(due) is not None and platform.row(later) is not None
+        assert control.rechecks == [] and control.reports == []
+    finally:
+        session.cluster.shutdown()
 
 
 def test_payload_blobs_go_from_every_data_centre(platform, config):

@@ -54,7 +54,7 @@ def until(t, date):
     return event("extract_until", t, extract_until_ms=date)
 
 
-# One row per rule of SPEC section 4: the events, then the expected eligibility (None: kept).
+# One row per rule of docs/reference.md, Rules: the events, then the expected eligibility (None: kept).
 RULE_TABLE = {
     "counter reaches 0": ([enqueue(10), dequeue(50, 0)], Eligibility(EXPIRED_BY_COUNTER, 50 + 1_000)),
     "counter revived": ([enqueue(10), dequeue(50, 0), admin(60, 1)], None),
@@ -187,7 +187,7 @@ NO_LIMIT = 2**62
 
 
 def reference_eligibility(events: list[Event]) -> Eligibility | None:
-    """SPEC section 4 computed from the whole set of events at once, not folded one by one."""
+    """The rules (docs/reference.md) computed from the whole set of events at once, not folded one by one."""
     unique = {e.event_id: e for e in events}.values()
     enqueues = [e for e in unique if e.type == "enqueue"]
 

@@ -1,4 +1,4 @@
-"""``push_clients``: a policy of one's own (SPEC 7.4), written outside the purger's package.
+"""``push_clients``: a policy of one's own (docs/policies.md, A policy of one's own), written outside the purger's package.
 
 Inactive push clients: the router row and the message rows of a client that
 has not connected for ``inactive_after`` [60d]. It imports only the purger's
@@ -128,7 +128,7 @@ from purger.core.policy import (
     Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
     Resources, Rule, Settings, earliest,
 )
-from purger.core.times import epoch_ms, format_epoch_ms, now_ms
+from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, reason
 
 NAME = "push_clients"
@@ -172,7 +172,7 @@ class PushClientKind(ObjectKind[PushClientState]):
 
     def __init__(self, inactive_after: timedelta) -> None:
         self.rule: Rule[PushClientState] = Rule(
-            INACTIVE, inactive_after // timedelta(milliseconds=1),
+            INACTIVE, duration_ms(inactive_after),
             lambda s: s.last_connected_ms,
             # The row's last_connected_at is the same connection, so the check says the same of the row.
             "last_connected_at <= ?",
@@ -192,8 +192,8 @@ class PushClientPurge(ObjectPurge[Any]):
     """The purger's side of the writer contract (module docstring): the engine runs the protocol
     (``ObjectPurge``), this fills in its steps. One per executor process."""
 
-    def __init__(self, resources: Resources, rule: Rule[PushClientState]) -> None:
-        super().__init__(resources, {ROUTERS: ROUTERS, MESSAGES: MESSAGES})
+    def __init__(self, resources: Resources, tables: dict[str, str], rule: Rule[PushClientState]) -> None:
+        super().__init__(resources, tables)
         self.rule = rule
         prepare = self.tables.prepare
         self.read_router = prepare(f"SELECT last_connected_at, purging FROM {{{ROUTERS}}} WHERE client_id = ?",
@@ -277,4 +277,4 @@ CREATE TABLE IF NOT EXISTS {{keyspace}}.{MESSAGES} (
         return (self.kind,)
 
     def purges(self, resources: Resources) -> dict[str, Purge]:
-        return {PUSH_CLIENT: PushClientPurge(resources, self.kind.rule)}
+        return {PUSH_CLIENT: PushClientPurge(resources, self.table_names(), self.kind.rule)}

@@ -1,4 +1,4 @@
-"""The ``mailbox`` policy: messages and their payloads (SPEC sections 2 to 5).
+"""The ``mailbox`` policy: messages and their payloads (docs/reference.md).
 
 Two kinds of object, each with state and one timer: a ``message`` (its
 lifecycle events, ``state.MessageState``) and a ``payload`` (the enqueues that
@@ -36,7 +36,7 @@ from purger.policies.mailbox.state import (
 
 
 class MailboxSettings(Settings):
-    """``[policies.mailbox]``: the periods of SPEC section 4 with its defaults, and the table names."""
+    """``[policies.mailbox]``: the periods of docs/reference.md, Rules, with their defaults, and the table names."""
 
     enabled: bool = True
     expired_ttl: Duration = timedelta(days=30)
@@ -50,7 +50,7 @@ class MailboxSettings(Settings):
     @field_validator("payload_grace")
     @classmethod
     def _grace_covers_clock_skew(cls, grace: timedelta) -> timedelta:
-        # The writer contract (README) relies on the grace exceeding the clock skew between writers
+        # The writer contract (docs/policies.md, mailbox) relies on the grace exceeding the clock skew between writers
         # and the purger: a link made within it is never mistaken for an old one.
         if grace < timedelta(seconds=1):
             raise ValueError("must be at least 1s, and more than the clock skew between hosts")
@@ -152,8 +152,8 @@ CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
         return (MessageKind(self.retention), PayloadKind(self.retention))
 
     def purges(self, resources: Resources) -> dict[str, Purge]:
-        messages = MessagePurge(resources, self.settings, self.retention)
-        return {MESSAGE: messages, PAYLOAD: PayloadPurge(resources, self.settings, self.retention, messages)}
+        messages = MessagePurge(resources, self.table_names(), self.retention)
+        return {MESSAGE: messages, PAYLOAD: PayloadPurge(resources, self.table_names(), self.retention, messages)}
 
     def table_names(self) -> dict[str, str]:
         return {"messages": self.settings.messages_table, "payload_refs": self.settings.payload_refs_table,

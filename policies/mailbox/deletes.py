@@ -11,7 +11,7 @@ A message candidate: its row goes by the conditional delete, then its
 ``payload_refs`` row; if no other message refers to the payload, the payload is
 released (a ``payload_released`` control event) and its grace period starts. A
 payload candidate, once its grace has passed, goes by the writer contract
-(README): no reference left, ``live`` -> ``deleting`` on the ``last_ref_at``
+(docs/policies.md, mailbox): no reference left, ``live`` -> ``deleting`` on the ``last_ref_at``
 seen, its blob deleted from each data centre with the progress kept in the
 row's ``dcs``, and the row last. One store failing does not hold the others
 back; the failed ones are retried after ``retry_interval``.
@@ -34,17 +34,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from purger.core.policy import Candidate, Dependent, Eligibility, Kept, ObjectPurge, Resources
 from purger.core.times import epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, RECENTLY_LINKED, REFERENCED, RELINKED, reason
 from purger.policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE
 from purger.policies.mailbox.rules import Retention, eligibility
-from purger.policies.mailbox.state import MESSAGE, PAYLOAD, RELEASED, MessageState
-
-if TYPE_CHECKING:
-    from purger.policies.mailbox import MailboxSettings
+from purger.policies.mailbox.state import PAYLOAD, RELEASED, MessageState
 
 # A payload row's states in the writer contract.
 LIVE = "live"
@@ -52,7 +49,7 @@ DELETING = "deleting"
 
 
 def payload_key(payload_id: str) -> str:
-    """Where a payload's blob lives in each data centre's bucket (SPEC section 3)."""
+    """Where a payload's blob lives in each data centre's bucket (docs/reference.md, Tables and object stores)."""
     return f"payloads/{payload_id}"
 
 
@@ -76,19 +73,14 @@ def _why_kept(state: MessageState, due: Eligibility | None) -> str:
     return reason(NOT_YET_DUE, f"{due.rule} at {format_epoch_ms(due.eligible_at_ms)}")
 
 
-def _tables(settings: "MailboxSettings") -> dict[str, str]:
-    return {"messages": settings.messages_table, "payload_refs": settings.payload_refs_table,
-            "payloads": settings.payloads_table}
-
-
 class MessagePurge(ObjectPurge[dict[str, Any]]):
     """A message: its row by the conditional delete of the candidate's rule, then its ``payload_refs`` row,
     and its payload released when no other message refers to it. One instance per executor process."""
 
     deletes_first = True
 
-    def __init__(self, resources: Resources, settings: "MailboxSettings", retention: Retention) -> None:
-        super().__init__(resources, _tables(settings))
+    def __init__(self, resources: Resources, tables: dict[str, str], retention: Retention) -> None:
+        super().__init__(resources, tables)
         self.retention = retention
         prepare = self.tables.prepare
         self.conditional_delete = {
@@ -158,13 +150,13 @@ class PayloadRow:
 
 
 class PayloadPurge(ObjectPurge[PayloadRow]):
-    """A payload, by the writer contract (README): no reference left, ``live`` -> ``deleting`` on the
+    """A payload, by the writer contract (docs/policies.md, mailbox): no reference left, ``live`` -> ``deleting`` on the
     ``last_ref_at`` seen, its blob deleted from each data centre with the progress kept in the row's
     ``dcs``, and the row last. One store failing does not hold the others back."""
 
-    def __init__(self, resources: Resources, settings: "MailboxSettings", retention: Retention,
+    def __init__(self, resources: Resources, tables: dict[str, str], retention: Retention,
                  messages: MessagePurge) -> None:
-        super().__init__(resources, _tables(settings))
+        super().__init__(resources, tables)
         self.grace_ms = retention.payload_grace_ms
         self.messages = messages
         prepare = self.tables.prepare

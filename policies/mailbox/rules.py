@@ -1,4 +1,4 @@
-"""When a message or a payload is eligible for purge: SPEC section 4, one row per rule.
+"""When a message or a payload is eligible for purge: the mailbox rules (docs/reference.md, Rules), one row per rule.
 
 Each rule has two halves that say the same thing: ``started_at`` reads the
 stream's state and says when, in event time, the retention period started; and
@@ -18,7 +18,7 @@ payload                no reference, and period passed since the last went    pa
 
 The earliest message rule that applies wins. Inline payloads live in the
 message row and go with it. The payload's check is the writer contract
-(README): no ``payload_refs`` row, then ``live -> deleting`` on the
+(docs/policies.md, mailbox): no ``payload_refs`` row, then ``live -> deleting`` on the
 ``last_ref_at`` seen, which must be the grace old.
 
 Example::
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from purger.core.times import duration_ms
 from purger.core.policy import Eligibility, Rule, earliest
 from purger.policies.mailbox.state import MessageState, PayloadState
 
@@ -47,13 +47,9 @@ DELETED = "deleted"
 PAYLOAD = "payload"
 
 
-def _ms(period: timedelta) -> int:
-    return int(period.total_seconds() * 1000)
-
-
 @dataclass(frozen=True)
 class Retention:
-    """The periods of SPEC section 4, in milliseconds, with the spec's defaults."""
+    """The periods of docs/reference.md, Rules, in milliseconds, with their defaults."""
 
     expired_ttl_ms: int = 30 * 86_400_000
     incomplete_ttl_ms: int = 2 * 86_400_000
@@ -63,15 +59,15 @@ class Retention:
     @classmethod
     def from_settings(cls, settings: "MailboxSettings") -> "Retention":
         return cls(
-            expired_ttl_ms=_ms(settings.expired_ttl),
-            incomplete_ttl_ms=_ms(settings.incomplete_ttl),
-            deleted_ttl_ms=_ms(settings.deleted_ttl),
-            payload_grace_ms=_ms(settings.payload_grace),
+            expired_ttl_ms=duration_ms(settings.expired_ttl),
+            incomplete_ttl_ms=duration_ms(settings.incomplete_ttl),
+            deleted_ttl_ms=duration_ms(settings.deleted_ttl),
+            payload_grace_ms=duration_ms(settings.payload_grace),
         )
 
     @cached_property
     def message_rules(self) -> dict[str, Rule[MessageState]]:
-        """The message rules, in the SPEC's order, each with its deadline and its check at delete time."""
+        """The message rules, in the order of docs/reference.md, Rules, each with its deadline and its check at delete time."""
         return {rule.name: rule for rule in (
             Rule(EXPIRED_BY_COUNTER, self.expired_ttl_ms,
                  lambda s: s.counter_zero_since,

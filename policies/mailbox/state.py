@@ -2,7 +2,7 @@
 
 Two kinds of object have state, each keyed by its id:
 
-- a message (``MessageState``), from the lifecycle events of SPEC section 2;
+- a message (``MessageState``), from the lifecycle events of docs/reference.md, Events;
 - a payload (``PayloadState``), from the enqueues that link messages to it and
   from the sink's reports that its last referring message went (``released``).
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 MESSAGE = "message"
 PAYLOAD = "payload"
 
-# Lifecycle event types (SPEC section 2).
+# Lifecycle event types (docs/reference.md, Events).
 ENQUEUE = "enqueue"
 UPLOAD_COMPLETE = "upload_complete"
 DEQUEUE = "dequeue"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random as _random
+import time
 import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
@@ -125,16 +126,27 @@ def topic_fixture(prefix: str):
 def emitted(topic: str, object_id: str, timeout_ms: int = 10_000, kafka: KafkaConfig | None = None
             ) -> list[dict[str, Any]]:
     """The events on ``topic`` (on ``kafka``'s brokers, by default the environment's) keyed by ``object_id``,
-    from the start, as JSON; read until none came for ``timeout_ms``."""
-    from kafka import KafkaConsumer
+    in order, as JSON: every record from the start up to the topic's end as this is called (the producer has
+    flushed), which must be read within ``timeout_ms``."""
+    from kafka import KafkaConsumer, TopicPartition
 
     from purger.connectors import kafka_client
 
-    consumer = kafka_client(KafkaConsumer, kafka or environment_config().kafka, auto_offset_reset="earliest",
-                            enable_auto_commit=False, consumer_timeout_ms=timeout_ms)
-    consumer.subscribe([topic])
+    consumer = kafka_client(KafkaConsumer, kafka or environment_config().kafka, enable_auto_commit=False)
     try:
-        return [json.loads(r.value) for r in consumer if r.key == object_id.encode()]
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        assert partitions, f"no topic {topic}"
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        end = consumer.end_offsets(partitions)
+        deadline = time.monotonic() + timeout_ms / 1000
+        records = []
+        while any(consumer.position(p) < end[p] for p in partitions):
+            assert time.monotonic() < deadline, f"{topic}: not read to its end within {timeout_ms} ms"
+            for batch in consumer.poll(timeout_ms=500).values():
+                records += batch
+        return [json.loads(r.value) for r in sorted(records, key=lambda r: (r.partition, r.offset))
+                if r.key == object_id.encode() and r.offset < end[TopicPartition(r.topic, r.partition)]]
     finally:
         consumer.close()
 

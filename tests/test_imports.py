@@ -1,0 +1,254 @@
+"""The product's imports: every module imports alone; the pure core pulls in neither Spark nor a driver; the
+subpackages import one another without a cycle, in the direction of the layers.
+
+The product is the packages ``pyproject.toml`` installs (``[tool.setuptools] packages``: ``purger`` and the
+repository's folders mapped under it); the developer tools ``devstack`` and ``simulation`` run from the clone
+and must import alone too. Each check runs in fresh interpreters, so what another test imported hides
+nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ("devstack", "simulation")
+NOT_PRODUCT = ("devstack", "simulation", "bench")
+# Spark and the servers' drivers: none of them is for the pure core.
+DRIVERS = ("pyspark", "py4j", "cassandra", "kafka", "boto3", "botocore")
+# The product's subpackages as nodes of the package graph; the modules directly in purger/ are "purger.app".
+SUBPACKAGES = ("purger.core", "purger.policies", "purger.streams", "purger.sinks", "purger.connectors")
+APP = "purger.app"
+
+
+@cache
+def product_modules() -> dict[str, Path]:
+    """Every module of the installed product, by name: its packages and the modules in each."""
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    modules = {}
+    for package in packages:
+        spec = importlib.util.find_spec(package)
+        modules[package] = Path(spec.origin)
+        for info in pkgutil.iter_modules(spec.submodule_search_locations, f"{package}."):
+            if not info.ispkg:  # a subpackage is listed in pyproject.toml itself
+                modules[info.name] = Path(importlib.util.find_spec(info.name).origin)
+    return modules
+
+
+def test_every_package_of_the_products_folders_is_installed():
+    """A folder with an ``__init__.py`` under a package's folder is a package ``pyproject.toml`` must list, or a
+    wheel would leave it out (the editable install finds it anyway)."""
+    modules = product_modules()
+    unlisted = [f"{package}.{sub.name}" for package, init in modules.items() if init.name == "__init__.py"
+                for sub in sorted(init.parent.iterdir())
+                if (sub / "__init__.py").exists() and f"{package}.{sub.name}" not in modules]
+    assert unlisted == []
+
+
+def tool_modules() -> list[str]:
+    """The developer tools' modules, but their ``__main__`` (a command, run rather than imported)."""
+    names = list(TOOLS)
+    for tool in TOOLS:
+        names += [info.name for info in pkgutil.walk_packages([str(ROOT / tool)], f"{tool}.")
+                  if not info.name.endswith(".__main__")]
+    return names
+
+
+def pure_modules() -> list[str]:
+    """The pure core: ``purger.core``, the built-in policies, and the configuration's loading."""
+    return sorted(name for name in product_modules()
+                  if name.startswith(("purger.core", "purger.policies")) or name == "purger.config")
+
+
+def fresh_python(code: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """``code`` run by a new interpreter in the repository (the tools import from it), without this
+    session's environment of Spark or endpoints."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK", "PURGER_"))}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+# --- (a) every module imports alone --------------------------------------------------------------------
+
+
+def alone(names: list[str]) -> list[str]:
+    """The imports that test ``names`` each alone: a package with a module among them is imported alone, first,
+    by that module's import, so it needs no interpreter of its own."""
+    return [name for name in names if not any(other.startswith(f"{name}.") for other in names)]
+
+
+def test_every_module_of_the_product_and_the_tools_imports_alone():
+    every = sorted(product_modules()) + tool_modules()
+    assert len(every) > 40 and "purger.streams.processor" in every and "devstack.stack" in every
+    names = alone(every)
+    assert {name.rpartition(".")[0] for name in names} | set(names) >= set(every)
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        results = dict(zip(names, pool.map(lambda name: fresh_python(f"import {name}"), names)))
+    failed = {name: r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
+              for name, r in results.items() if r.returncode != 0}
+    assert failed == {}, "modules that do not import alone:\n" + "\n".join(f"  {n}: {e}" for n, e in failed.items())
+
+
+# --- (b) the pure core imports neither Spark nor the drivers -------------------------------------------
+
+# Imports the pure modules in one interpreter; for each driver that got imported, the chain of the product's
+# modules that were importing when it was first imported (outermost first).
+_WATCH = '''
+import importlib, json, sys
+DRIVERS = set({drivers!r})
+via = {{}}
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name in DRIVERS and name not in via:
+            chain, frame = [], sys._getframe(1)
+            while frame is not None:
+                module = frame.f_globals.get("__name__", "")
+                if module.startswith("purger") and module not in chain:
+                    chain.append(module)
+                frame = frame.f_back
+            via[name] = chain[::-1]
+        return None
+
+sys.meta_path.insert(0, Watch())
+for name in {modules!r}:
+    importlib.import_module(name)
+loaded = sorted({{m.partition(".")[0] for m in sys.modules}} & DRIVERS)
+print(json.dumps({{"loaded": loaded, "via": {{d: via.get(d, []) for d in loaded}}}}))
+'''
+
+
+def test_the_pure_core_imports_neither_spark_nor_a_driver():
+    modules = pure_modules()
+    assert {"purger.core.config", "purger.core.policy", "purger.core.schedule", "purger.core.times",
+            "purger.core.vocabulary", "purger.config", "purger.policies.users"} <= set(modules)
+    run = fresh_python(_WATCH.format(drivers=DRIVERS, modules=modules))
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["loaded"] == [], "the pure core imports " + "; ".join(
+        f"{driver} (via {' -> '.join(found['via'][driver]) or 'an import outside the product'})"
+        for driver in found["loaded"])
+
+
+# --- (c) the package graph: acyclic, and in the direction of the layers --------------------------------
+
+
+def node(module: str) -> str:
+    """The package graph's node of one of the product's modules."""
+    package = ".".join(module.split(".")[:2])
+    return package if package in SUBPACKAGES else APP
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:``, imports that never run."""
+    skipped = set()
+    for statement in ast.walk(tree):
+        if isinstance(statement, ast.If) and ast.unparse(statement.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            skipped |= {id(n) for b in statement.body for n in ast.walk(b)}
+    return skipped
+
+
+def imports_of(module: str, path: Path) -> set[str]:
+    """The modules ``module`` imports, at its top or in a function (not under ``if TYPE_CHECKING``), as
+    absolute names: ``from a import b`` counts ``a``, and ``a.b`` when that is a module of the product."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = _type_checking_only(tree)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for n in ast.walk(tree):
+        if id(n) in skipped:
+            continue
+        if isinstance(n, ast.Import):
+            found |= {alias.name for alias in n.names}
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - n.level + 1] + ([n.module] if n.module else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in n.names if f"{base}.{alias.name}" in product_modules()}
+    return found
+
+
+@cache
+def module_graph() -> dict[str, set[str]]:
+    """module -> the modules it imports (every import, the product's and others')."""
+    return {module: imports_of(module, path) for module, path in product_modules().items()}
+
+
+def package_edges() -> dict[tuple[str, str], list[str]]:
+    """(from node, to node) -> the module imports that make the edge, ``a -> b``."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, imported in module_graph().items():
+        for target in sorted(imported):
+            if target.partition(".")[0] == "purger" and node(module) != node(target):
+                edges.setdefault((node(module), node(target)), []).append(f"{module} -> {target}")
+    return edges
+
+
+def cycles(edges: dict[tuple[str, str], list[str]]) -> list[list[str]]:
+    """The package graph's cycles, each once, as the list of its nodes (the first repeated at the end)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    found, seen = [], set()
+
+    def walk(path: list[str]) -> None:
+        for nxt in sorted(graph.get(path[-1], ())):
+            if nxt == path[0]:
+                key = frozenset(path)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(path + [nxt])
+            elif nxt not in path and nxt > path[0]:  # each cycle from its smallest node
+                walk(path + [nxt])
+
+    for start in sorted(graph):
+        walk([start])
+    return found
+
+
+def test_the_graph_covers_the_product():
+    graph = module_graph()
+    assert set(map(node, graph)) == {*SUBPACKAGES, APP}
+    assert "purger.core.policy" in graph["purger.policies.users"]
+    assert "purger.core.schedule" in graph["purger.streams.processor"]
+
+
+def test_the_subpackages_import_one_another_without_a_cycle():
+    edges = package_edges()
+    found = cycles(edges)
+    assert found == [], "import cycles between the product's subpackages:\n" + "\n".join(
+        " -> ".join(cycle) + ":\n" + "\n".join(f"    {imp}" for a, b in zip(cycle, cycle[1:]) for imp in edges[(a, b)])
+        for cycle in found)
+
+
+def test_the_core_imports_nothing_else_of_the_product():
+    outward = [imp for (a, b), imps in package_edges().items() if a == "purger.core" for imp in imps]
+    assert outward == []
+
+
+def test_the_streams_import_nothing_of_the_sinks():
+    assert package_edges().get(("purger.streams", "purger.sinks"), []) == []
+
+
+def test_the_product_imports_no_developer_tool():
+    tools = sorted(f"{module} -> {target}" for module, imported in module_graph().items() for target in imported
+                   if target.partition(".")[0] in NOT_PRODUCT)
+    assert tools == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    edges = {("a", "b"): ["a.x -> b.y"], ("b", "c"): ["b.y -> c.z"], ("c", "a"): ["c.z -> a.x"], ("a", "c"): []}
+    assert cycles(edges) == [["a", "b", "c", "a"], ["a", "c", "a"]]
