@@ -49,19 +49,19 @@ def _echo_status(statuses: dict[str, str]) -> None:
         typer.echo(f"{name:14} {state}")
 
 
-def _stack_up(settings: PurgerConfig, data_centres: int = 1) -> None:
+def _stack_up(config: PurgerConfig, data_centres: int = 1) -> None:
     from devstack.stack import LocalStack
 
-    _or_exit(lambda: LocalStack().up(settings, data_centres))
+    _or_exit(lambda: LocalStack().up(config, data_centres))
 
 
 @app.command("up")
-def stack_up(config: Optional[Path] = ConfigOption,
+def stack_up(config_file: Optional[Path] = ConfigOption,
              data_centres: int = typer.Option(1, "--data-centres", min=1, max=2,
                                               help="2: a second Cassandra node, data centre dc2 on 127.0.0.2, "
                                                    "and the keyspace replicated to both.")) -> None:
     """Fetch the jars (cached), start every server, wait until each answers, create topics, schema, buckets."""
-    _stack_up(load_or_exit(config), data_centres)
+    _stack_up(load_or_exit(config_file), data_centres)
 
 
 @app.command("down")
@@ -106,14 +106,14 @@ def cluster_status() -> None:
 
 
 @app.command("submit")
-def submit(config: Optional[Path] = ConfigOption, dry_run: bool = DryRunOption,
+def submit(config_file: Optional[Path] = ConfigOption, dry_run: bool = DryRunOption,
            log_level: LogLevel = LogLevelOption) -> None:
     """Run the job with spark-submit on the local cluster (`python -m devstack cluster up`) until Ctrl-C."""
     from devstack.cluster import run_submission
 
-    check_platform(load_or_exit(config))  # a mistake in the file or a missing table is reported before anything starts
+    check_platform(load_or_exit(config_file))  # a mistake in the file or a missing table is reported before anything starts
     job_args = [*(["--dry-run"] if dry_run else []), "--log-level", log_level.value]
-    raise typer.Exit(_or_exit(lambda: run_submission(config, job_args=job_args)))
+    raise typer.Exit(_or_exit(lambda: run_submission(config_file, job_args=job_args)))
 
 
 

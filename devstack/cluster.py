@@ -43,6 +43,7 @@ from devstack import artifacts
 from devstack.stack import Processes, Server, StackError, _port_open
 from purger import PACKAGES
 from purger.logs import log4j2_options
+from purger.output import human_duration
 
 HOST = "127.0.0.1"
 # Clear of the stack (Kafka 9092/9093, Cassandra 9042/7000/7199, S3Proxy 9000) and of the
@@ -219,7 +220,7 @@ class SparkCluster:
             time.sleep(1)
         raise ClusterError(
             f"the Spark master at {MASTER_URL} lists {len(alive)} ALIVE workers of {len(WORKER_PORTS)} "
-            f"after {timeout_s:.0f}s (see {MASTER_WEBUI}/json{f'; last error: {error}' if error else ''}); "
+            f"after {human_duration(timeout_s)} (see {MASTER_WEBUI}/json{f'; last error: {error}' if error else ''}); "
             "logs: " + ", ".join(str(s.log_file) for s in self.processes.servers)
         )
 

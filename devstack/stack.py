@@ -34,6 +34,7 @@ from devstack import artifacts
 from purger.config import build_config
 from purger.core.config import CassandraConfig, PurgerConfig, S3Endpoint
 from purger.policies import events_topics
+from purger.output import human_duration
 from purger.sinks.journal import create_journal
 
 if TYPE_CHECKING:
@@ -504,7 +505,7 @@ class Processes:
                 time.sleep(2)
         self.stop(server)
         raise StackError(
-            f"{server.name} did not answer on {server.address} within {server.start_timeout:.0f}s "
+            f"{server.name} did not answer on {server.address} within {human_duration(server.start_timeout)} "
             f"(last error: {last_error}); last lines of {server.log_file}:\n{server.log_tail()}"
         )
 

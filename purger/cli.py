@@ -23,7 +23,7 @@ import typer
 from purger.core.config import ConfigError, PurgerConfig
 
 from purger.config import load_config
-from purger.logs import LogLevel, log_to_stderr, set_spark_log_level
+from purger.logs import LogLevel, log_to_stderr, set_spark_log_level, spark_level
 
 if TYPE_CHECKING:  # the Spark modules load when a command needs them
     from purger.running import RunningPurger
@@ -46,11 +46,11 @@ def load_or_exit(path: Optional[Path]) -> PurgerConfig:
 
 
 @app.command("setup")
-def setup(config: Optional[Path] = ConfigOption) -> None:
+def setup(config_file: Optional[Path] = ConfigOption) -> None:
     """Create the purger's own topics if missing; check the events topics, tables, columns and buckets."""
     from purger.setup import set_up
 
-    findings = set_up(load_or_exit(config))
+    findings = set_up(load_or_exit(config_file))
     for line in findings.created:
         typer.echo(f"created {line}")
     _exit_on_problems(findings)
@@ -61,11 +61,11 @@ def setup(config: Optional[Path] = ConfigOption) -> None:
 
 
 @app.command("schema")
-def schema(config: Optional[Path] = ConfigOption) -> None:
+def schema(config_file: Optional[Path] = ConfigOption) -> None:
     """Print the enabled policies' reference tables as CQL, under the configured keyspace and table names."""
     from purger.setup import reference_schema
 
-    typer.echo(reference_schema(load_or_exit(config)))
+    typer.echo(reference_schema(load_or_exit(config_file)))
 
 
 def _exit_on_problems(findings: Findings) -> None:
@@ -76,30 +76,30 @@ def _exit_on_problems(findings: Findings) -> None:
         raise typer.Exit(2)
 
 
-def check_platform(settings: PurgerConfig) -> None:
+def check_platform(config: PurgerConfig) -> None:
     """Exit 2 with a line per problem when a topic, table, column or bucket is missing or a server does not
     answer: before Spark starts, rather than a query failing with a Java stack trace."""
     from purger.setup import check
 
-    _exit_on_problems(check(settings))
+    _exit_on_problems(check(config))
 
 
-def _run(settings: PurgerConfig, log_level: LogLevel, start: Callable[..., RunningPurger]) -> None:
-    """Check the platform, start the purger with ``start(spark, settings, stop_requested)`` and run it until
+def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., RunningPurger]) -> None:
+    """Check the platform, start the purger with ``start(spark, config, stop_requested)`` and run it until
     Ctrl-C or SIGTERM (which set ``stop_requested``); the query then stops between micro-batches."""
     from purger.spark import spark_session
 
     log_to_stderr(log_level)
-    check_platform(settings)
-    spark = spark_session(settings.stream)
+    check_platform(config)
+    spark = spark_session(config.stream, log_level=spark_level(log_level))
     set_spark_log_level(spark, log_level)
     stop_requested = _set_on_signals(signal.SIGINT, signal.SIGTERM)  # after the session: PySpark sets its own
-    running = start(spark, settings, stop_requested)
-    typer.echo(f"purger running: query {settings.stream.query_name!r}, checkpoint "
-               f"{settings.stream.checkpoint_location}, ledger {settings.ledger.path}, "
+    running = start(spark, config, stop_requested)
+    typer.echo(f"purger running: query {config.stream.query_name!r}, checkpoint "
+               f"{config.stream.checkpoint_location}, ledger {config.ledger.path}, "
                f"Spark UI {spark.sparkContext.uiWebUrl}"
-               + (f", metrics http://127.0.0.1:{settings.metrics.port}/metrics" if settings.metrics.port else "")
-               + (" (dry run: nothing is deleted)" if settings.stream.dry_run else ""))
+               + (f", metrics http://127.0.0.1:{config.metrics.port}/metrics" if config.metrics.port else "")
+               + (" (dry run: nothing is deleted)" if config.stream.dry_run else ""))
     try:
         # The signal handler only sets the event; short waits let this loop see it.
         while not stop_requested.is_set() and not running.query.awaitTermination(1):
@@ -151,15 +151,15 @@ def _set_on_signals(*signals: signal.Signals) -> threading.Event:
 DryRunOption = typer.Option(False, "--dry-run", help="Decide and record would_delete in the ledger; delete nothing.")
 
 
-def _with_dry_run(settings: PurgerConfig, dry_run: bool) -> PurgerConfig:
+def _with_dry_run(config: PurgerConfig, dry_run: bool) -> PurgerConfig:
     if not dry_run:
-        return settings
-    return settings.model_copy(update={"stream": settings.stream.model_copy(update={"dry_run": True})})
+        return config
+    return config.model_copy(update={"stream": config.stream.model_copy(update={"dry_run": True})})
 
 
 @app.command("run")
 def run(
-    config: Optional[Path] = ConfigOption,
+    config_file: Optional[Path] = ConfigOption,
     dry_run: bool = DryRunOption,
     starting_offsets: Optional[str] = typer.Option(
         None, help="For a fresh checkpoint: earliest, latest, or Spark's JSON offsets (default: from the config)."
@@ -169,7 +169,7 @@ def run(
     """Run the purge job until interrupted (Ctrl-C stops it cleanly)."""
     from purger.running import start_purger
 
-    _run(_with_dry_run(load_or_exit(config), dry_run), log_level,
+    _run(_with_dry_run(load_or_exit(config_file), dry_run), log_level,
          lambda spark, s, _: start_purger(spark, s, starting_offsets))
 
 
@@ -188,7 +188,7 @@ def _moment(value: str) -> Optional[int]:
 
 @app.command("replay")
 def replay(
-    config: Optional[Path] = ConfigOption,
+    config_file: Optional[Path] = ConfigOption,
     since: str = typer.Option("earliest", "--from", help="earliest, or an ISO time: replay the events from then."),
     dry_run: bool = DryRunOption,
     log_level: LogLevel = LogLevelOption,
@@ -197,7 +197,7 @@ def replay(
     from purger.replay import follow, start_replay
 
     since_ms = _moment(since)
-    settings = _with_dry_run(load_or_exit(config), dry_run)
+    config = _with_dry_run(load_or_exit(config_file), dry_run)
 
     def start(spark, s, stop_requested):
         running, to_read = start_replay(spark, s, since_ms)
@@ -206,12 +206,12 @@ def replay(
             typer.echo("caught up; running on")
         return running
 
-    _run(settings, log_level, start)
+    _run(config, log_level, start)
 
 
 @app.command("report")
 def report(
-    config: Optional[Path] = ConfigOption,
+    config_file: Optional[Path] = ConfigOption,
     day: Optional[str] = typer.Option(None, "--date", help="The day, YYYY-MM-DD (UTC); default today."),
 ) -> None:
     """Bring a day's purge report up to date from the ledger and print it."""
@@ -224,18 +224,19 @@ def report(
         when = date.fromisoformat(day) if day else datetime.now(timezone.utc).date()
     except ValueError:
         raise typer.BadParameter(f"--date {day!r}: write a day as YYYY-MM-DD") from None
-    settings = load_or_exit(config)
-    purge_report = Report(spark_session(settings.stream, app_name="purger-report"), settings.ledger,
-                          settings.policy_set)
+    config = load_or_exit(config_file)
+    # Only Spark's errors: its start's warnings are about the host, not the report.
+    spark = spark_session(config.stream, app_name="purger-report", log_level="ERROR", one_off=True)
+    purge_report = Report(spark, config.ledger, config.policy_set)
     purge_report.refresh(when)
     rows = purge_report.rows(when)
-    title = f"Purge report {when.isoformat()} (UTC), from {settings.ledger.path}"
+    title = f"Purge report {when.isoformat()} (UTC), from {config.ledger.path}"
     Console().print(report_tables(rows, title) if rows else f"no ledger records for {when.isoformat()}")
 
 
 @app.command("pending")
 def pending(
-    config: Optional[Path] = ConfigOption,
+    config_file: Optional[Path] = ConfigOption,
     hours: float = typer.Option(24, min=0, help="How far ahead to look."),
     limit: int = typer.Option(1000, min=1, help="At most this many rows."),
 ) -> None:
@@ -245,14 +246,14 @@ def pending(
     from purger.spark import spark_session
     from purger.streams.pending import pending_purges
 
-    settings = load_or_exit(config)
+    config = load_or_exit(config_file)
     until = datetime.now(timezone.utc) + timedelta(hours=hours)
-    spark = spark_session(settings.stream, app_name="purger-pending")
-    rows = pending_purges(spark, settings.stream.checkpoint_location, until,
-                          settings.policy_set).limit(limit).collect()
+    spark = spark_session(config.stream, app_name="purger-pending", log_level="ERROR", one_off=True)
+    rows = pending_purges(spark, config.stream.checkpoint_location, until,
+                          config.policy_set).limit(limit).collect()
     within = human_duration(hours * 3600)
-    title = (f"Due within {within}, from {settings.stream.checkpoint_location} (purged about "
-             f"{human_duration(settings.stream.watermark_delay)} after due: stream.watermark_delay)")
+    title = (f"Due within {within}, from {config.stream.checkpoint_location} (purged about "
+             f"{human_duration(config.stream.watermark_delay)} after due: stream.watermark_delay)")
     Console().print(pending_table(rows, title) if rows else f"nothing due within {within}")
 
 

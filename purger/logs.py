@@ -35,12 +35,20 @@ class LogLevel(str, Enum):
     ERROR = "ERROR"
 
 
-def log4j2_options() -> dict[str, str]:
-    """Spark settings that make its JVMs read the purger's Log4j 2 configuration. They apply when a JVM
-    starts, so only to a session created with them (or a spark-submit given them); an executor on
-    another machine needs the file at the same path."""
-    option = f"-Dlog4j2.configurationFile={LOG4J2_CONFIGURATION.resolve().as_uri()}"
+def log4j2_options(level: str = "warn") -> dict[str, str]:
+    """Spark settings that make its JVMs read the purger's Log4j 2 configuration, with Spark's own loggers
+    at ``level`` (``spark_level``) from the JVM's start: so a command that wants only errors sees none of
+    the start's warnings. They apply when a JVM starts, so only to a session created with them (or a
+    spark-submit given them); an executor on another machine needs the file at the same path."""
+    option = f"-Dlog4j2.configurationFile={LOG4J2_CONFIGURATION.resolve().as_uri()} -Dpurger.spark.level={level}"
     return {"spark.driver.extraJavaOptions": option, "spark.executor.extraJavaOptions": option}
+
+
+def spark_level(level: LogLevel) -> str:
+    """Spark's level for the purger's ``level``: WARN, or ``level`` when it is higher (Spark's INFO is a
+    dozen lines per micro-batch)."""
+    severity = max(logging.getLevelName(level.value), logging.WARNING)
+    return "WARN" if severity == logging.WARNING else logging.getLevelName(severity)
 
 
 def log_to_stderr(level: LogLevel) -> None:
@@ -56,5 +64,4 @@ def log_to_stderr(level: LogLevel) -> None:
 def set_spark_log_level(spark: SparkSession, level: LogLevel) -> None:
     """Spark's level on the driver: ``level`` when it is WARNING or above, else WARN (Spark's INFO is a
     dozen lines per micro-batch). The loggers that ``log4j2.properties`` names keep their own levels."""
-    severity = max(logging.getLevelName(level.value), logging.WARNING)
-    spark.sparkContext.setLogLevel("WARN" if severity == logging.WARNING else logging.getLevelName(severity))
+    spark.sparkContext.setLogLevel(spark_level(level))

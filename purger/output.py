@@ -10,7 +10,7 @@ Example::
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Iterable
 
 from rich import box
@@ -18,29 +18,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-# Each unit, its size in seconds, and how many of it make the next one.
-_UNITS = (("ms", 0.001, 1000), ("s", 1, 60), ("min", 60, 60), ("h", 3600, 24), ("d", 86400, None))
-
-
-def human_duration(value: float | int | timedelta | None) -> str:
-    """A duration as a person reads it: the largest unit that keeps the number at 1 or more, one decimal
-    under 10 (none when it is 0), no decimal from 10 on. ``None`` (no figure) is ``-``.
-
-    >>> [human_duration(s) for s in (0.85, 14, 3.2 * 3600, 856270.1, 90, 2.0, None)]
-    ['850 ms', '14 s', '3.2 h', '9.9 d', '1.5 min', '2 s', '-']
-    """
-    if value is None:
-        return "-"
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
-    for unit, size, next_unit in _UNITS:
-        number = seconds / size
-        shown = f"{number:.1f}" if number < 10 else f"{number:.0f}"
-        if next_unit is None or float(shown) < next_unit:
-            if shown.endswith(".0"):
-                shown = shown[:-2]
-            return f"{sign}{shown} {unit}"
-    raise AssertionError("unreachable: the last unit takes any number")
+from purger.core.times import human_duration  # here too: what the command line prints
 
 
 def _table(title: str | None = None, caption: str | None = None) -> Table:

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from purger.connectors import kafka_client
 from purger.core.config import ConfigError, PurgerConfig
+from purger.output import human_duration
 from purger.policies import events_topics
 from purger.streams.clock import caught_up
 from purger.running import RunningPurger, start_purger
@@ -118,6 +119,6 @@ def follow(query: StreamingQuery, to_read: Backlog, show: bool = True, poll_s: f
             if read >= to_read.total and caught_up(query):
                 return True
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"the replay read {read} of {to_read.total} events in {timeout_s}s")
+                raise TimeoutError(f"the replay read {read} of {to_read.total} events in {human_duration(timeout_s)}")
             time.sleep(poll_s)
     raise RuntimeError(f"the query stopped during the replay: {query.exception()}")

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from purger.core.times import duration_ms
 from purger.connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
 from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
+from purger.output import human_duration
 from purger.sinks.journal import JOURNAL_COLUMNS, create_journal, journal_schema
 
 if TYPE_CHECKING:
@@ -150,7 +151,8 @@ def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
         findings.problems.append(str(error))
         return
     except KafkaError:
-        findings.problems.append(f"Kafka at {kafka.bootstrap_servers} does not answer within {ANSWER_TIMEOUT_S} s: "
+        findings.problems.append(f"Kafka at {kafka.bootstrap_servers} does not answer within "
+                                 f"{human_duration(ANSWER_TIMEOUT_S)}: "
                                  "check kafka.bootstrap_servers and that the brokers run")
         return
     try:
@@ -345,6 +347,6 @@ def _stores(config: PurgerConfig, findings: Findings) -> None:
             else:
                 findings.problems.append(f"{where}: bucket {store.bucket} (stores.{dc}) answered {code}: {error}")
     for endpoint, dcs in silent.items():
-        findings.problems.append(f"S3 at {endpoint} does not answer within {ANSWER_TIMEOUT_S} s: check "
+        findings.problems.append(f"S3 at {endpoint} does not answer within {human_duration(ANSWER_TIMEOUT_S)}: check "
                                  + ", ".join(f"stores.{dc}.endpoint" for dc in dcs))
     findings.checked.extend(f"{where}: buckets {', '.join(buckets)}" for where, buckets in checked.items())

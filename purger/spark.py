@@ -25,8 +25,14 @@ def _submitted() -> bool:
     return SparkConf().contains("spark.master")
 
 
-def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSession:
+def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str = "WARN",
+                  one_off: bool = False) -> SparkSession:
     """Get or create the session; a second call in the same process returns the same one.
+
+    Spark logs at ``log_level`` from its JVM's start (``purger.logs.spark_level``). A ``one_off`` session is
+    a command's that reads a little and prints it (``purger report``, ``purger pending``): no Spark UI, the
+    plain Python worker daemon (its few Python tasks do not pay for the purge's imports), and a JVM that
+    compiles with the quick compiler only, which spends less of a short run's CPU compiling.
 
     Under spark-submit, its ``--master``, ``--jars`` and memory settings win over the configuration's.
     """
@@ -36,18 +42,25 @@ def spark_session(stream: StreamConfig, app_name: str = "purger") -> SparkSessio
         from purger.artifacts import spark_connector_jars
 
         jars = ",".join(str(jar) for jar in spark_connector_jars())
+        java_options = log4j2_options(log_level)
+        if one_off:
+            # C1 only: on 2 cores the C2 compiler's threads took seconds of a report's CPU (BENCHMARKS.md).
+            java_options["spark.driver.extraJavaOptions"] += " -XX:TieredStopAtLevel=1"
         builder = (
             builder.master(stream.master)
             .config("spark.driver.memory", stream.driver_memory)
             .config("spark.jars", jars)
             # The purger's log settings for the JVM started here; spark-submit is given them (devstack.cluster).
-            .config(map=log4j2_options())
+            .config(map=java_options)
+        )
+        if one_off:
+            builder = builder.config("spark.ui.enabled", "false")
+        else:
             # New Python workers are forked with pandas, Arrow, the clients and the policies already
             # imported (purger/worker_daemon.py), so a start's first batches do not wait for imports.
             # Only here, where the executors import the purger from the driver's installation: a
             # submitted job's may have it only in its --py-files, which the daemon cannot import from.
-            .config("spark.python.daemon.module", "purger.worker_daemon")
-        )
+            builder = builder.config("spark.python.daemon.module", "purger.worker_daemon")
     return (
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")

@@ -98,8 +98,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
     run = uuid.uuid4().hex[:8]
     config = demo_config(run)
     prepare(config)
-    spark = spark_session(config.stream, app_name="purger-demo")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session(config.stream, app_name="purger-demo", log_level="ERROR")  # from the JVM's start
     running = start_purger(spark, config)
     platform, objects = Platform(config), PolicyObjects(config)
     report = DemoReport()

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from purger.core.config import PurgerConfig
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.core.failpoints import failpoint
-from purger.output import human_duration
+from purger.core.times import human_duration
 from purger.sinks.attempts import first_attempt
 from purger.sinks.ledger import Ledger, lag_seconds
 from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition
@@ -125,6 +125,12 @@ class StoppedWhileRefused(RuntimeError):
     """A batch refused by a closed sink, ended by the query's stop (``PurgeSink._refuse``): no failure."""
 
 
+def _not_a_stopped_batch(record: logging.LogRecord) -> bool:
+    """py4j logs, at ERROR with its traceback, every exception a Python callback raises, the foreachBatch
+    function's included: not this one, which is how a refused batch ends at a stop."""
+    return not (record.exc_info and isinstance(record.exc_info[1], StoppedWhileRefused))
+
+
 # How long a batch refused by a closed sink waits for the query's stop before ending the query itself.
 REFUSED_WAIT_S = 10
 # What Spark recognises, in the foreachBatch function's error, as a JVM call of it interrupted by the query's
@@ -150,6 +156,7 @@ class PurgeSink:
         # The last batch that deleted and recorded here, since this start.
         self.last_batch: int | None = None
         self._tally: Accumulator | None = None  # made at the first batch, with the session's context
+        logging.getLogger("py4j.clientserver").addFilter(_not_a_stopped_batch)  # once: the same function
 
     def bind(self, query_id: str) -> None:
         """The query's id (kept in its checkpoint, so the same after a restart) names its ledger writes."""

@@ -30,6 +30,8 @@ Example::
 from __future__ import annotations
 
 import json
+import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, fields, replace
@@ -53,6 +55,28 @@ from purger.core.schedule import Schedule, next_timer, on_timer, recheck
 from purger.core.vocabulary import CLOCK, DEAD_LETTER
 from purger.streams.control import RECHECK, control_target
 from purger.streams.parse import timestamp_fields
+
+# The module Spark runs (``python -m``), on the driver, at the first batch of each start of a query with a Python
+# transformWithState, to set the stateful stage up (TransformWithStateInPySparkPythonPreInitRunner). It print()s
+# five lines of its progress, one with the UDF's whole return schema, with a blank line after each; Spark copies
+# the process's stdout raw onto the driver's stderr (PythonWorkerFactory's RedirectThread), so neither a Python
+# logger's level nor Log4j can quiet it, and no Spark setting does. Its answers go over a socket, not stdout.
+STATE_SETUP_WORKER = "pyspark.sql.streaming.transform_with_state_driver_worker"
+
+
+def quiet_state_setup_worker() -> None:
+    """In the stateful stage's set-up worker (``STATE_SETUP_WORKER``), its stdout to /dev/null; nothing elsewhere.
+
+    Called when this module is imported, which that worker does when it unpickles the UDF (``PurgeProcessor``
+    is pickled by reference): after its first line ("Starting Streaming TransformWithStateInPandas Python
+    worker."), before the four others. Its errors still reach stderr."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == STATE_SETUP_WORKER:
+        sys.stdout = open(os.devnull, "w")
+
+
+# Imported by the Python worker that sets the stateful stage up at each query start: its progress prints off.
+quiet_state_setup_worker()
 
 OUTPUT_SCHEMA = StructType(
     [

@@ -54,6 +54,46 @@ def test_the_batch_line_shows_a_dry_runs_and_a_replays_statuses_only_when_there_
     assert BATCH_LINE.search(f"INFO purger.sinks.sink: {line}")["would_delete"] == "2"
 
 
+def test_only_the_state_set_up_workers_stdout_is_silenced():
+    """Spark runs ``python -m pyspark.sql.streaming.transform_with_state_driver_worker``, which prints its progress;
+    imported there, the purger's processor sends its stdout to /dev/null. Anywhere else it changes nothing."""
+    script = ("import sys, types\n"
+              "sys.modules['__main__'].__spec__ = types.SimpleNamespace(name=sys.argv[1])\n"
+              "print('before', flush=True)\n"
+              "import purger.streams.processor\n"
+              "print('after', flush=True)\n"
+              "print('an error', file=sys.stderr)\n")
+    for main, shown in (("pyspark.sql.streaming.transform_with_state_driver_worker", "before\n"),
+                        ("pyspark.worker", "before\nafter\n")):
+        run = subprocess.run([sys.executable, "-c", script, main], capture_output=True, text=True, timeout=120)
+        assert (run.returncode, run.stdout, run.stderr) == (0, shown, "an error\n"), run.stderr
+
+
+def test_spark_logs_at_the_level_given_from_its_jvms_start():
+    """The level is a system property the Log4j configuration reads (with warn when it is not given), so the
+    JVM's first lines already obey it: `purger report` and `purger pending` start theirs at ERROR."""
+    from purger.logs import LOG4J2_CONFIGURATION, log4j2_options
+
+    assert "rootLogger.level = ${sys:purger.spark.level:-warn}" in LOG4J2_CONFIGURATION.read_text()
+    options = log4j2_options("ERROR")
+    assert options["spark.driver.extraJavaOptions"].endswith(" -Dpurger.spark.level=ERROR")
+    assert options["spark.executor.extraJavaOptions"] == options["spark.driver.extraJavaOptions"]
+
+
+@pytest.mark.integration
+def test_purger_report_prints_none_of_sparks_start_warnings(tmp_path):
+    """A read-only command's JVM logs at ERROR from its start: no warning about the host or the UI's port."""
+    (tmp_path / "purger.toml").write_text(f'[ledger]\npath = "{tmp_path}/ledger"\nreport_path = "{tmp_path}/report"\n')
+    run = subprocess.run([sys.executable, "-c", "from purger.cli import app; app()", "report",
+                          "--config", str(tmp_path / "purger.toml")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("no ledger records for "), run.stdout
+    # The JVM's own line (Spark's launcher adds the incubating vector module), which no log setting reaches.
+    assert [line for line in run.stderr.splitlines() if line.strip()
+            and line != "WARNING: Using incubator modules: jdk.incubator.vector"] == [], run.stderr
+
+
 @pytest.mark.parametrize("level, spark_level", [(LogLevel.DEBUG, "WARN"), (LogLevel.INFO, "WARN"),
                                                 (LogLevel.WARNING, "WARN"), (LogLevel.ERROR, "ERROR")])
 def test_spark_logs_at_warn_unless_the_purgers_level_is_higher(level, spark_level):
@@ -133,6 +173,12 @@ def test_a_run_logs_one_line_per_batch_and_no_per_key_warnings(spark, config, tm
     # the Python worker that sets the stateful stage up prints (once per query start).
     other = [line for line in lines if line.strip() and not BATCH_LINE.search(line)]
     assert len(other) <= 15, text
+    # Of what the Python worker that sets the stateful stage up prints, only its first line (before the purger's
+    # code runs there): not the UDF's schema (purger.streams.processor.quiet_state_setup_worker).
+    assert not [line for line in lines if "TransformWithStateInPandas Python worker" in line
+                and not line.startswith("Starting ")], text
+    # The stop's last word.
+    assert re.fullmatch(r"stopped cleanly after batch \d+", lines[-1].strip()), text
 
 
 # --- the Spark UI -------------------------------------------------------------------------------------

@@ -272,6 +272,39 @@ def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark
         platform.close()
 
 
+def test_a_stop_is_prompt_and_a_batch_refused_at_it_is_no_failure(spark, config, tmp_path_factory):
+    """A stop of a running purger, with the daily report rewritten every 2 s beside it, takes seconds, not the
+    minute and a half a stop waited for an idle trigger; it deletes and records what it has begun. A batch that
+    reaches the closed sink waits there for the stop, which ends the query as stopped, not failed."""
+    import time
+
+    own = own_config(config, tmp_path_factory.mktemp("stop"), "stop")
+    platform = Platform(own)
+    try:
+        running = start_purger(spark, own)
+        try:
+            messages = deletable(platform, own, 2, "stop")
+            wait_for(lambda: all(platform.row(m) is None for m in messages), what="the deletions")
+            time.sleep(3)  # report rounds and clock ticks under way
+        finally:
+            started = time.monotonic()
+            clean = running.stop()
+            took = time.monotonic() - started
+        assert clean and running.stopped_cleanly and running.failure is None
+        assert running.sink.last_batch is not None
+        assert took < 15, f"the stop took {took:.1f} s"
+
+        again = start_purger(spark, own)
+        wait_for(lambda: again.sink.last_batch is not None, what="a batch of the second start")
+        again.sink.close(timeout_s=60)
+        time.sleep(3)  # a trigger or two: the next batch reaches the closed sink and waits there
+        assert again.query.isActive
+        again.stop()
+        assert again.query.exception() is None  # a stop, not SinkClosed
+    finally:
+        platform.close()
+
+
 def test_a_replay_from_earliest_reaches_the_same_end_state(spark, config, tmp_path_factory):
     """A history of its own (messages purged, one kept by the double-check; an object of each other built-in
     policy purged and one kept), purged by a first run, then replayed into a fresh checkpoint: the same rows
