@@ -118,16 +118,20 @@ CLIENT_LOGGERS = ("cassandra", "kafka", "botocore", "urllib3")
 
 @contextmanager
 def _clients_quiet() -> Iterator[None]:
-    """The client libraries' loggers silent while the checks run: their findings are the checks' lines."""
+    """The client libraries' records kept from the process's handlers while the checks run: their findings are
+    the checks' lines. Their levels stay, so a handler of the checks' own on a client's logger (the Kafka
+    refusals, ``connectors._RefusalsSeen``) still sees them."""
     loggers = [logging.getLogger(name) for name in CLIENT_LOGGERS]
-    levels = [each.level for each in loggers]
-    for each in loggers:
-        each.setLevel(logging.CRITICAL + 1)
+    kept = [(each, each.propagate, logging.NullHandler()) for each in loggers]
+    for each, _, null in kept:
+        each.propagate = False
+        each.addHandler(null)  # else logging's last resort would print them
     try:
         yield
     finally:
-        for each, level in zip(loggers, levels):
-            each.setLevel(level)
+        for each, propagate, null in kept:
+            each.removeHandler(null)
+            each.propagate = propagate
 
 
 def check(config: PurgerConfig) -> Findings:
