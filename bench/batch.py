@@ -91,7 +91,7 @@ def main() -> None:
     policies = config.policy_set
 
     def native() -> StreamingQuery:
-        parsed = parse_events(read_records(spark, config), config.kafka.control_topic, policies)
+        parsed = parse_events(read_records(spark, config), config.kafka.written_by_purger, policies)
         counts = routed(parsed, policies).groupBy("kind", "id").agg(
             F.count(F.lit(1)).alias("events"), F.max("event_time_ms").alias("latest_ms"))
         return (counts.writeStream.queryName(f"{run.run}-native").format("noop").outputMode("update")

@@ -67,10 +67,11 @@ class BenchRun:
         work = Path(tempfile.mkdtemp(prefix=f"purger-bench-{run}-"))
         raw: dict[str, Any] = {
             "kafka": {"topics": [f"bench.{run}.events"], "control_topic": f"bench.{run}.control",
-                      "dead_letter_topic": f"bench.{run}.dead-letter"},
+                      "dead_letter_topic": f"bench.{run}.dead-letter", "reconcile_topic": f"bench.{run}.reconcile"},
             "stream": {"query_name": f"bench-{run}", "checkpoint": str(work / "checkpoint")},
             "ledger": {"path": str(work / "ledger" / "records"), "report_path": str(work / "ledger" / "report")},
             "metrics": {"port": 0},
+            "reconcile": {"interval": "0"},  # a benchmark reconciles when it measures reconciling
         }
         for section, values in sections.items():
             raw.setdefault(section, {}).update(values)

@@ -88,7 +88,7 @@ def main() -> None:
 
     spark = run.spark()
     policies = config.policy_set
-    parsed = parse_events(read_records(spark, config), config.kafka.control_topic, policies)
+    parsed = parse_events(read_records(spark, config), config.kafka.written_by_purger, policies)
     native = routed(parsed, policies).groupBy("kind", "id").agg(F.count(F.lit(1)).alias("events"),
                                                        F.max("event_time_ms").alias("latest_ms"))
     native_rate = events / timed(run, "native", native, "update")

@@ -48,7 +48,7 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(value: Any) -> timedelta:
-    """Read ``"30d"``, ``"12h"``, ``"10m"``, ``"5s"``, ``"250ms"`` or a number of seconds.
+    """Read ``"30d"``, ``"12h"``, ``"10m"``, ``"5s"``, ``"250ms"``, ``"0"`` or a number of seconds.
 
     >>> parse_duration("12h")
     datetime.timedelta(seconds=43200)
@@ -58,6 +58,8 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         return timedelta(seconds=value)
     if isinstance(value, str):
+        if value.strip() == "0":  # nothing, in any unit
+            return timedelta(0)
         match = _DURATION.match(value)
         if match:
             return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
@@ -110,6 +112,14 @@ class KafkaConfig(_Section):
     control_topic: str = "purger.control"
     # Bad input, with the original bytes as the record value and the reason in its headers.
     dead_letter_topic: str = "purger.dead-letter"
+    # The purger's own topic of rows re-expressed as events by `purger reconcile`, read by the stream beside
+    # the events topics (docs/reconciliation.md); only the purger writes it.
+    reconcile_topic: str = "purger.reconcile"
+
+    @property
+    def written_by_purger(self) -> list[str]:
+        """The topics only the purger writes: their records may carry its control types."""
+        return [self.control_topic, self.reconcile_topic]
 
     @model_validator(mode="after")
     def _properties_leave_security_alone(self) -> "KafkaConfig":
@@ -203,10 +213,41 @@ class LedgerConfig(_Section):
 
     path: str = "ledger/records"
     report_path: str = "ledger/daily_report"
+    # One row per reconcile run, policy, table and data centre (docs/reconciliation.md).
+    reconcile_path: str = "ledger/reconcile_report"
     # How often the running purger rewrites today's report from the ledger.
     report_interval: Duration = timedelta(minutes=1)
     # The S3 endpoint for s3a:// paths.
     s3: S3Endpoint = Field(default_factory=S3Endpoint)
+
+
+class ReconcileConfig(_Section):
+    """``[reconcile]``: the store as a second source of candidates (docs/reconciliation.md)."""
+
+    # How often the running purger reconciles; 0 turns the schedule off (`purger reconcile` still runs).
+    interval: Duration = timedelta(days=1)
+    # The scan's reads. LOCAL_QUORUM sees every acknowledged write of the local data centre.
+    consistency: Literal["ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "ALL"] = "LOCAL_QUORUM"
+    # Rows read per second by all the scan's tasks together: the share of the cluster a scan may take.
+    max_rows_per_second: float = Field(default=20_000, gt=0)
+    # Rows per page of the scan's reads.
+    page_size: int = Field(default=1000, gt=0, le=100_000)
+    # Token ranges per Spark task of a scan (more, smaller ranges even the tasks out).
+    ranges_per_task: int = Field(default=4, gt=0)
+    # A row its own events say has been due for longer than this, though the stream knows it, is fed back.
+    overdue_after: Duration = timedelta(hours=1)
+    # A blob in payloads/ with no payloads row is deleted only once older than this: an upload writes its
+    # blob before its row.
+    orphan_grace: Duration = timedelta(days=3)
+    # Refuse an orphan_grace under 24 hours (set to false to allow one, e.g. in tests).
+    orphan_grace_check: bool = True
+
+    @model_validator(mode="after")
+    def _grace_covers_an_upload(self) -> "ReconcileConfig":
+        if self.orphan_grace_check and self.orphan_grace < timedelta(hours=24):
+            raise ValueError("orphan_grace under 24h may delete a blob whose upload has not written its row "
+                             "yet; raise it, or set orphan_grace_check = false if no upload takes that long")
+        return self
 
 
 class MetricsConfig(_Section):
@@ -229,6 +270,7 @@ class PurgerConfig(_Section):
     stream: StreamConfig = Field(default_factory=StreamConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
     # Set once by the loader: the enabled policies built from ``policies``.
     _policy_set: "PolicySet | None" = PrivateAttr(default=None)
     # Names this configuration, as loaded or copied, in an executor's cache of clients (``sinks.clients``).

@@ -16,6 +16,9 @@ A policy is one kind of purge (``mailbox``, ``rule_events``, ``users``,
   (read, due?, dry run, claim, journalled dependents, delete, rechecks,
   earlier attempts) and whose steps the policy fills in through its typed
   handle on its tables (``Tables``), one ``Outcome`` per decision;
+- the reverse of its fold, for reconciliation (``purger reconcile``): the
+  tables whose rows are its objects (``Scanned``) and how a row is re-expressed
+  as the events that would have produced it (``Policy.row_events``);
 - its configuration section (``settings_model``, a pydantic model) and the
   tables and columns it reads (for ``purger setup``).
 
@@ -35,14 +38,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+import hashlib
 import json
-from datetime import date, datetime
+from datetime import date, datetime, timezone
 from typing import Any, Callable, ClassVar, Generic, Iterable, Iterator, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from purger.core.failpoints import failpoint
-from purger.core.times import from_epoch_ms, now_ms
+from purger.core.times import format_timestamp, from_epoch_ms, now_ms
 from purger.core.vocabulary import (
     ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
@@ -50,7 +54,7 @@ from purger.core.vocabulary import (
 __all__ = [
     "Attempt", "Candidate", "Consistency", "Control", "Dependent", "Eligibility", "EventField", "EventType",
     "Journal", "Kept", "Link", "ObjectKind", "ObjectPurge", "Outcome", "Policy", "Purge", "Resources", "Rule",
-    "Settings", "Tables", "earliest",
+    "Blobs", "Scanned", "Settings", "Tables", "earliest", "row_event",
 ]
 
 S = TypeVar("S")
@@ -520,6 +524,56 @@ def _deleted_earlier(keys: set[str]) -> Iterator[Outcome]:
         yield Outcome(PURGED, EARLIER_ATTEMPT, kind=kind, id=object_id, dc=dc, deleted_at_ms=now_ms())
 
 
+@dataclass(frozen=True)
+class Scanned:
+    """A table reconciliation reads whole: each row is one object of ``kind``, whose id is in ``id_column``;
+    ``columns`` are the columns ``Policy.row_events`` needs (the id's among them). The table is named by its
+    reference name, as in ``Policy.tables``."""
+
+    table: str
+    kind: str
+    id_column: str
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Blobs:
+    """Blobs a policy keeps in every data centre's object store: the object of ``kind`` whose id is ``id``
+    has its blob at ``prefix + id``, and its row, keyed by ``id_column``, in ``table`` (by its reference
+    name). Reconciliation deletes a blob under ``prefix`` that has no row once it is older than
+    ``reconcile.orphan_grace``; it never touches a key outside ``prefix``."""
+
+    prefix: str
+    kind: str
+    table: str
+    id_column: str
+
+
+def row_event(table: str, object_id: str, event_type: str, at: datetime, **fields: Any) -> dict[str, Any]:
+    """One event of a row's re-expression (``Policy.row_events``), as a record of the topics, at the row's
+    own timestamp ``at``. Its id is the same at every scan of an unchanged row, so a second feed is a
+    duplicate the fold takes as one. Fields that are None are left out; datetimes (naive ones are UTC, as
+    the Cassandra driver returns them) become the events' timestamp text, sets and tuples lists."""
+    values = {name: _record_value(value) for name, value in fields.items() if value is not None}
+    at_text = format_timestamp(_utc(at))
+    # Two events of a row may share a type and a time (a user's in two data centres): their fields tell them apart.
+    digest = hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
+    return {"event_id": f"reconcile:{table}:{object_id}:{event_type}:{at_text}:{digest}", "type": event_type,
+            "event_time": at_text, **values}
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+
+
+def _record_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return format_timestamp(_utc(value))
+    if isinstance(value, (set, frozenset, tuple, list)) or type(value).__name__ == "SortedSet":
+        return sorted(value)
+    return value
+
+
 class Settings(BaseModel):
     """A policy's configuration section, ``[policies.<name>]``; a policy's own model adds its keys."""
 
@@ -546,6 +600,11 @@ class Policy(ABC):
     # and the tests; on a real platform the tables are the platform's own.
     schema: ClassVar[str] = ""
 
+    # The tables reconciliation scans, each row one object of the policy (``row_events`` says how it is read).
+    scanned: ClassVar[tuple[Scanned, ...]] = ()
+    # Its blobs in the object stores, whose orphans reconciliation deletes.
+    blobs: ClassVar[tuple[Blobs, ...]] = ()
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
@@ -559,6 +618,16 @@ class Policy(ABC):
         """Its delete-time half on an executor, a purge per kind (an ``ObjectPurge`` each; statements are
         prepared here, once)."""
 
+    def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The reverse of the fold, for reconciliation: the events that would have produced ``row`` of
+        ``table`` (a ``Scanned`` table, by its reference name; ``row`` maps its ``columns`` to the driver's
+        values), as records of the topics (``row_event``), with the row's own timestamps as event times.
+        Folded, they give the object the state the row says it has: due when the row is due by the
+        policy's rules, kept when it is kept. A policy's own control types may be among them (only the
+        purger writes the reconcile topic). [] when the row says nothing the stream can use (a row being
+        written, a claimed row). The default: the policy has no ``scanned`` tables."""
+        return []
+
     def report_fields(self, day: date) -> dict[str, str]:
         """Extra fields of its rows in the daily report for ``day`` (e.g. the payment store's)."""
         return {}
@@ -569,8 +638,8 @@ class Policy(ABC):
         return {table: table for table in self.tables}
 
     def columns_read(self) -> dict[str, frozenset[str]]:
-        """The tables it reads, by their configured names, each with the columns it reads or conditions on:
-        what ``purger setup`` and ``purger run`` check.
+        """The tables it reads, by their configured names, each with the columns it reads or conditions on,
+        reconciliation's scans included: what ``purger setup`` and ``purger run`` check.
 
         Example::
 
@@ -578,6 +647,9 @@ class Policy(ABC):
             # frozenset({'payload_id', 'dcs', 'state', 'last_ref_at'})
         """
         names = self.table_names()
-        return {names[table]: frozenset(columns) for table, columns in self.tables.items()}
+        read = {names[table]: set(columns) for table, columns in self.tables.items()}
+        for scanned in self.scanned:
+            read.setdefault(names[scanned.table], set()).update(scanned.columns)
+        return {table: frozenset(columns) for table, columns in read.items()}
 
 

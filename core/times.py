@@ -60,7 +60,7 @@ _UNITS = (("ms", 0.001, 1000), ("s", 1, 60), ("min", 60, 60), ("h", 3600, 24), (
 
 def human_duration(value: float | int | timedelta | None) -> str:
     """A duration as a person reads it: the largest unit that keeps the number at 1 or more, one decimal
-    under 10 (none when it is 0), no decimal from 10 on. ``None`` (no figure) is ``-``.
+    under 10 (none when it is 0), no decimal from 10 on; nothing is ``0 s``. ``None`` (no figure) is ``-``.
 
     >>> [human_duration(s) for s in (0.85, 14, 3.2 * 3600, 856270.1, 90, 2.0, None)]
     ['850 ms', '14 s', '3.2 h', '9.9 d', '1.5 min', '2 s', '-']
@@ -68,6 +68,8 @@ def human_duration(value: float | int | timedelta | None) -> str:
     if value is None:
         return "-"
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds == 0:
+        return "0 s"
     sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
     for unit, size, next_unit in _UNITS:
         number = seconds / size

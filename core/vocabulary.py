@@ -23,6 +23,9 @@ DEAD_LETTER = "dead_letter"  # a bad record, passed through to the sink
 CLOCK = "clock"  # a clock tick: it only moves the watermark
 ENGINE = "engine"  # the policy column of dead letters
 
+# The rule of a blob reconciliation deletes for having no row (``sinks.orphans``), as the ledger names it.
+ORPHAN = "orphan"
+
 # Reason categories: a skip's reason is "<category>: <details>"; the report counts the categories.
 LIVE_REASON = "live"
 NOT_YET_DUE = "not yet due"

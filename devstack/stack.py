@@ -202,7 +202,7 @@ def _kafka_ready() -> None:
 
 
 def create_topics(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS) -> None:
-    """Create the events topics (of ``partitions`` each), and the control and dead-letter topics as
+    """Create the events topics (of ``partitions`` each), and the control, reconcile and dead-letter topics as
     ``purger setup`` does, if they do not exist."""
     from kafka.admin import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
@@ -214,7 +214,7 @@ def create_topics(config: PurgerConfig, partitions: int = EVENT_TOPIC_PARTITIONS
     try:
         existing = set(admin.list_topics())
         options = {topic: {"num_partitions": partitions, "replication_factor": 1} for topic in events_topics(config)}
-        options.update({topic.name: topic.options for topic in own_topics(config.kafka)})
+        options.update({topic.name: topic.options for topic in own_topics(config.kafka, partitions)})
         wanted = {name: shape for name, shape in options.items() if name not in existing}
         if wanted:
             try:

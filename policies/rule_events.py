@@ -19,6 +19,8 @@ FAILED to UNPROCESSED on a retry), and the period runs from that change, as the
 row's ``updated_at`` does. The double-check at delete time is each rule's CQL
 condition on a conditional ``DELETE``: the row still has that status and its
 ``updated_at`` is at least the period old by the wall clock. Deleted: the row.
+Reconciliation reads a row back as one ``rule_event_status`` of its status at
+its ``updated_at`` (``RuleEventsPolicy.row_events``).
 
 Example::
 
@@ -39,7 +41,7 @@ from typing import Any
 from purger.core.config import Duration
 from purger.core.policy import (
     Candidate, Eligibility, EventField, EventType, ObjectKind, ObjectPurge, Policy, Purge, Resources, Rule,
-    Settings, earliest,
+    Scanned, Settings, earliest, row_event,
 )
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
@@ -193,6 +195,7 @@ class RuleEventsPolicy(Policy):
     )
     event_types = (EventType(RULE_EVENT_STATUS, KIND, "rule_event_id", required=("status",)),)
     tables = {TABLE: ("rule_event_id", "status", "updated_at")}
+    scanned = (Scanned(TABLE, KIND, "rule_event_id", ("rule_event_id", "status", "updated_at")),)
     schema = f"""CREATE TABLE IF NOT EXISTS {{keyspace}}.{TABLE} (
   rule_event_id text PRIMARY KEY,
   message_id    text,
@@ -216,3 +219,11 @@ class RuleEventsPolicy(Policy):
 
     def table_names(self) -> dict[str, str]:
         return {TABLE: self.settings.table}
+
+    def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The row's status, set at its ``updated_at`` (the last change of status): what the delete-time
+        check reads too. A status outside the rule table has no rule to purge it, and no event can carry it."""
+        if row["status"] not in STATUSES or row["updated_at"] is None:
+            return []
+        return [row_event(TABLE, row["rule_event_id"], RULE_EVENT_STATUS, row["updated_at"],
+                          rule_event_id=row["rule_event_id"], status=row["status"])]

@@ -47,6 +47,11 @@ after a claim, and a claim applies only to the very row that was checked. A
 crash after the claim leaves ``purge_started_at`` set; the retry finishes the
 purge, and writers keep out meanwhile.
 
+Reconciliation reads an unclaimed row back as its events at its own times: the
+start (with its journey type) at ``started_at``, the finish at
+``finished_at`` and the archiving at ``archived_at`` when set
+(``UnitsOfWorkPolicy.row_events``); folded, they are the row's state.
+
 Example::
 
     from datetime import date
@@ -72,7 +77,7 @@ from pydantic import field_validator
 
 from purger.core.policy import (
     Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
-    Resources, Rule, Settings, earliest,
+    Resources, Rule, Scanned, Settings, earliest, row_event,
 )
 from purger.core.times import epoch_ms, format_timestamp, from_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
@@ -382,6 +387,9 @@ class UnitsOfWorkPolicy(Policy):
                           "purge_started_at"),
         "uow_objects": ("unit_of_work_id", "collection", "object_id"),
     }
+    scanned = (Scanned("units_of_work", UNIT_OF_WORK, "unit_of_work_id",
+                       ("unit_of_work_id", "journey_type", "started_at", "finished_at", "archived_at",
+                        "purge_started_at")),)
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.units_of_work (
   unit_of_work_id  text PRIMARY KEY,
@@ -415,6 +423,21 @@ CREATE TABLE IF NOT EXISTS {keyspace}.uow_objects (
 
     def table_names(self) -> dict[str, str]:
         return {"units_of_work": self.settings.units_table, "uow_objects": self.settings.objects_table}
+
+    def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The start with its journey type, the finish and the archiving, each at its own column's time: folded,
+        the row's state (``row_state``), which the check at delete time reads too. Nothing from a claimed row,
+        nor from one without its start or a known journey type (a row the writer contract did not write whole:
+        ``started_at`` and the journey type come with the row)."""
+        if row["purge_started_at"] is not None or row["started_at"] is None or row["journey_type"] not in JOURNEY_TYPES:
+            return []
+        unit = row["unit_of_work_id"]
+        found = [row_event("units_of_work", unit, UOW_STARTED, row["started_at"], unit_of_work_id=unit,
+                           journey_type=row["journey_type"])]
+        found += [row_event("units_of_work", unit, event_type, row[column], unit_of_work_id=unit)
+                  for event_type, column in ((UOW_FINISHED, "finished_at"), (UOW_ARCHIVED, "archived_at"))
+                  if row[column] is not None]
+        return found
 
     def report_fields(self, day: date) -> dict[str, str]:
         """The payment store's PurgeReport fields for execution date ``day``."""

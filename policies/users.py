@@ -23,6 +23,10 @@ in ``present_in``, and its ``updated_at`` is at least ``user_grace`` old.
 Deleted, in this order: the ``mailbox_permissions`` rows, the
 ``virtual_roots`` row, the ``users`` row (one outcome each).
 
+Reconciliation reads a ``live`` row back as each configured data centre's
+word at its ``updated_at``: ``user_added`` if ``present_in`` has it, else
+``user_removed`` (``UsersPolicy.row_events``).
+
 The writer contract
 -------------------
 
@@ -97,7 +101,7 @@ from pydantic import field_validator
 from purger.core.config import Duration
 from purger.core.policy import (
     Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
-    Resources, Rule, Settings, earliest,
+    Resources, Rule, Scanned, Settings, earliest, row_event,
 )
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, PRESENT, reason
@@ -209,6 +213,7 @@ class UsersPolicy(Policy):
         "virtual_roots": ("user_id",),
         "mailbox_permissions": ("user_id", "mailbox"),
     }
+    scanned = (Scanned("users", USER, "user_id", ("user_id", "present_in", "state", "updated_at")),)
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.users (
   user_id    text PRIMARY KEY,
@@ -239,6 +244,19 @@ CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_permissions (
     def table_names(self) -> dict[str, str]:
         return {"users": self.settings.users_table, "virtual_roots": self.settings.virtual_roots_table,
                 "mailbox_permissions": self.settings.permissions_table}
+
+    def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each configured data centre's word at the row's ``updated_at`` (the last change of ``present_in``):
+        added if ``present_in`` has it, removed if not. Nothing from a row that is not ``live`` (claimed by a
+        purge, or not a row of the writer contract), nor from one present in a data centre the configuration
+        does not name: the check at delete time keeps that user, and no event of the configured ones can say so."""
+        present = set(row["present_in"] or ())
+        data_centres = self.settings.data_centres
+        if row["state"] != LIVE or row["updated_at"] is None or not present <= set(data_centres):
+            return []
+        return [row_event("users", row["user_id"], USER_ADDED if dc in present else USER_REMOVED, row["updated_at"],
+                          user_id=row["user_id"], dc=dc)
+                for dc in data_centres]
 
 
 class UserPurge(ObjectPurge[Any]):

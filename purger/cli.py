@@ -5,6 +5,7 @@
     purger replay [--from earliest|TIME]         the same, from a fresh checkpoint, with a progress bar
     purger report [--date D]                     the daily purge report, from the ledger
     purger pending [--hours N]                   what the checkpoint's state will purge in the next N hours
+    purger reconcile [--policy P] [--dry-run]    scan the store: feed back what the stream does not know
     purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
     purger schema [--config F]                   the enabled policies' reference CQL, under the configured names
 """
@@ -257,3 +258,39 @@ def pending(
     Console().print(pending_table(rows, title) if rows else f"nothing due within {within}")
 
 
+
+
+@app.command("reconcile")
+def reconcile(
+    config_file: Optional[Path] = ConfigOption,
+    policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="Only this policy (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Feed nothing back and delete no orphan blob; count "
+                                                          "them, and record would_delete for the orphans."),
+    log_level: LogLevel = LogLevelOption,
+) -> None:
+    """Scan the enabled policies' tables and object stores; feed back to the stream what it does not know or
+    left overdue, delete orphan blobs; print the run's report."""
+    from rich.console import Console
+    from purger.output import reconcile_table
+    from purger.reconcile import ReconcileError, reconcile as run_reconcile
+    from purger.spark import spark_session
+
+    # The stream's own checkpoint is compared with, even in a dry run: not the dry-run one ``--dry-run`` on
+    # `purger run` would use.
+    config = load_or_exit(config_file)
+    dry_run = dry_run or config.stream.dry_run
+    log_to_stderr(log_level)
+    check_platform(config)
+    spark = spark_session(config.stream, app_name="purger-reconcile", log_level=spark_level(log_level),
+                          one_off=True)
+    set_spark_log_level(spark, log_level)
+    try:
+        rows = run_reconcile(spark, config, policy or None, dry_run)
+    except ReconcileError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    finally:
+        spark.stop()
+    title = (f"Reconcile of {', '.join(sorted({r.policy for r in rows})) or 'no policy'}"
+             + (" (dry run: nothing fed back or deleted)" if dry_run else ""))
+    Console().print(reconcile_table(rows, title) if rows else "no policy scans a table")

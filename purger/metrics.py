@@ -8,6 +8,9 @@ adds what Spark knows of the query (rates, batch duration, watermark, state rows
     purger_deletions_per_second             the last batch's purged objects per second of sink time
     purger_input_rows_per_second, purger_processed_rows_per_second, purger_batch_duration_seconds,
     purger_watermark_lag_seconds, purger_state_rows
+    purger_reconcile_rows_total{policy,table,count}      scanned, known, unknown_fed, overdue_fed
+    purger_reconcile_orphans_total{policy,dc,count}      orphans_found, orphans_deleted
+    purger_reconcile_last_run_timestamp_seconds, purger_reconcile_duration_seconds
 
 Example::
 
@@ -47,6 +50,14 @@ class PurgerMetrics:
         self.batch_duration = Gauge("purger_batch_duration_seconds", "Spark: the last batch's duration", registry=r)
         self.watermark_lag = Gauge("purger_watermark_lag_seconds", "Wall clock minus the watermark", registry=r)
         self.state_rows = Gauge("purger_state_rows", "Objects kept in the state store", registry=r)
+        self.reconcile_rows = PromCounter("purger_reconcile_rows", "Reconcile: rows scanned, known to the stream, "
+                                          "fed back", ["policy", "table", "count"], registry=r)
+        self.reconcile_orphans = PromCounter("purger_reconcile_orphans", "Reconcile: orphan blobs found, deleted",
+                                             ["policy", "dc", "count"], registry=r)
+        self.reconcile_last_run = Gauge("purger_reconcile_last_run_timestamp_seconds",
+                                        "When the last reconcile finished", registry=r)
+        self.reconcile_duration = Gauge("purger_reconcile_duration_seconds", "The last reconcile's duration",
+                                        registry=r)
 
     def batch_done(self, counts: dict[tuple[str, str], int], lags_s: list[float], sink_seconds: float) -> None:
         """One batch's outcome counts by (kind, status), the purge lags of its deletions, and its sink time."""
@@ -57,6 +68,18 @@ class PurgerMetrics:
             self.lag.observe(lag)
         purged = sum(n for (_, status), n in counts.items() if status == PURGED)
         self.deletions_per_second.set(purged / sink_seconds if sink_seconds > 0 else 0)
+
+    def reconciled(self, rows: list, duration_s: float) -> None:
+        """A reconcile run's report rows (``purger.reconcile.ReportRow``)."""
+        for row in rows:
+            for count in ("scanned", "known", "unknown_fed", "overdue_fed"):
+                if getattr(row, count):
+                    self.reconcile_rows.labels(row.policy, row.table, count).inc(getattr(row, count))
+            for count in ("orphans_found", "orphans_deleted"):
+                if getattr(row, count):
+                    self.reconcile_orphans.labels(row.policy, row.dc, count).inc(getattr(row, count))
+        self.reconcile_last_run.set(datetime.now(timezone.utc).timestamp())
+        self.reconcile_duration.set(duration_s)
 
     def progress(self, progress: dict) -> None:
         """Spark's view of a batch (a ``StreamingQueryProgress`` as a dict)."""

@@ -133,3 +133,25 @@ def pending_table(rows: list[Any], title: str) -> Table:
     for r in rows:
         table.add_row(f"{r['due_at']:%Y-%m-%d %H:%M:%S}", r["kind"], r["id"], r["rule"], r["hint"] or "-")
     return table
+
+
+def reconcile_table(rows: list[Any], title: str) -> Table:
+    """A reconcile run's report (``purger.reconcile.ReportRow``), a line per policy, table and data centre:
+    rows scanned, known to the stream, fed back as unknown or overdue, orphan blobs found and deleted, time
+    and rate. Reads at 80 columns."""
+    rows = [r if isinstance(r, dict) else r.__dict__ for r in rows]
+    table = _table(title, caption="fed: sent to the reconcile topic (a dry run sends nothing)")
+    table.add_column("policy / table", overflow="fold")
+    table.add_column("dc", no_wrap=True)
+    figures = [("scanned", "scanned"), ("known", "known"), ("unknown_fed", "unknown\nfed"),
+               ("overdue_fed", "overdue\nfed"), ("orphans_found", "orphans"), ("orphans_deleted", "orphans\ndeleted")]
+    for name, header in figures:
+        _numbers(table, header, [str(r[name]) for r in rows])
+    _numbers(table, "took", [human_duration(r["duration_s"]) for r in rows])
+    _numbers(table, "rows/s", [f"{r['rows_per_s']:.0f}" for r in rows])
+    for policy, members in _by_policy(rows).items():
+        table.add_row(Text(policy, style="bold"))
+        for r in members:
+            table.add_row(f" {r['table']}", r["dc"], *(str(r[name]) for name, _ in figures),
+                          human_duration(r["duration_s"]), f"{r['rows_per_s']:.0f}")
+    return table

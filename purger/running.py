@@ -1,5 +1,5 @@
 """The running purger: the candidates stream (``streams.candidates``) into the purge sink
-(``sinks.sink``), with its clock, its metrics and the daily report beside it.
+(``sinks.sink``), with its clock, its metrics, the daily report and the scheduled reconciles beside it.
 
 Example::
 
@@ -21,6 +21,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from purger.core.config import PurgerConfig
 from purger.metrics import PurgerMetrics
+from purger.reconcile import next_reconcile_in_s, reconcile
 from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
 from purger.core.times import duration_ms
@@ -37,8 +38,10 @@ class RunningPurger:
     clock: Clock
     metrics: PurgerMetrics
     release: Callable[[], None]  # the daily report's thread, the listener and the metrics endpoint
-    # Stops the daily report's thread, cancelling a round under way (the first step of ``stop``).
-    stop_reporting: Callable[[], None] = lambda: None
+    # The daily report's rounds beside the query, which ``stop`` ends (``Every``).
+    reporting: "Every | None" = None
+    # The scheduled reconciles (``reconcile.interval``), which ``stop`` cancels: the next run does the work.
+    reconciling: "Every | None" = None
     # Set by ``stop``: False when a batch was cut in its deletions or its ledger write.
     stopped_cleanly: bool | None = None
 
@@ -63,27 +66,35 @@ class RunningPurger:
         """Stop promptly, and never while a batch deletes and records (unless that takes longer than
         ``wait_for_batch_s``): returns True, and sets ``stopped_cleanly``, when no batch was cut.
 
-        The clock stops, and the daily report's round under way is cancelled (the report is only ever
-        rewritten from the ledger). Then the sink closes: it waits for the batch in it, if any, which runs
-        the whole micro-batch (the stateful stage, the deletions, the ledger write), and refuses later ones.
-        The query stops at once after that, wherever its thread is: between batches, or planning or
-        committing one, which a stop interrupts cleanly (an uncommitted batch runs again at the next start
-        and its ledger write is idempotent). It does not wait for the trigger to end: with batches back to
-        back the trigger is hardly ever idle, and that wait was what made a stop take up to 90 s.
+        The clock stops, and the daily report starts no more rounds. Then the sink closes: it waits for
+        the batch in it, if any, which runs the whole micro-batch (the stateful stage, the deletions, the
+        ledger write), and refuses later ones. The query then stops at the first quiet moment: its thread
+        idle between triggers, or the next batch waiting at the closed sink (``PurgeSink._refuse``), which
+        comes as soon as that batch is planned: within a trigger interval or so, not after the batches
+        that follow (waiting for an idle trigger alone made a stop take up to 90 s when batches ran back to
+        back). Interrupted elsewhere (committing a batch, planning one, the first batch's set-up of the
+        stateful stage in a Python worker) Spark and Hadoop log stack traces, though the stop is safe.
 
-        One wait remains: before the first batch of this start reaches the sink, its planning runs the
-        stateful stage's set-up in a Python worker, and an interrupt there makes Spark log a storm of
-        errors; that set-up takes seconds. A batch cut after ``wait_for_batch_s`` may have deleted without
-        recording: its records are written when it runs again at the next start (RELIABILITY.md).
+        A batch cut after ``wait_for_batch_s`` may have deleted without recording: its records are
+        written when it runs again at the next start (RELIABILITY.md). A report round under way goes on
+        beside; one still running ``REPORT_GRACE_S`` after the stop began is cancelled (the report is only
+        ever rewritten from the ledger, at the next round).
         """
+        began = time.monotonic()
+        deadline = began + wait_for_batch_s
         self.clock.stop()
-        self.stop_reporting()
-        deadline = time.monotonic() + wait_for_batch_s
-        while (not self.sink.entered.is_set() and self.query.isActive and self.query.status["isTriggerActive"]
+        for rounds in (self.reporting, self.reconciling):
+            if rounds is not None:
+                rounds.stop_soon()
+        finished = self.sink.close(wait_for_batch_s)
+        while (self.query.isActive and self.query.status["isTriggerActive"] and not self.sink.refusing.is_set()
                and time.monotonic() < deadline):
             time.sleep(0.05)
-        finished = self.sink.close(max(0.0, deadline - time.monotonic()))
         self.query.stop()
+        if self.reconciling is not None:
+            self.reconciling.join()
+        if self.reporting is not None:
+            self.reporting.join(max(0.0, began + REPORT_GRACE_S - time.monotonic()))
         self.release()
         self.stopped_cleanly = finished
         return finished
@@ -112,57 +123,85 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     sink.bind(query.id)
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
     report = Report(spark, config.ledger, config.policy_set)
-    reporting = _every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
-                       lambda: _set_up_report_thread(spark),
-                       lambda: spark.sparkContext.cancelJobGroup(REPORT_JOB_GROUP))
-    return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, reporting),
-                         reporting)
+    reporting = Every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
+                      lambda: _set_up_thread(spark, REPORT_JOB_GROUP, "daily report"),
+                      lambda: spark.sparkContext.cancelJobGroup(REPORT_JOB_GROUP))
+    reconciling = None
+    if config.reconcile.interval:
+        reconciling = Every(config.reconcile.interval.total_seconds(), lambda: _reconcile(spark, config, metrics),
+                            RECONCILE_JOB_GROUP, lambda: _set_up_thread(spark, RECONCILE_JOB_GROUP, "reconcile"),
+                            lambda: spark.sparkContext.cancelJobGroup(RECONCILE_JOB_GROUP),
+                            first_in=lambda: next_reconcile_in_s(spark, config))
+    beside = [each for each in (reporting, reconciling) if each is not None]
+    return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, beside),
+                         reporting, reconciling)
 
 
-# The daily report's jobs, which a stop cancels.
+# The daily report's jobs, which a stop cancels when a round outlasts REPORT_GRACE_S: a round of a warm
+# purger takes a few seconds; cancelling one makes Spark and Delta log the cancelled jobs' tasks.
 REPORT_JOB_GROUP = "purger-report"
+REPORT_GRACE_S = 5
+# The scheduled reconciles' jobs, which a stop cancels at once.
+RECONCILE_JOB_GROUP = "purger-reconcile"
 
 
-def _set_up_report_thread(spark: SparkSession) -> None:
-    """The report's jobs: in a scheduler pool of their own, named in the Spark UI beside the batches', and
-    in a job group of their own, which a stop cancels."""
-    spark.sparkContext.setLocalProperty("spark.scheduler.pool", "purger-report")
-    spark.sparkContext.setJobGroup(REPORT_JOB_GROUP, "daily report")
+def _set_up_thread(spark: SparkSession, group: str, description: str) -> None:
+    """A thread's jobs beside the batches' (the report's, the reconciles'): in a scheduler pool of their own,
+    named in the Spark UI, so the batches keep their share of the cores, and in a job group of their own,
+    which a stop cancels."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", group)
+    spark.sparkContext.setJobGroup(group, description)
 
 
-def _every(interval_s: float, action: Callable[[], None], name: str,
-           setup: Callable[[], None] = lambda: None, cancel: Callable[[], None] = lambda: None,
-           stop_within_s: float = 120) -> Callable[[], None]:
-    """Run ``action`` every ``interval_s`` in a thread beside the query (Spark takes jobs from
-    several threads), after ``setup`` in that thread, so it never lengthens a micro-batch. Returns
-    ``stop``, which ends the thread: it calls ``cancel`` (the round's Spark jobs, each one it starts)
-    until a round under way gives up, within ``stop_within_s``; a round cut so is no failure."""
-    stopped = threading.Event()
-
-    def run() -> None:
-        setup()
-        while not stopped.wait(interval_s):
-            try:
-                action()
-            except Exception:  # the next round tries again; the ledger itself is unaffected
-                if not stopped.is_set():
-                    log.exception("%s failed", name)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-
-    def stop() -> None:
-        stopped.set()
-        deadline = time.monotonic() + stop_within_s
-        while thread.is_alive() and time.monotonic() < deadline:
-            cancel()
-            thread.join(timeout=0.2)
-
-    return stop
+def _reconcile(spark: SparkSession, config: PurgerConfig, metrics: PurgerMetrics) -> None:
+    started = time.monotonic()
+    metrics.reconciled(reconcile(spark, config), time.monotonic() - started)
 
 
-def _stopped(spark: SparkSession, listener, server, stop_reporting: Callable[[], None]) -> None:
-    stop_reporting()
+class Every:
+    """Runs ``action`` every ``interval_s`` in a thread beside the query (Spark takes jobs from several
+    threads), after ``setup`` in that thread, so it never lengthens a micro-batch; the first round after
+    ``first_in()`` seconds (asked in the thread), by default an interval. ``stop_soon`` starts no more
+    rounds; ``join`` waits for a round under way, then calls ``cancel`` (its Spark jobs, each one it
+    starts) until it gives up. A round cut so is no failure."""
+
+    def __init__(self, interval_s: float, action: Callable[[], None], name: str,
+                 setup: Callable[[], None] = lambda: None, cancel: Callable[[], None] = lambda: None,
+                 first_in: Callable[[], float] | None = None) -> None:
+        self.name = name
+        self.cancel = cancel
+        self.stopped = threading.Event()
+
+        def run() -> None:
+            setup()
+            wait_s = first_in() if first_in is not None else interval_s
+            while not self.stopped.wait(wait_s):
+                try:
+                    action()
+                except Exception:  # the next round tries again; the ledger itself is unaffected
+                    if not self.stopped.is_set():
+                        log.exception("%s failed", name)
+                wait_s = interval_s
+
+        self.thread = threading.Thread(target=run, name=name, daemon=True)
+        self.thread.start()
+
+    def stop_soon(self) -> None:
+        self.stopped.set()
+
+    def join(self, grace_s: float = 0, within_s: float = 120) -> None:
+        """Stop: wait ``grace_s`` for a round under way, then cancel it; give up after ``within_s``."""
+        self.stop_soon()
+        self.thread.join(timeout=grace_s)
+        deadline = time.monotonic() + within_s
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            self.cancel()
+            self.thread.join(timeout=0.2)
+
+
+def _stopped(spark: SparkSession, listener, server, beside: list[Every]) -> None:
+    for rounds in beside:
+        rounds.join()
     spark.streams.removeListener(listener)
     if server is not None:
         server.shutdown()

@@ -70,11 +70,13 @@ class OwnTopic:
         }
 
     def __str__(self) -> str:
-        return f"topic {self.name} ({self.key}: {self.partitions} partition, kept {self.retention.days} days)"
+        partitions = f"{self.partitions} partition" + ("s" if self.partitions != 1 else "")
+        return f"topic {self.name} ({self.key}: {partitions}, kept {self.retention.days} days)"
 
 
-def own_topics(kafka: KafkaConfig) -> list[OwnTopic]:
-    """The control topic and the dead-letter topic, as ``setup`` and the local stack create them."""
+def own_topics(kafka: KafkaConfig, events_partitions: int = 1) -> list[OwnTopic]:
+    """The control, reconcile and dead-letter topics, as ``setup`` and the local stack create them; the
+    reconcile topic with ``events_partitions`` partitions, the most of the events topics'."""
     return [
         # A few records a second (clock ticks, rechecks, released payloads): one partition. A replay reads
         # it from its end and rebuilds rechecks and releases from the events, so only a restart from an
@@ -84,6 +86,10 @@ def own_topics(kafka: KafkaConfig) -> list[OwnTopic]:
         OwnTopic(kafka.control_topic, "kafka.control_topic", 1, timedelta(days=30)),
         # Bad records, kept for an operator to read, fix and send again.
         OwnTopic(kafka.dead_letter_topic, "kafka.dead_letter_topic", 1, timedelta(days=30)),
+        # Rows re-expressed as events by a reconcile, keyed by object id: as many partitions as the events,
+        # since a bootstrap feeds as many objects as they ever held. A replay reads it from its start; a
+        # reconcile feeds again whatever it still finds, so a week covers several scheduled runs.
+        OwnTopic(kafka.reconcile_topic, "kafka.reconcile_topic", events_partitions, timedelta(days=7)),
     ]
 
 
@@ -168,7 +174,8 @@ def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
             else:
                 findings.problems.append(f"{where}: events topic {topic} ({key}) does not exist; it is the "
                                          f"platform's: create it there, or correct {key}")
-        own = own_topics(kafka)
+        partitions = [len(t["partitions"]) for t in admin.describe_topics(present)] if present else []
+        own = own_topics(kafka, max(partitions, default=1))
         missing = [t for t in own if t.name not in existing]
         if create:
             _create_topics(admin, missing, where, findings)

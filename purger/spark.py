@@ -44,7 +44,9 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
         jars = ",".join(str(jar) for jar in spark_connector_jars())
         java_options = log4j2_options(log_level)
         if one_off:
-            # C1 only: on 2 cores the C2 compiler's threads took seconds of a report's CPU (BENCHMARKS.md).
+            # C1 only: on 2 cores the C2 compiler's threads took seconds of a short command's CPU (`purger
+            # report` on a small ledger, its session and report: about 45 s with C2, 26 s without, under load).
+            # A report of a very large day would run its aggregation slower.
             java_options["spark.driver.extraJavaOptions"] += " -XX:TieredStopAtLevel=1"
         builder = (
             builder.master(stream.master)

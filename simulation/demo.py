@@ -75,6 +75,7 @@ def demo_config(run: str) -> PurgerConfig:
                 "topics": [f"demo.{run}.events"],
                 "control_topic": f"demo.{run}.control",
                 "dead_letter_topic": f"demo.{run}.dead-letter",
+                "reconcile_topic": f"demo.{run}.reconcile",
             },
             "policies": {"mailbox": {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s",
                                      "payload_grace": "2s"}, **SETTINGS},

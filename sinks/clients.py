@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from functools import partial
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from purger.core.times import duration_ms
 from purger.core.config import PurgerConfig
@@ -22,6 +23,9 @@ from purger.sinks.dead_letters import DeadLetters
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
 from purger.streams.control import ControlWriter
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
 
 
 @dataclass
@@ -37,6 +41,20 @@ class Clients:
 
 _lock = threading.Lock()
 _made: dict[str, Clients] = {}
+_sessions: dict[str, "Session"] = {}
+
+
+def executor_session(config: PurgerConfig) -> "Session":
+    """This executor process's Cassandra session for a configuration, made once: the purges' and the
+    reconcile scans' (``connectors.token_ranges``)."""
+    with _lock:
+        return _session(config)
+
+
+def _session(config: PurgerConfig) -> "Session":
+    if config.key not in _sessions:
+        _sessions[config.key] = cassandra_session(config.cassandra)
+    return _sessions[config.key]
 
 
 def executor_clients(config: PurgerConfig) -> Clients:
@@ -48,7 +66,7 @@ def executor_clients(config: PurgerConfig) -> Clients:
             producer = kafka_producer(config.kafka, acks="all", linger_ms=20)
             control = ControlWriter(producer, config.kafka.control_topic, policies)
             retry_ms = duration_ms(config.stream.retry_interval)
-            session = cassandra_session(config.cassandra)
+            session = _session(config)
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace),
                                   ObjectStores(config.stores), control, journal, retry_ms, config.stream.dry_run)

@@ -63,9 +63,9 @@ def _timestamp(ms_column: str) -> Column:
     return F.timestamp_millis(F.col(ms_column))
 
 
-def _use_s3a(spark: SparkSession, ledger: LedgerConfig) -> None:
+def use_s3a(spark: SparkSession, ledger: LedgerConfig) -> None:
     """Point s3a:// at the configured endpoint (session settings reach Hadoop's filesystem)."""
-    if not (ledger.path.startswith("s3a://") or ledger.report_path.startswith("s3a://")):
+    if not any(path.startswith("s3a://") for path in (ledger.path, ledger.report_path, ledger.reconcile_path)):
         return
     s3 = ledger.s3
     if s3.credentials == "keys":
@@ -89,7 +89,7 @@ class Ledger:
     def __init__(self, spark: SparkSession, ledger: LedgerConfig) -> None:
         self.spark = spark
         self.path = ledger.path
-        _use_s3a(spark, ledger)
+        use_s3a(spark, ledger)
 
     def append(self, outcomes: DataFrame, query_id: str, batch_id: int, first_attempt: bool = False) -> None:
         """Add a batch's outcomes (``sinks.purge.OUTCOME_SCHEMA``), once per (query, batch): unless

@@ -150,11 +150,10 @@ class PurgeSink:
         self.ledger = ledger
         self._gate = threading.Lock()  # held while a batch deletes and records
         self._closed = False
-        # Set when the first batch of this start reaches the sink: the query's set-up (the stateful stage's, in
-        # Python, at its first batch) is over.
-        self.entered = threading.Event()
         # The last batch that deleted and recorded here, since this start.
         self.last_batch: int | None = None
+        # Set while a batch waits at the closed sink for the query's stop (``_refuse``).
+        self.refusing = threading.Event()
         self._tally: Accumulator | None = None  # made at the first batch, with the session's context
         logging.getLogger("py4j.clientserver").addFilter(_not_a_stopped_batch)  # once: the same function
 
@@ -177,7 +176,6 @@ class PurgeSink:
     def __call__(self, candidates: DataFrame, batch_id: int) -> None:
         if not self._bound.wait(timeout=60):
             raise RuntimeError("PurgeSink.bind(query.id) was not called: the ledger cannot name its writes")
-        self.entered.set()
         with self._gate:
             refused = self._closed
             if not refused:
@@ -190,13 +188,14 @@ class PurgeSink:
         """A batch that reached the sink after ``close``: it deletes nothing and runs again at the next start.
 
         It waits in the JVM, on the query's thread (PySpark pins a callback's calls to the thread that made
-        it), for the ``query.stop()`` that follows ``close``: the stop's interrupt then ends the batch, and
-        Spark takes an interrupted JVM call of the foreachBatch function for a stop, not a failure (no error
-        logged, no exception kept). Raising at once would end the query with an error, logged with its whole
-        plan, whenever a batch slips in between ``close`` and the stop. Without a stop within
+        it), for the ``query.stop()`` that follows ``close`` (``RunningPurger.stop`` waits for ``refusing``):
+        the stop's interrupt then ends the batch quietly, and Spark takes an interrupted JVM call of the
+        foreachBatch function for a stop, not a failure (no error logged, no exception kept). Raising at
+        once would end the query with an error, logged with its whole plan. Without a stop within
         ``REFUSED_WAIT_S`` the batch ends the query with ``SinkClosed``."""
         from py4j.protocol import Py4JJavaError
 
+        self.refusing.set()
         try:
             spark.sparkContext._jvm.java.lang.Thread.sleep(int(REFUSED_WAIT_S * 1000))
         except Py4JJavaError as error:

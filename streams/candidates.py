@@ -35,7 +35,7 @@ def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offset
     # 1. The events topics (and the policies' own), then the control topic, as one stream of records.
     records = read_records(spark, config, starting_offsets, starting_timestamp_ms)
     # 2. Typed events of the enabled policies; a bad record carries its reason.
-    events = parse_events(records, config.kafka.control_topic, policies).observe(
+    events = parse_events(records, config.kafka.written_by_purger, policies).observe(
         "purger.input", F.count(F.when(F.col("ignored"), True)).alias("ignored"))
     # 3. Per object: state, one event-time timer, and a candidate when the watermark passes its due time.
     candidates = purge_candidates(events, policies, duration_ms(config.stream.watermark_delay))

@@ -12,7 +12,7 @@ state; they go to the dead-letter topic with their original bytes.
 Example::
 
     from purger.streams.parse import parse_events
-    events = parse_events(kafka_df, "purger.control", policies)  # kafka_df: the Kafka source's rows
+    events = parse_events(kafka_df, ["purger.control", "purger.reconcile"], policies)  # the Kafka source's rows
     good = events.where("error IS NULL")
 """
 
@@ -108,12 +108,13 @@ def _error(typed: Column, text: Column, value: Column, from_control: Column, pol
     return result
 
 
-def parse_events(records: DataFrame, control_topic: str, policies: PolicySet) -> DataFrame:
+def parse_events(records: DataFrame, own_topics: list[str], policies: PolicySet) -> DataFrame:
     """Parse the Kafka source's rows (``key``, ``value``, ``topic``, ``partition``, ``offset``, ...).
 
     The result has every event field (``event_time`` and the timestamp fields also as epoch milliseconds
     in ``<name>_ms``), the record's coordinates, its original bytes in ``value``, ``ignored`` and ``error``.
-    Control event types are accepted from ``control_topic`` only.
+    Control event types are accepted only from ``own_topics``, which only the purger writes (the control
+    and reconcile topics).
     """
     schema = event_schema(policies)
     text_schema = StructType([StructField(f.name, StringType()) for f in schema] + [StructField(_CORRUPT, StringType())])
@@ -125,7 +126,7 @@ def parse_events(records: DataFrame, control_topic: str, policies: PolicySet) ->
         F.from_json(json_text, text_schema, {"columnNameOfCorruptRecord": _CORRUPT}).alias("text"),
     ).select("*", *(_epoch_ms(F.col(f"typed.{name}")).alias(f"{name}_ms") for name in stamps))
     typed = F.col("typed")
-    error = _error(typed, F.col("text"), F.col("value"), F.col("topic") == F.lit(control_topic), policies)
+    error = _error(typed, F.col("text"), F.col("value"), F.col("topic").isin(*own_topics), policies)
     return parsed.select(
         "topic", "partition", "offset", "key", "value",
         *(typed[name].alias(name) for name in schema.fieldNames()),

@@ -1,4 +1,4 @@
-"""The Kafka sources: Spark's built-in connector (spark-sql-kafka) on the events topics and the control topic.
+"""The Kafka sources: Spark's built-in connector (spark-sql-kafka) on the events topics and the purger's own.
 
 Example::
 
@@ -37,16 +37,19 @@ def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_
 
 def read_records(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
                  starting_timestamp_ms: int | None = None) -> DataFrame:
-    """The raw records of the events topics, then of the control topic, as one streaming DataFrame.
+    """The raw records of the events topics, the reconcile topic and the control topic, as one streaming
+    DataFrame.
 
     ``starting_offsets`` applies to the events topics of a fresh checkpoint only: ``earliest``,
     ``latest`` or Spark's JSON offsets, or else ``starting_timestamp_ms`` (a replay from a time); an
     existing checkpoint resumes where it stopped. The control
     topic starts from its end: a replay rebuilds its rechecks and releases from the events, and old
-    clock ticks would only move the watermark ahead of the replay.
+    clock ticks would only move the watermark ahead of the replay. The reconcile topic starts from its
+    beginning: what a reconcile fed back is needed after a replay as much as the events are.
     """
     kafka = config.kafka
     events = _kafka(spark, kafka, events_topics(config), starting_offsets or kafka.starting_offsets,
                     starting_timestamp_ms)
+    reconciled = _kafka(spark, kafka, [kafka.reconcile_topic], "earliest")
     control = _kafka(spark, kafka, [kafka.control_topic], "latest")
-    return events.unionByName(control)
+    return events.unionByName(reconciled).unionByName(control)

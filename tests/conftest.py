@@ -97,6 +97,7 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
                 "topics": [f"test.{run_id}.events"],
                 "control_topic": f"test.{run_id}.control",
                 "dead_letter_topic": f"test.{run_id}.dead-letter",
+                "reconcile_topic": f"test.{run_id}.reconcile",
             },
             "policies": {"mailbox": {"expired_ttl": "6s", "incomplete_ttl": "8s", "deleted_ttl": "1s",
                                      "payload_grace": "3s"}},
@@ -108,8 +109,12 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
                 "retry_interval": "2s",
                 "shuffle_partitions": 2,
             },
-            "ledger": {"path": str(ledger / "records"), "report_path": str(ledger / "daily_report")},
+            "ledger": {"path": str(ledger / "records"), "report_path": str(ledger / "daily_report"),
+                       "reconcile_path": str(ledger / "reconcile_report")},
             "metrics": {"port": 0},
+            # The keyspace is every test's: a test reconciles a keyspace of its own (tests/test_reconcile.py).
+            "reconcile": {"interval": "0", "overdue_after": "2s", "orphan_grace": "2s", "orphan_grace_check": False,
+                          "max_rows_per_second": 100_000},
         }
     )
     # Data centre 2 through the proxy; environment overrides above have set every endpoint alike.

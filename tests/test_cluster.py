@@ -49,6 +49,7 @@ def job_config_path(servers, run_id, tmp_path_factory) -> Path:
             "topics": [f"test.{run_id}.cluster.events"],
             "control_topic": f"test.{run_id}.cluster.control",
             "dead_letter_topic": f"test.{run_id}.cluster.dead-letter",
+            "reconcile_topic": f"test.{run_id}.cluster.reconcile",
         },
         "policies": {"mailbox": {"expired_ttl": "6s", "incomplete_ttl": "8s", "deleted_ttl": "1s",
                                  "payload_grace": "3s"}},
@@ -62,6 +63,7 @@ def job_config_path(servers, run_id, tmp_path_factory) -> Path:
         },
         "ledger": {"path": str(base / "ledger" / "records"), "report_path": str(base / "ledger" / "report")},
         "metrics": {"port": 0},  # no endpoint: another purger on this machine may have the port
+        "reconcile": {"interval": "0"},  # the keyspace is the other tests' too
     }
     path = base / "purger.toml"
     path.write_text(toml(raw))

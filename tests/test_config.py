@@ -138,4 +138,8 @@ def test_the_tables_setup_checks_are_the_configured_ones(name, section, renamed)
     from purger.policies import load_policy
 
     policy = load_policy(name, {"enabled": True, **section})
-    assert policy.columns_read() == {renamed[table]: frozenset(columns) for table, columns in policy.tables.items()}
+    scanned = {s.table: set(s.columns) for s in policy.scanned}
+    assert policy.columns_read() == {renamed[table]: frozenset({*columns, *scanned.get(table, ())})
+                                     for table, columns in policy.tables.items()}
+    # What reconciliation scans is checked too.
+    assert all(set(s.columns) <= policy.columns_read()[renamed[s.table]] for s in policy.scanned)

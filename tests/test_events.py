@@ -27,7 +27,7 @@ def parse(spark, values, topic="mailbox.events"):
         [(None, v, topic, 0, i, None) for i, v in enumerate(values)],
         "key binary, value binary, topic string, partition int, offset long, timestamp timestamp",
     )
-    return parse_events(records, CONTROL, build_config({}).policy_set).orderBy("offset").collect()
+    return parse_events(records, [CONTROL], build_config({}).policy_set).orderBy("offset").collect()
 
 
 def test_good_events_parse_to_typed_rows(spark):

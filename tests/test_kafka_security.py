@@ -103,7 +103,7 @@ def on_broker(config: PurgerConfig, broker: SecureKafka, mechanism: str, **secur
     keys of ``kafka.security``."""
     run = uuid.uuid4().hex[:8]
     kafka = broker.kafka_config(mechanism, topics=[f"secure.{run}.events"], control_topic=f"secure.{run}.control",
-                                dead_letter_topic=f"secure.{run}.dead-letter")
+                                dead_letter_topic=f"secure.{run}.dead-letter", reconcile_topic=f"secure.{run}.reconcile")
     kafka = kafka.model_copy(update={"security": kafka.security.model_copy(update=security)})
     return config.model_copy(update={"kafka": kafka})
 
@@ -122,18 +122,20 @@ def test_setup_over_scram_creates_the_purgers_topics_and_checks_the_events_topic
         admin.create_topics([NewTopic(kafka.topics[0], 1, 1)])
         found = set_up(secure, create=True)
         assert kafka_lines(found.problems) == []
-        assert found.created[:2] == [
+        assert found.created[:3] == [
             f"topic {kafka.control_topic} (kafka.control_topic: 1 partition, kept 30 days) on {where}",
-            f"topic {kafka.dead_letter_topic} (kafka.dead_letter_topic: 1 partition, kept 30 days) on {where}"]
+            f"topic {kafka.dead_letter_topic} (kafka.dead_letter_topic: 1 partition, kept 30 days) on {where}",
+            f"topic {kafka.reconcile_topic} (kafka.reconcile_topic: 1 partition, kept 7 days) on {where}"]
         assert kafka_lines(found.checked) == [f"{where}: events topic {kafka.topics[0]}"]
-        assert {kafka.control_topic, kafka.dead_letter_topic} <= set(admin.list_topics())
+        assert {kafka.control_topic, kafka.dead_letter_topic, kafka.reconcile_topic} <= set(admin.list_topics())
 
         again = check(secure)
         assert kafka_lines(again.problems) == []
         assert kafka_lines(again.checked) == [
-            f"{where}: events topic {kafka.topics[0]}, topic {kafka.control_topic}, topic {kafka.dead_letter_topic}"]
+            f"{where}: events topic {kafka.topics[0]}, topic {kafka.control_topic}, topic {kafka.dead_letter_topic}, "
+            f"topic {kafka.reconcile_topic}"]
     finally:
-        admin.delete_topics([kafka.topics[0], kafka.control_topic, kafka.dead_letter_topic])
+        admin.delete_topics([kafka.topics[0], kafka.control_topic, kafka.dead_letter_topic, kafka.reconcile_topic])
         admin.close()
 
 

@@ -12,7 +12,7 @@ from purger.output import human_duration, pending_table, report_tables
 
 
 @pytest.mark.parametrize("seconds, shown", [
-    (856270.1, "9.9 d"), (3.2 * 3600, "3.2 h"), (14, "14 s"), (0.85, "850 ms"), (0, "0 ms"), (2.0, "2 s"),
+    (856270.1, "9.9 d"), (3.2 * 3600, "3.2 h"), (14, "14 s"), (0.85, "850 ms"), (0, "0 s"), (0.0004, "0.4 ms"), (2.0, "2 s"),
     (2.345, "2.3 s"), (90, "1.5 min"), (59.99, "1 min"), (31654486, "366 d"), (-3, "-3 s"), (None, "-"),
     (timedelta(hours=36), "1.5 d"),
 ])

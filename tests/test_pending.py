@@ -41,6 +41,7 @@ def pending_config(config, tmp_path_factory):
             "topics": [f"test.{run}.events"],
             "control_topic": f"test.{run}.control",
             "dead_letter_topic": f"test.{run}.dead-letter",
+            "reconcile_topic": f"test.{run}.reconcile",
         }),
         "policies": {**config.policies, "mailbox": {
             "expired_ttl": HOUR, "incomplete_ttl": 2 * HOUR, "deleted_ttl": HOUR / 2, "payload_grace": HOUR * 1.5},

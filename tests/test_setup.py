@@ -55,7 +55,8 @@ def cassandra_address(config: PurgerConfig) -> str:
 def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tmp_path):
     run = uuid.uuid4().hex[:8]
     own = variant(config, kafka={"control_topic": f"test.{run}.setup.control",
-                                 "dead_letter_topic": f"test.{run}.setup.dead-letter"},
+                                 "dead_letter_topic": f"test.{run}.setup.dead-letter",
+                                 "reconcile_topic": f"test.{run}.setup.reconcile"},
                   cassandra={"journal_table": f"journal_{run}"})
     keyspace = config.cassandra.keyspace
     bootstrap = config.kafka.bootstrap_servers
@@ -69,12 +70,15 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
             f"on Kafka {bootstrap}",
             f"created topic test.{run}.setup.dead-letter (kafka.dead_letter_topic: 1 partition, kept 30 days) "
             f"on Kafka {bootstrap}",
+            f"created topic test.{run}.setup.reconcile (kafka.reconcile_topic: 2 partitions, kept 7 days) "
+            f"on Kafka {bootstrap}",
             f"created table {keyspace}.journal_{run} (cassandra.journal_table, the purger's journal) "
             f"on Cassandra {cassandra_address(config)}",
         ]
         described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(
-            [own.kafka.control_topic, own.kafka.dead_letter_topic])}
-        assert described == {own.kafka.control_topic: 1, own.kafka.dead_letter_topic: 1}
+            [own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic])}
+        # The reconcile topic as the events topic: conftest's has 2 partitions.
+        assert described == {own.kafka.control_topic: 1, own.kafka.dead_letter_topic: 1, own.kafka.reconcile_topic: 2}
         settings = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, own.kafka.control_topic)])
         control = settings["topic"][own.kafka.control_topic]
         assert control["retention.ms"]["value"] == str(30 * 86_400_000)
@@ -85,9 +89,10 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
         assert again.stderr == "" and "created" not in again.stdout
         assert again.stdout.splitlines()[0] == "nothing to create: the purger's own topics and journal table exist"
         assert f"in place on Kafka {bootstrap}: events topic {config.kafka.topics[0]}, " \
-               f"topic {own.kafka.control_topic}, topic {own.kafka.dead_letter_topic}" in again.stdout
+               f"topic {own.kafka.control_topic}, topic {own.kafka.dead_letter_topic}, " \
+               f"topic {own.kafka.reconcile_topic}" in again.stdout
     finally:
-        admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic])
+        admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic])
         admin.close()
         session = cassandra_session(config.cassandra)
         session.execute(f"DROP TABLE IF EXISTS {keyspace}.journal_{run}")

@@ -35,6 +35,9 @@ delete time        ``PushClientPurge``, an ``ObjectPurge``: the engine runs the 
                    (read, due?, dry run, claim, journalled dependents, delete, rechecks);
                    the policy fills in ``read``, ``claimed``, ``due``, ``why_kept``,
                    ``claim``, ``dependents`` and ``delete``
+reconciliation     ``scanned``: the ``push_routers`` table, a row per client;
+                   ``row_events``: a row read back as a ``push_client_connected`` at its
+                   ``last_connected_at``, the time the rule and the check both read
 =================  ======================================================================
 
 Tables (``{keyspace}`` is ``cassandra.keyspace``)::
@@ -126,7 +129,7 @@ from typing import Any
 from purger.core.config import Duration
 from purger.core.policy import (
     Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
-    Resources, Rule, Settings, earliest,
+    Resources, Rule, Scanned, Settings, earliest, row_event,
 )
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, reason
@@ -253,6 +256,8 @@ class PushClientsPolicy(Policy):
         ROUTERS: ("client_id", "last_connected_at", "purging"),
         MESSAGES: ("client_id", "message_id"),
     }
+    # Reconciliation reads the router table whole: a row per client.
+    scanned = (Scanned(ROUTERS, PUSH_CLIENT, "client_id", ("client_id", "last_connected_at", "purging")),)
     schema = f"""
 CREATE TABLE IF NOT EXISTS {{keyspace}}.{ROUTERS} (
   client_id         text PRIMARY KEY,
@@ -278,3 +283,11 @@ CREATE TABLE IF NOT EXISTS {{keyspace}}.{MESSAGES} (
 
     def purges(self, resources: Resources) -> dict[str, Purge]:
         return {PUSH_CLIENT: PushClientPurge(resources, self.table_names(), self.kind.rule)}
+
+    def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The reverse of the fold: a router row is the client's last connection, at ``last_connected_at``.
+        Nothing from a row a purge holds, nor from one no connect or register wrote (no ``last_connected_at``)."""
+        if row["purging"] or row["last_connected_at"] is None:
+            return []
+        return [row_event(ROUTERS, row["client_id"], PUSH_CLIENT_CONNECTED, row["last_connected_at"],
+                          client_id=row["client_id"])]

@@ -5,7 +5,9 @@ lifecycle events, ``state.MessageState``) and a ``payload`` (the enqueues that
 link messages to it and the sink's reports that its last message went,
 ``state.PayloadState``). The rules, with their event-time deadlines and their
 checks at delete time, are ``rules``; the double-checked deletes and the
-payload's writer contract are ``deletes``.
+payload's writer contract are ``deletes``. For reconciliation, a ``messages``
+row reads back as its lifecycle events (``message_events``) and a claimed
+``payloads`` row as released (``payload_events``).
 
 Example::
 
@@ -18,16 +20,17 @@ Example::
 from __future__ import annotations
 
 from datetime import timedelta
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from pydantic import field_validator
 
 from purger.core.config import Duration
 from purger.core.policy import (
-    Eligibility, EventField, EventType, Link, ObjectKind, Policy, Purge, Resources, Settings,
+    Blobs, Eligibility, EventField, EventType, Link, ObjectKind, Policy, Purge, Resources, Scanned, Settings,
+    row_event,
 )
-from purger.policies.mailbox.deletes import MessagePurge, PayloadPurge
+from purger.policies.mailbox.deletes import DELETING, MessagePurge, PayloadPurge
 from purger.policies.mailbox.rules import Retention, eligibility, payload_eligibility
 from purger.policies.mailbox.state import (
     DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, LINK, MESSAGE, PAYLOAD, RELEASED, UPLOAD_COMPLETE,
@@ -97,6 +100,51 @@ def _lifecycle(name: str, *required: str, links: tuple[Link, ...] = ()) -> Event
     return EventType(name, MESSAGE, "message_id", required, links)
 
 
+def message_events(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``messages`` row as the lifecycle events that would have written it: its enqueue at ``created_at``, then
+    what it says at ``updated_at`` (its last change): the upload completed, the counter, the extract-until date,
+    the delete. Folded, they make the message due when the check at delete time (``deletes.row_state``) would purge
+    the row. Nothing from a row without ``updated_at``, which every write of the platform sets; no enqueue from one
+    its insert did not write (an update that found the row gone)."""
+    updated = row["updated_at"]
+    if updated is None:
+        return []
+    event = partial(row_event, "messages", row["message_id"], message_id=row["message_id"])
+    found = []
+    if all(row[column] is not None for column in ("created_at", "mailbox", "payload_id", "payload_size")):
+        # The table keeps no data centres: the payload's purge reads them from the payloads row (whose
+        # reconciliation carries them), and a message's copy only names blobs to delete again once that row is
+        # gone. So none are claimed here; the fold takes the union of an enqueue's copies, so the real
+        # enqueue's still count. A null ``complete`` is no upload in progress: the check reads ``complete = false``.
+        found.append(event(ENQUEUE, row["created_at"], mailbox=row["mailbox"], payload_id=row["payload_id"],
+                           payload_size=row["payload_size"], inline=row["inline_payload"] is not None,
+                           complete=row["complete"] is not False, dcs=()))
+    if row["complete"]:
+        # Said apart from the enqueue: a copy of it that said incomplete (the real one) still folds to complete.
+        found.append(event(UPLOAD_COMPLETE, updated))
+    if row["extract_count"] is not None:
+        found.append(event(EXTRACT_COUNTER, updated, extract_count=row["extract_count"]))
+    if row["extract_until"] is not None:
+        found.append(event(EXTRACT_UNTIL, updated, extract_until=row["extract_until"]))
+    if row["deleted"]:
+        found.append(event(DELETE, updated))
+    return found
+
+
+def payload_events(row: dict[str, Any], grace: timedelta) -> list[dict[str, Any]]:
+    """A ``payloads`` row that says no reference is left, ``deleting`` (a purge claimed it, having found none, and
+    no writer can link it since), as released at ``last_ref_at``, where the claim's check ran the grace from:
+    fed back, the stream finishes the purge. A ``live`` row says nothing: whether a message still refers to it
+    is in ``payload_refs``, and the messages' own rows say it (their enqueues link it, their purges release it)."""
+    last_ref = row["last_ref_at"]
+    if row["state"] != DELETING or last_ref is None:
+        return []
+    # Found unreferenced no sooner than a grace after the last link, so after any enqueue that linked it (the
+    # writers' clocks are within the grace): the stream does not take the release for an older one.
+    return [row_event("payloads", row["payload_id"], RELEASED, last_ref, payload_id=row["payload_id"],
+                      observed_at=last_ref + grace, dcs=row["dcs"] or ())]
+
+
 class MailboxPolicy(Policy):
     name = "mailbox"
     settings_model = MailboxSettings
@@ -131,6 +179,12 @@ class MailboxPolicy(Policy):
         "payload_refs": ("payload_id", "message_id"),
         "payloads": ("payload_id", "dcs", "state", "last_ref_at"),
     }
+    scanned = (
+        Scanned("messages", MESSAGE, "message_id",
+                ("message_id", "mailbox", "payload_id", "payload_size", "inline_payload", "extract_count",
+                 "extract_until", "complete", "deleted", "created_at", "updated_at")),
+        Scanned("payloads", PAYLOAD, "payload_id", ("payload_id", "dcs", "state", "last_ref_at")),
+    )
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.messages (
   message_id text PRIMARY KEY, mailbox text, payload_id text, payload_size bigint, inline_payload blob,
@@ -141,6 +195,8 @@ CREATE TABLE IF NOT EXISTS {keyspace}.payload_refs (
 CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
   payload_id text PRIMARY KEY, size bigint, dcs set<text>, state text, last_ref_at timestamp, created_at timestamp);
 """
+    # A payload's blob is at payloads/<payload_id> in each data centre's bucket (deletes.payload_key).
+    blobs = (Blobs("payloads/", PAYLOAD, "payloads", "payload_id"),)
     settings: MailboxSettings
 
     @cached_property
@@ -158,3 +214,10 @@ CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
     def table_names(self) -> dict[str, str]:
         return {"messages": self.settings.messages_table, "payload_refs": self.settings.payload_refs_table,
                 "payloads": self.settings.payloads_table}
+
+    def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """A ``messages`` row's lifecycle events (``message_events``); a ``payloads`` row's release
+        (``payload_events``)."""
+        if table == "messages":
+            return message_events(row)
+        return payload_events(row, self.settings.payload_grace)

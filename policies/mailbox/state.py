@@ -8,10 +8,13 @@ Two kinds of object have state, each keyed by its id:
 
 All times are epoch milliseconds in event time. Events arrive out of order and
 twice, so every field is order-independent: the enqueue's fields are the same
-in every copy; counter and extract-until are last-writer-wins registers by
-event time; ``upload_complete`` and ``delete`` only ever set a flag or keep
-their earliest time; payload times keep their latest value. Applying the same
-event twice, or a batch in any order, gives the same state.
+in every copy, but for what a copy read back from the row by reconciliation
+cannot know (its data centres, whether the upload was complete at the time),
+which combine (the union; incomplete if any copy says so); counter and
+extract-until are last-writer-wins registers by event time;
+``upload_complete`` and ``delete`` only ever set a flag or keep their earliest
+time; payload times keep their latest value. Applying the same event twice, or
+a batch in any order, gives the same state.
 
 Example::
 
@@ -151,13 +154,21 @@ def _latest(current: int | None, time_ms: int) -> int:
     return time_ms if current is None else max(current, time_ms)
 
 
+def _complete(current: bool | None, said: bool | None) -> bool | None:
+    """Two copies of an enqueue on its upload: incomplete if either says so (the row's copy says complete once
+    the upload has completed since; its ``upload_complete`` says that), unknown only if neither says."""
+    known = [value for value in (current, said) if value is not None]
+    return all(known) if known else None
+
+
 def apply(state: MessageState | None, event: Event) -> MessageState:
     """Fold one lifecycle event into a message's state (``None``: nothing known yet)."""
     state = state or MessageState()
     if event.type == ENQUEUE:
         state = replace(
             state, mailbox=event.mailbox, payload_id=event.payload_id, payload_size=event.payload_size,
-            inline=event.inline, dcs=tuple(sorted(event.dcs or ())), enqueue_complete=event.complete,
+            inline=event.inline, dcs=tuple(sorted(set(state.dcs) | set(event.dcs or ()))),
+            enqueue_complete=_complete(state.enqueue_complete, event.complete),
             created_at_ms=_earliest(state.created_at_ms, event.event_time_ms),
         )
         # The enqueue sets the first values; a later change that arrived first still wins.

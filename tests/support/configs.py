@@ -33,10 +33,10 @@ def own_config(config: PurgerConfig, tmp: Path, name: str, **stream) -> PurgerCo
     own = config.model_copy(update={
         "kafka": config.kafka.model_copy(update={
             "topics": [f"test.{run}.events"], "control_topic": f"test.{run}.control",
-            "dead_letter_topic": f"test.{run}.dead-letter"}),
+            "dead_letter_topic": f"test.{run}.dead-letter", "reconcile_topic": f"test.{run}.reconcile"}),
         "stream": config.stream.model_copy(update={"checkpoint": str(tmp / "checkpoint"), **stream}),
         "ledger": config.ledger.model_copy(update={
-            "path": str(tmp / "ledger"), "report_path": str(tmp / "report"),
+            "path": str(tmp / "ledger"), "report_path": str(tmp / "report"), "reconcile_path": str(tmp / "reconcile"),
             "report_interval": timedelta(seconds=2)}),
         "metrics": MetricsConfig(port=free_port()),
     })

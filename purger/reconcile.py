@@ -1,0 +1,242 @@
+"""`purger reconcile`: the store as a second source of candidates (docs/reconciliation.md).
+
+Per enabled policy, per table it scans (``Policy.scanned``), one Spark job:
+
+1. **Scan** the table by token range in Spark tasks on the executors (``connectors.token_ranges``),
+   each task paced so that all of them together read at most ``reconcile.max_rows_per_second``;
+2. **re-express** each row as its policy's events and fold them (``core.reconcile.row_verdict``);
+3. **compare** with the stream's state, read from the checkpoint's last committed batch (Spark's
+   state data source): known or not;
+4. **feed back** the rows the state does not know, and those their own events say are overdue, to the
+   reconcile topic, keyed by object id. The stream reads it beside the events topics and decides as for
+   any event, double-check included. A dry run feeds nothing and counts what it would feed.
+
+Then orphan blobs (``purger.sinks.orphans``), and the run's report: a row per policy, table and data
+centre, appended to the Delta table at ``ledger.reconcile_path``.
+
+Rows stay on the executors: the driver gets the counts (accumulators) and nothing else.
+
+Example::
+
+    report = reconcile(spark, config)                 # every enabled policy
+    report = reconcile(spark, config, ["mailbox"], dry_run=True)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import asdict
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any, Iterator
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType, BooleanType, DoubleType, LongType, StringType, StructField, StructType, TimestampType,
+)
+
+from purger.connectors import cassandra_session
+from purger.connectors.token_ranges import partition_key, scan_ranges, token_ranges
+from purger.core.config import PurgerConfig
+from purger.core.policy import Policy, Scanned
+# ReportRow lives in the core, so that sinks.orphans builds its rows without importing this module.
+from purger.core.reconcile import OVERDUE, UNKNOWN, ReportRow, RowVerdict, feed_reason, row_verdict
+from purger.core.times import duration_ms, now_ms
+from purger.sinks.clients import executor_session
+from purger.sinks.throttle import Pacer, per_task_rate
+
+log = logging.getLogger(__name__)
+
+# A scanned row, on the executors: its object, when its own events make it due, and those events (JSON).
+_ROWS = StructType([
+    StructField("kind", StringType()), StructField("id", StringType()), StructField("rule", StringType()),
+    StructField("eligible_at_ms", LongType()), StructField("records", ArrayType(StringType())),
+])
+# The report's rows (``ledger.reconcile_path``).
+REPORT_SCHEMA = StructType([
+    StructField("run_id", StringType()), StructField("policy", StringType()), StructField("table", StringType()),
+    StructField("dc", StringType()), StructField("scanned", LongType()), StructField("known", LongType()),
+    StructField("unknown_fed", LongType()), StructField("overdue_fed", LongType()),
+    StructField("orphans_found", LongType()), StructField("orphans_deleted", LongType()),
+    StructField("started", TimestampType()), StructField("finished", TimestampType()),
+    StructField("duration_s", DoubleType()), StructField("rows_per_s", DoubleType()),
+    StructField("dry_run", BooleanType()),
+])
+# The Cassandra tables' data centre in the report: a scan reads the table, whichever data centre serves it.
+ALL_DCS = "all"
+
+
+class ReconcileError(RuntimeError):
+    """A reconcile that cannot start (a table missing): one line naming it and what to do."""
+
+
+def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str], rate: float,
+               ranges: Iterator[tuple[int, int]]) -> Iterator[tuple[Any, ...]]:
+    """One Spark task: its token ranges read, each row re-expressed and judged on its own."""
+    settings = config.reconcile
+    session = executor_session(config)
+    policies = config.policy_set
+    pacer = Pacer(rate)
+    rows = scan_ranges(session, config.cassandra.keyspace, table, key, list(scanned.columns), list(ranges),
+                       settings.consistency, settings.page_size)
+    for row in rows:
+        pacer.wait()
+        verdict = row_verdict(policies, scanned, row)
+        yield (verdict.kind, verdict.id, verdict.rule, verdict.eligible_at_ms,
+               [json.dumps(record, separators=(",", ":")) for record in verdict.records])
+
+
+def _known_objects(spark: SparkSession, checkpoint: str, kinds: list[str]) -> DataFrame | None:
+    """The ``(kind, id)`` of every object in the stream's state, as of the checkpoint's last committed
+    batch, one batch for all kinds; None when the checkpoint has no state yet (nothing is known)."""
+    from pyspark.errors import AnalysisException
+
+    # RocksDB state stores report to the driver's state store coordinator (see streams.pending).
+    spark.streams.active
+    try:
+        batch = spark.read.format("state-metadata").load(checkpoint).agg(F.max("maxBatchId")).first()[0]
+    except AnalysisException:
+        return None
+    if batch is None:
+        return None
+    known = []
+    for kind in kinds:
+        try:
+            values = (spark.read.format("statestore").option("batchId", batch).option("stateVarName", kind)
+                      .load(checkpoint))
+        except AnalysisException:  # a kind the stream has not kept yet (a policy enabled since)
+            continue
+        known.append(values.select(F.col("key.kind").alias("kind"), F.col("key.id").alias("id")))
+    if not known:
+        return None
+    union = known[0]
+    for more in known[1:]:
+        union = union.unionByName(more)
+    return union.withColumn("known", F.lit(True))
+
+
+def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scanned: Scanned,
+                known: DataFrame | None, run_id: str, dry_run: bool) -> ReportRow:
+    table = policy.table_names()[scanned.table]
+    keyspace = config.cassandra.keyspace
+    report = ReportRow(run_id, policy.name, table, ALL_DCS, datetime.now(timezone.utc), dry_run=dry_run)
+    settings = config.reconcile
+    cores = spark.sparkContext.defaultParallelism
+    session = cassandra_session(config.cassandra)
+    try:
+        key = partition_key(session, keyspace, table)
+        ranges = token_ranges(session, cores * 2 * settings.ranges_per_task)
+    except LookupError as error:
+        raise ReconcileError(f"reconcile of policies.{policy.name}: {error}; create it, or correct the "
+                             f"policy's table name") from None
+    finally:
+        session.cluster.shutdown()
+    tasks = max(1, len(ranges) // settings.ranges_per_task)
+    rate = per_task_rate(settings.max_rows_per_second, tasks, cores)
+    scan = spark.sparkContext.parallelize(ranges, tasks).mapPartitions(
+        partial(_scan_task, config, scanned, table, key, rate))
+    rows = spark.createDataFrame(scan, _ROWS)
+    if known is not None:
+        rows = rows.join(known.where(F.col("kind") == scanned.kind), ["kind", "id"], "left")
+    else:
+        rows = rows.withColumn("known", F.lit(None).cast("boolean"))
+    counters = [spark.sparkContext.accumulator(0) for _ in range(4)]
+    spark.sparkContext.setJobDescription(f"reconcile {policy.name}: {table}")
+    try:
+        rows.foreachPartition(partial(_feed_task, config, dry_run, now_ms(), duration_ms(settings.overdue_after),
+                                      counters))
+    finally:
+        spark.sparkContext.setJobDescription(None)
+    report.scanned, report.known, report.unknown_fed, report.overdue_fed = (c.value for c in counters)
+    return report.finish()
+
+
+def _feed_task(config: PurgerConfig, dry_run: bool, now: int, overdue_after_ms: int, counters: list[Any],
+               rows: Iterator[Any]) -> None:
+    """One Spark task of the feed: each scanned row judged (``feed_reason``), those fed back sent to the
+    reconcile topic, keyed by object id, and all delivered before the task ends; its counts added to
+    ``counters`` (scanned, known, unknown, overdue), which Spark applies once per task however often it
+    runs."""
+    from purger.connectors import kafka_producer
+
+    counts = [0, 0, 0, 0]
+    producer = None if dry_run else kafka_producer(config.kafka, acks="all", linger_ms=20)
+    try:
+        for row in rows:
+            verdict = RowVerdict(row.kind, row.id, row.records, row.rule, row.eligible_at_ms)
+            reason = feed_reason(verdict, bool(row.known), now, overdue_after_ms)
+            counts[0] += 1
+            counts[1] += bool(row.known)
+            counts[2] += reason == UNKNOWN
+            counts[3] += reason == OVERDUE
+            if reason is not None and producer is not None:
+                for record in row.records:
+                    producer.send(config.kafka.reconcile_topic, key=row.id.encode(), value=record.encode())
+        if producer is not None:
+            producer.flush()
+    finally:
+        if producer is not None:
+            producer.close()
+    for counter, n in zip(counters, counts):
+        counter.add(n)
+
+
+def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str] | None = None,
+              dry_run: bool = False) -> list[ReportRow]:
+    """Reconcile the enabled policies (``policy_names`` of them, if given): a row of the report per
+    policy, table and data centre, also appended to ``ledger.reconcile_path``."""
+    from purger.sinks.orphans import reconcile_orphans
+
+    policies = config.policy_set
+    chosen = [p for p in policies.policies if policy_names is None or p.name in policy_names]
+    unknown = sorted(set(policy_names or ()) - {p.name for p in policies.policies})
+    if unknown:
+        raise ReconcileError(f"policy {', '.join(unknown)} is not enabled: enable it under [policies.<name>] "
+                             f"or choose among {', '.join(p.name for p in policies.policies)}")
+    run_id = uuid.uuid4().hex[:12]
+    dry_run = dry_run or config.stream.dry_run
+    known = _known_objects(spark, config.stream.checkpoint_location, [k.name for k in policies.kinds])
+    report = []
+    for policy in chosen:
+        for scanned in policy.scanned:
+            started = time.monotonic()
+            row = _scan_table(spark, config, policy, scanned, known, run_id, dry_run)
+            log.info("reconciled %s.%s: %d rows in %.1f s, %d unknown and %d overdue %s", policy.name,
+                     row.table, row.scanned, time.monotonic() - started, row.unknown_fed, row.overdue_fed,
+                     "found (dry run)" if dry_run else "fed back")
+            report.append(row)
+        report += reconcile_orphans(spark, config, policy, run_id, dry_run)
+    _append(spark, config, report)
+    return report
+
+
+def next_reconcile_in_s(spark: SparkSession, config: PurgerConfig) -> float:
+    """Seconds until the next scheduled reconcile: ``reconcile.interval`` after the last one recorded at
+    ``ledger.reconcile_path`` finished, so a restart does not start the count again; 0 if none is."""
+    from delta.tables import DeltaTable
+
+    from purger.sinks.ledger import use_s3a
+
+    use_s3a(spark, config.ledger)
+    path = config.ledger.reconcile_path
+    if not DeltaTable.isDeltaTable(spark, path):
+        return 0.0
+    last = spark.read.format("delta").load(path).agg(F.max("finished")).first()[0]
+    if last is None:
+        return 0.0
+    # PySpark gives a timestamp as a naive datetime in this process's local time, which timestamp() reads.
+    since_s = time.time() - last.timestamp()
+    return max(0.0, config.reconcile.interval.total_seconds() - since_s)
+
+
+def _append(spark: SparkSession, config: PurgerConfig, report: list[ReportRow]) -> None:
+    from purger.sinks.ledger import use_s3a
+
+    use_s3a(spark, config.ledger)
+    rows = [{name: value for name, value in asdict(row).items()} for row in report]
+    (spark.createDataFrame(rows, REPORT_SCHEMA).write.format("delta").mode("append")
+     .option("mergeSchema", "true").save(config.ledger.reconcile_path))

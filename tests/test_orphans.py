@@ -1,0 +1,304 @@
+"""Orphan blobs (sinks.orphans) against the real Cassandra and S3: listed, anti-joined with the payloads rows,
+re-checked just before the delete, and recorded in the ledger once.
+
+Each test has buckets of its own (one per data centre), so what it counts is exactly what it wrote; the
+payloads table is the shared one, with ids of the test's own. LastModified is the store's clock, so an old
+blob is made by waiting past a short ``orphan_grace`` (``orphan_grace_check = false``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from purger.connectors import cassandra_session, s3_client
+from purger.core.config import LedgerConfig, ReconcileConfig
+from purger.core.failpoints import injected
+from purger.core.times import duration_ms, epoch_ms, now_ms
+from purger.core.vocabulary import (
+    ALREADY_GONE, EARLIER_ATTEMPT, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, category,
+)
+from purger.sinks.ledger import Ledger
+from purger.sinks.orphans import MAX_CHARACTER, Sweep, decide, ledger_query_id, list_shard, reconcile_orphans
+
+pytestmark = pytest.mark.integration
+
+GRACE = timedelta(seconds=4)
+PREFIX = "payloads/"
+
+
+@pytest.fixture(scope="module")
+def payloads(config):
+    """Write and remove rows of the payloads table; removes what it wrote at the end."""
+    session = cassandra_session(config.cassandra, config.cassandra.keyspace)
+    table = config.policy_set.policy_of("payload").settings.payloads_table
+    insert = session.prepare(f"INSERT INTO {table} (payload_id, size, dcs, state, last_ref_at, created_at) "
+                             "VALUES (?, 1, {'dc1', 'dc2'}, 'live', ?, ?)")
+    remove = session.prepare(f"DELETE FROM {table} WHERE payload_id = ?")
+    written: list[str] = []
+
+    class Rows:
+        def add(self, payload_id: str) -> None:
+            at = datetime.now(timezone.utc)
+            session.execute(insert, (payload_id, at, at))
+            written.append(payload_id)
+
+    yield Rows()
+    for payload_id in written:
+        session.execute(remove, (payload_id,))
+    session.cluster.shutdown()
+
+
+class Stores:
+    """A test's own bucket in each data centre, on the real S3."""
+
+    def __init__(self, config) -> None:
+        self.client = s3_client(config.stores["dc1"])
+        self.buckets = {dc: f"orphans-{uuid.uuid4().hex[:10]}-{dc}" for dc in ("dc1", "dc2")}
+        for bucket in self.buckets.values():
+            self.client.create_bucket(Bucket=bucket)
+
+    def put(self, key: str, *dcs: str, body: bytes = b"blob") -> None:
+        for dc in dcs or tuple(self.buckets):
+            self.client.put_object(Bucket=self.buckets[dc], Key=key, Body=body)
+
+    def exists(self, key: str, dc: str) -> bool:
+        listing = self.client.list_objects_v2(Bucket=self.buckets[dc], Prefix=key)
+        return any(item["Key"] == key for item in listing.get("Contents", []))
+
+    def head(self, key: str, dc: str) -> dict:
+        return self.client.head_object(Bucket=self.buckets[dc], Key=key)
+
+    def keys(self, dc: str) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.buckets[dc])
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+    def remove(self) -> None:
+        for dc, bucket in self.buckets.items():
+            # A filesystem-backed store lists folders as keys ending in "/" (slow to delete); they go with
+            # their last key.
+            for key in self.keys(dc):
+                if not key.endswith("/"):
+                    self.client.delete_object(Bucket=bucket, Key=key)
+            self.client.delete_bucket(Bucket=bucket)
+
+
+@pytest.fixture
+def stores(config):
+    made = Stores(config)
+    yield made
+    made.remove()
+
+
+@pytest.fixture
+def orphans_config(config, stores, tmp_path):
+    """The session's configuration on the test's buckets (both through the direct endpoint), a ledger of the
+    test's own and a grace of a few seconds."""
+    endpoint = config.stores["dc1"].endpoint
+    return config.model_copy(update={
+        "stores": {dc: config.stores[dc].model_copy(update={"bucket": bucket, "endpoint": endpoint})
+                   for dc, bucket in stores.buckets.items()},
+        "reconcile": ReconcileConfig(orphan_grace=GRACE, orphan_grace_check=False),
+        "ledger": LedgerConfig(path=str(tmp_path / "records"), report_path=str(tmp_path / "report"),
+                               reconcile_path=str(tmp_path / "reconcile")),
+    })
+
+
+def mailbox_policy(config):
+    return config.policy_set.policy_of("payload")
+
+
+def past_grace() -> None:
+    """Wait until what was written so far is older than the grace (LastModified counts whole seconds)."""
+    time.sleep(GRACE.total_seconds() + 1.5)
+
+
+def records(spark, config, query_id: str | None = None) -> list:
+    ledger = Ledger(spark, config.ledger)
+    if not ledger.exists():
+        return []
+    found = ledger.records()
+    if query_id is not None:
+        found = found.where(found.query_id == query_id)
+    return found.collect()
+
+
+def test_old_orphans_are_deleted_in_each_data_centre_and_recorded_and_nothing_else_is(
+        spark, orphans_config, stores, payloads):
+    uid = uuid.uuid4().hex[:8]
+    # Ids whose first characters go to shards of their own (a letter, a capital) and to the catch-all.
+    only_dc1, only_dc2, both, nested = f"a{uid}", f"_{uid}", f"é{uid}", f"Z{uid}/part"
+    stores.put(PREFIX + only_dc1, "dc1")
+    stores.put(PREFIX + only_dc2, "dc2")
+    stores.put(PREFIX + both)
+    stores.put(PREFIX + nested)
+    with_row = f"r{uid}"
+    stores.put(PREFIX + with_row)
+    payloads.add(with_row)
+    outside = [f"other/{uid}", f"payloadsX/{uid}", f"payloads{uid}", f"x{PREFIX}{uid}"]
+    for key in outside:
+        stores.put(key)
+    past_grace()
+    young = f"y{uid}"
+    stores.put(PREFIX + young, "dc1")
+    run_id = uuid.uuid4().hex[:12]
+
+    report = reconcile_orphans(spark, orphans_config, mailbox_policy(orphans_config), run_id, dry_run=False)
+
+    deleted = {(only_dc1, "dc1"), (only_dc2, "dc2"), (both, "dc1"), (both, "dc2"), (nested, "dc1"), (nested, "dc2")}
+    for object_id, dc in deleted:
+        assert not stores.exists(PREFIX + object_id, dc), (object_id, dc)
+    for dc in ("dc1", "dc2"):
+        assert stores.exists(PREFIX + with_row, dc)
+        for key in outside:
+            assert stores.exists(key, dc), key
+    assert stores.exists(PREFIX + young, "dc1")
+
+    found = records(spark, orphans_config)
+    assert sorted((r.id, r.dc) for r in found) == sorted(deleted)
+    for record in found:
+        assert (record.policy, record.kind, record.rule, record.status) == ("mailbox", "payload", ORPHAN, PURGED)
+        assert record.query_id == ledger_query_id(run_id, "mailbox", "payloads", record.dc)
+        assert record.batch_id == 0
+        assert record.deleted_at is not None and record.lag_s >= 0
+        assert record.eligible_at < record.deleted_at
+
+    by_dc = {row.dc: row for row in report}
+    assert sorted(by_dc) == ["dc1", "dc2"]
+    for dc, row in by_dc.items():
+        assert (row.run_id, row.policy, row.table, row.dry_run) == (run_id, "mailbox", "payloads", False)
+        assert row.orphans_found == row.orphans_deleted == 3
+        assert row.finished is not None and row.duration_s > 0
+    # Under payloads/: dc1 holds the three orphans, the blob with a row and the young one; dc2 no young one.
+    assert (by_dc["dc1"].scanned, by_dc["dc2"].scanned) == (5, 4)
+
+
+def test_a_dry_run_deletes_nothing_and_no_run_records_anything_twice(spark, orphans_config, stores):
+    uid = uuid.uuid4().hex[:8]
+    orphan = f"d{uid}"
+    stores.put(PREFIX + orphan)
+    past_grace()
+    policy = mailbox_policy(orphans_config)
+
+    dry = uuid.uuid4().hex[:12]
+    for _ in range(2):  # the blob is still there for the second run, which must not record it again
+        report = reconcile_orphans(spark, orphans_config, policy, dry, dry_run=True)
+        assert [(r.dc, r.orphans_found, r.orphans_deleted, r.dry_run) for r in report] == [
+            ("dc1", 1, 1, True), ("dc2", 1, 1, True)]
+    for dc in ("dc1", "dc2"):
+        assert stores.exists(PREFIX + orphan, dc)
+    found = records(spark, orphans_config)
+    assert sorted((r.id, r.dc, r.status, r.rule) for r in found) == [
+        (orphan, "dc1", WOULD_DELETE, ORPHAN), (orphan, "dc2", WOULD_DELETE, ORPHAN)]
+    assert all(r.deleted_at is None for r in found)
+
+    real = uuid.uuid4().hex[:12]
+    for _ in range(2):
+        report = reconcile_orphans(spark, orphans_config, policy, real, dry_run=False)
+        assert [(r.dc, r.orphans_found, r.orphans_deleted) for r in report] == [("dc1", 1, 1), ("dc2", 1, 1)]
+    for dc in ("dc1", "dc2"):
+        assert not stores.exists(PREFIX + orphan, dc)
+        assert [(r.id, r.status) for r in records(spark, orphans_config, ledger_query_id(real, "mailbox", "payloads", dc))
+                ] == [(orphan, PURGED)]
+
+    # Another run finds nothing left, and records nothing.
+    again = uuid.uuid4().hex[:12]
+    report = reconcile_orphans(spark, orphans_config, policy, again, dry_run=False)
+    assert [(r.orphans_found, r.orphans_deleted) for r in report] == [(0, 0), (0, 0)]
+    assert len(records(spark, orphans_config)) == 4
+
+
+def sweep(config, grace: timedelta = timedelta(0), dry_run: bool = False, dc: str = "dc1") -> Sweep:
+    policy = mailbox_policy(config)
+    grace_ms = duration_ms(grace)
+    return Sweep(policy.name, policy.blobs[0], "payloads", dc, grace_ms, now_ms() - grace_ms, dry_run)
+
+
+def listed(stores, object_id: str, dc: str = "dc1") -> tuple[int, str]:
+    """The blob as a listing would have seen it: last modified and ETag."""
+    head = stores.head(PREFIX + object_id, dc)
+    return epoch_ms(head["LastModified"]), head["ETag"]
+
+
+def outcome(values: tuple) -> dict:
+    from purger.sinks.purge import OUTCOME_SCHEMA
+
+    return dict(zip(OUTCOME_SCHEMA.names, values))
+
+
+def test_a_row_written_just_before_the_delete_keeps_the_blob(orphans_config, stores, payloads):
+    """The failpoint is where an upload's row lands between the anti-join and the delete: the serial re-read
+    sees it. (Spark's Python workers are other processes, so the decision runs here, on the real servers.)"""
+    uid = uuid.uuid4().hex[:8]
+    racing, alone = f"f{uid}", f"g{uid}"
+    stores.put(PREFIX + racing, "dc1")
+    stores.put(PREFIX + alone, "dc1")
+    reached = []
+
+    def upload_lands(name: str) -> None:
+        reached.append(name)
+        if name == "before_orphan_delete" and len(reached) == 1:
+            payloads.add(racing)
+
+    with injected(upload_lands):
+        kept = outcome(decide(orphans_config, sweep(orphans_config), racing, *listed(stores, racing)))
+        gone = outcome(decide(orphans_config, sweep(orphans_config), alone, *listed(stores, alone)))
+    assert reached == ["before_orphan_delete"] * 2
+    assert (kept["status"], category(kept["reason"])) == (SKIPPED, PRESENT)
+    assert (kept["kind"], kept["id"], kept["rule"], kept["dc"]) == ("payload", racing, ORPHAN, "dc1")
+    assert stores.exists(PREFIX + racing, "dc1")
+    assert gone["status"] == PURGED and gone["deleted_at_ms"] is not None
+    assert not stores.exists(PREFIX + alone, "dc1")
+
+
+def test_a_blob_rewritten_or_young_at_the_recheck_is_kept_and_a_gone_one_is_said_so(orphans_config, stores):
+    uid = uuid.uuid4().hex[:8]
+    rewritten, young, gone, dry = f"h{uid}", f"i{uid}", f"j{uid}", f"k{uid}"
+    for object_id in (rewritten, young, dry):
+        stores.put(PREFIX + object_id, "dc1")
+
+    # Listed earlier, with other contents: rewritten since.
+    modified, _ = listed(stores, rewritten)
+    result = outcome(decide(orphans_config, sweep(orphans_config), rewritten, modified - 10_000, '"other"'))
+    assert (result["status"], category(result["reason"])) == (SKIPPED, NOT_YET_DUE)
+    assert "rewritten" in result["reason"]
+    assert stores.exists(PREFIX + rewritten, "dc1")
+
+    # Younger than the grace at the recheck (as a clock that moved on, or a listing's cutoff that erred).
+    result = outcome(decide(orphans_config, sweep(orphans_config, grace=timedelta(hours=1)), young,
+                            *listed(stores, young)))
+    assert (result["status"], category(result["reason"])) == (SKIPPED, NOT_YET_DUE)
+    assert "orphan_grace" in result["reason"]
+    assert stores.exists(PREFIX + young, "dc1")
+
+    # A dry run decides, and deletes nothing.
+    result = outcome(decide(orphans_config, sweep(orphans_config, dry_run=True), dry, *listed(stores, dry)))
+    assert result["status"] == WOULD_DELETE and result["deleted_at_ms"] is None
+    assert stores.exists(PREFIX + dry, "dc1")
+
+    # Gone meanwhile: already gone; in a retried task, deleted by the attempt that failed.
+    result = outcome(decide(orphans_config, sweep(orphans_config), gone, now_ms() - 60_000, None))
+    assert result["status"] == ALREADY_GONE
+    result = outcome(decide(orphans_config, sweep(orphans_config), gone, now_ms() - 60_000, None, retry=True))
+    assert (result["status"], result["reason"]) == (PURGED, EARLIER_ATTEMPT)
+
+
+def test_the_shards_list_every_key_under_the_prefix_exactly_once_and_none_outside(stores):
+    # Beyond ASCII too, and characters the store may order otherwise than by code point (s3proxy: UTF-16).
+    firsts = ["0", "9", "A", "a", "aa", "a" + MAX_CHARACTER + "x", "a\ue000", "b", "z", "-", "_", "~", "é", "中", "+x",
+              ".y", "\ue000", "\U00010000"]
+    inside = [PREFIX + f"{first}{n}" for first in firsts for n in range(3)] + [PREFIX + "a/b", PREFIX + "é/c"]
+    outside = ["other/a1", "payloadsX/a1", "payloads-a1", "a/payloads/a1"]
+    for key in inside + outside:
+        stores.put(key, "dc1")
+    shards = "0Aab9"
+    bucket = stores.buckets["dc1"]
+    for page_size in (1000, 2, 1):  # small pages: the catch-all's jumps over the shards' keys are exercised
+        seen = [item["Key"] for first in [*shards, None]
+                for item in list_shard(stores.client, bucket, PREFIX, first, shards, page_size)]
+        # A filesystem-backed store lists folders as keys ending in "/": the sweep leaves them alone.
+        seen = [key for key in seen if not key.endswith("/")]
+        assert sorted(seen) == sorted(inside), page_size

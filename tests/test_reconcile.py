@@ -1,0 +1,153 @@
+"""Reconciliation on the real servers (docs/reconciliation.md): rows the stream never heard of, fed back from
+the store and purged or kept like the rest.
+
+The module's platform writes into a keyspace and buckets of its own (a reconcile scans whole tables and lists
+whole buckets). Its objects:
+
+- *silent* ones: rows written with their events sent to a topic the purger does not read, as if the
+  platform had existed before the purger or had failed to emit; of every policy, due and kept;
+- *heard* ones: written with their events on the purger's events topic;
+- *changed behind its back*: a message whose enqueue the stream read 41 days ago (counter 1), whose
+  counter was then set to 0 forty days ago with no event;
+- a payload shared by a due message and a live one, none of them heard of.
+
+One purger runs for the module; ``reconcile`` runs beside it, as the scheduled one does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from pyspark.sql import functions as F
+
+from devstack.stack import prepare
+from purger.config import with_policies
+from purger.reconcile import reconcile
+from purger.running import start_purger
+from purger.sinks.ledger import Ledger
+from simulation.mailbox import Platform
+from simulation.policy_objects import SETTINGS, PolicyObjects
+from tests.support.configs import own_config
+from tests.support.mailbox import end_state
+from tests.support.waits import ago, now, wait_for
+
+pytestmark = pytest.mark.integration
+
+DAYS = timedelta(days=1)
+
+
+@pytest.fixture(scope="module")
+def reconciled(spark, config, tmp_path_factory):
+    """The module's configuration (keyspace, topics, checkpoint, ledger of its own; every policy), a
+    configuration of the same keyspace whose events go to a topic nobody reads, and the running purger."""
+    run = uuid.uuid4().hex[:8]
+    own = own_config(config, tmp_path_factory.mktemp("reconcile"), "reconcile")
+    # Buckets of its own too: every blob in them without a row in its keyspace is an orphan.
+    stores = {dc: store.model_copy(update={"bucket": f"reconcile-{run}-{dc}"}) for dc, store in own.stores.items()}
+    own = own.model_copy(update={"cassandra": own.cassandra.model_copy(update={"keyspace": f"reconcile_{run}"}),
+                                 "stores": stores})
+    own = with_policies(own, {**own.policies, **SETTINGS})
+    prepare(own, partitions=2)
+    silent = own.model_copy(update={"kafka": own.kafka.model_copy(update={"topics": [f"test.{run}.unread"]})})
+    prepare(silent, partitions=1)
+    running = start_purger(spark, own)
+    try:
+        yield own, silent, running
+    finally:
+        running.stop()
+        from purger.connectors import cassandra_session
+
+        session = cassandra_session(own.cassandra)
+        session.execute(f"DROP KEYSPACE IF EXISTS {own.cassandra.keyspace}", timeout=60)
+        session.cluster.shutdown()
+
+
+def test_rows_no_event_told_of_are_fed_back_purged_when_due_and_kept_when_not(spark, reconciled):
+    own, silent, running = reconciled
+    ttl = own.policy_set.policy_of("message").settings.deleted_ttl
+    quiet, heard = Platform(silent), Platform(own)
+    objects = PolicyObjects(silent)
+    try:
+        eligible, live = [], []
+        # Silent messages: deleted long enough ago, each with its payload in both data centres; one live.
+        for i in range(4):
+            m = f"silent-{run_id()}-{i}"
+            quiet.enqueue(m, f"p-{m}", at=ago(ttl))
+            quiet.delete(m, at=ago(ttl))
+            eligible.append(m)
+        kept = f"silent-live-{run_id()}"
+        quiet.enqueue(kept, f"p-{kept}", extract_count=1)
+        live.append(kept)
+        # A payload shared by a due message and a live one, neither heard of: the message goes, the payload stays.
+        shared_due, shared_live = f"shared-due-{run_id()}", f"shared-live-{run_id()}"
+        shared = f"p-shared-{run_id()}"
+        quiet.enqueue(shared_due, shared, at=ago(ttl))
+        quiet.enqueue(shared_live, shared, extract_count=1, shared=True)
+        quiet.delete(shared_due, at=ago(ttl))
+        # Heard of, counter 1 forty-one days ago; its counter set to 0 forty days ago with no event.
+        behind = f"behind-{run_id()}"
+        heard.enqueue(behind, f"p-{behind}", extract_count=1, at=now() - 41 * DAYS)
+        quiet.set_counter(behind, 0, at=now() - 40 * DAYS)
+        written = objects.write(f"silent-{run_id()}")
+        # A blob whose payloads row was never written, in both data centres.
+        orphan = f"orphan-{run_id()}"
+        for dc, store in own.stores.items():
+            quiet.stores[dc].put_object(Bucket=store.bucket, Key=f"payloads/{orphan}", Body=b"left behind")
+        for platform in (quiet, heard):
+            platform.flush()
+        objects.flush()
+        wait_for(lambda: running.query.lastProgress is not None
+                 and known_to_stream(spark, own, "message", behind), 120, "the heard message in the state")
+
+        report = {(r.policy, r.table if r.dc == "all" else f"{r.table} in {r.dc}"): r for r in reconcile(spark, own)}
+
+        messages = report[("mailbox", "messages")]
+        assert messages.scanned == 8
+        assert messages.known == 1 and messages.overdue_fed == 1  # the message changed behind the stream's back
+        assert messages.unknown_fed == 7
+        for dc in own.stores:
+            assert report[("mailbox", f"payloads in {dc}")].orphans_deleted == 1
+            assert not quiet.blob_exists(orphan, dc)
+        for policy in ("rule_events", "users", "units_of_work"):
+            table = next(r for (p, _), r in report.items() if p == policy)
+            assert (table.scanned, table.known, table.unknown_fed) == (2, 0, 2), policy
+
+        eligible += [shared_due, behind]
+        wait_for(lambda: all(quiet.row(m) is None for m in eligible)
+                 and all(objects.gone(o) for o in written if o.eligible), 180, "the due rows to be purged")
+        assert quiet.row(shared_live) is not None and quiet.payload_intact(shared)
+        assert all(objects.intact(o) for o in written if not o.eligible)
+        wait_for(lambda: not leftovers(spark, quiet, own, eligible, live, shared_due, orphan, written, objects),
+                 60, "one ledger record per deletion")
+
+        again = reconcile(spark, own)
+        assert sum(r.unknown_fed + r.overdue_fed for r in again) == 0, again
+    finally:
+        quiet.close()
+        heard.close()
+        objects.close()
+
+
+def leftovers(spark, platform, config, eligible, live, shared_due, orphan, written, objects):
+    """What ``end_state`` finds wrong, the shared payload aside (kept, so not in the ledger) and the orphan
+    blobs added (one record in each data centre)."""
+    wrongly_deleted, missing, doubled, unexpected = end_state(
+        spark, platform, config, [m for m in eligible if m != shared_due], live, objects, written)
+    purged_shared = Ledger(spark, config.ledger).records().where(
+        (F.col("status") == "purged") & (F.col("id") == shared_due)).count()
+    assert not wrongly_deleted and not doubled and purged_shared == 1
+    orphans = {("payload", orphan, dc) for dc in config.stores}
+    return (missing | orphans - unexpected) | {u for u in unexpected - orphans if u != ("message", shared_due, None)}
+
+
+def known_to_stream(spark, config, kind: str, object_id: str) -> bool:
+    from purger.reconcile import _known_objects
+
+    known = _known_objects(spark, config.stream.checkpoint_location, [kind])
+    return known is not None and known.where(F.col("id") == object_id).count() == 1
+
+
+def run_id() -> str:
+    return uuid.uuid4().hex[:6]
