@@ -125,8 +125,10 @@ def demo_table(report: "DemoReport", messages: int) -> "Table":
     from purger.output import human_duration
     from simulation.workload import is_purged
 
-    table = Table(title=f"Purge demo: {messages} messages, {human_duration(report.seconds)}", box=box.SIMPLE_HEAD,
-                  show_edge=False, pad_edge=False, collapse_padding=True, title_justify="left")
+    existing = f", {report.existing_messages} of them existing" if report.existing_messages else ""
+    table = Table(title=f"Purge demo: {messages} messages{existing}, {human_duration(report.seconds)}",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+                  title_justify="left")
     table.add_column("what", overflow="fold")
     table.add_column("expected", justify="right", no_wrap=True)
     table.add_column("observed", justify="right", no_wrap=True)
@@ -135,19 +137,39 @@ def demo_table(report: "DemoReport", messages: int) -> "Table":
         table.add_row(f"{name}: messages {outcome}", str(expected), str(observed))
     for name, (expected, observed) in report.objects.items():
         table.add_row(name, str(expected), str(observed))
+    for name, (expected, observed) in report.existing.items():
+        table.add_row(name, str(expected), str(observed))
     table.add_row("payloads purged (row and every blob)", str(report.payloads_expected_gone), str(report.payloads_gone))
     table.add_row("payloads kept (still referred to)", str(report.payloads_expected_kept), str(report.payloads_kept))
     for dc, left in sorted(report.blobs_left.items()):
         table.add_row(f"blobs of purged payloads left in {dc}", "0", str(left))
+    for dc, (written, deleted) in sorted(report.orphans.items()):
+        table.add_row(f"orphan blobs (no row) deleted in {dc}", str(written), str(deleted))
+    if report.outside_kept[0]:
+        table.add_row("blobs outside payloads/ kept", *map(str, report.outside_kept))
+    return table
+
+
+def where_table(report: "DemoReport") -> "Table":
+    """Where the demo's data stays for a look (nothing is dropped): reads at 80 columns."""
+    from rich.table import Table
+
+    table = Table(title="The demo's data, kept for a look", box=None, show_header=False, pad_edge=False,
+                  title_justify="left")
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
+    for what, place in report.where.items():
+        table.add_row(what, place)
     return table
 
 
 @app.command("demo")
 def demo(messages: int = typer.Option(200, min=1, help="How many messages the demo platform writes.")) -> None:
-    """Start the local stack if needed, run a demo workload through the purger, print a report."""
+    """Start the local stack if needed, run a demo workload through the purger on a platform that already has
+    data (its first reconcile finds it), print a report."""
     from rich.console import Console
 
-    from purger.output import report_tables
+    from purger.output import reconcile_table, report_tables
     from simulation.demo import run_demo
 
     _stack_up(load_config())
@@ -156,6 +178,11 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     console.print(demo_table(report, messages))
     console.print()
     console.print(report_tables(report.purge_report, "The demo's purge report, from its ledger"))
+    console.print()
+    console.print(reconcile_table(report.reconcile, "The purger's reconcile at its start, from its ledger")
+                  if report.reconcile else "no reconcile was recorded")
+    console.print()
+    console.print(where_table(report))
     if not report.ok:
         typer.echo("the demo's end state is not the expected one", err=True)
         raise typer.Exit(1)

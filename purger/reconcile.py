@@ -42,6 +42,7 @@ from pyspark.sql.types import (
 from purger.connectors import cassandra_session
 from purger.connectors.token_ranges import partition_key, scan_ranges, token_ranges
 from purger.core.config import PurgerConfig
+from purger.core.failpoints import failpoint
 from purger.core.policy import Policy, Scanned
 # ReportRow lives in the core, so that sinks.orphans builds its rows without importing this module.
 from purger.core.reconcile import OVERDUE, UNKNOWN, ReportRow, RowVerdict, feed_reason, row_verdict
@@ -81,6 +82,7 @@ def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str
     session = executor_session(config)
     policies = config.policy_set
     pacer = Pacer(rate)
+    failpoint("in_reconcile_scan")
     rows = scan_ranges(session, config.cassandra.keyspace, table, key, list(scanned.columns), list(ranges),
                        settings.consistency, settings.page_size)
     for row in rows:
@@ -176,6 +178,9 @@ def _feed_task(config: PurgerConfig, dry_run: bool, now: int, overdue_after_ms: 
             if reason is not None and producer is not None:
                 for record in row.records:
                     producer.send(config.kafka.reconcile_topic, key=row.id.encode(), value=record.encode())
+                if counts[2] + counts[3] == 1:  # the kill tests' moment: a feed under way, its first row sent
+                    producer.flush()
+                    failpoint("in_reconcile_feed")
         if producer is not None:
             producer.flush()
     finally:
@@ -209,7 +214,10 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
                      row.table, row.scanned, time.monotonic() - started, row.unknown_fed, row.overdue_fed,
                      "found (dry run)" if dry_run else "fed back")
             report.append(row)
-        report += reconcile_orphans(spark, config, policy, run_id, dry_run)
+        try:
+            report += reconcile_orphans(spark, config, policy, run_id, dry_run)
+        except LookupError as error:  # its blobs' table missing or keyed otherwise
+            raise ReconcileError(f"reconcile of policies.{policy.name}: {error}") from None
     _append(spark, config, report)
     return report
 

@@ -1,16 +1,28 @@
-"""The demo: a workload through the local stack, purged by the real job, and a report of what happened.
+"""The demo: a platform that already has data, a workload through the local stack, purged by the real job, and
+a report of what happened.
 
 The platform stand-in writes messages (rows, blobs in two data centres, inline
 payloads, payloads shared by two messages) and emits their events. Each message
 follows one scenario of the mailbox rules (docs/reference.md, Rules): it expires by counter, by date, stays an
 incomplete upload or is deleted, and some of those are revived (counter set
 again, date moved, upload completed) before their deadline; the rest stay live.
-The purger runs with short periods until every expected purge is seen in
-Cassandra and S3, then the report compares what should have gone with what went.
 
 Beside the messages, the other built-in policies run on objects of their own
 (``simulation.policy_objects``): rule events, users across two data centres and
 units of work, one eligible and one kept of each per twenty messages.
+
+The platform has data before the purger starts (docs/reconciliation.md, Adopting the purger): one message
+in four, and one eligible and one kept object of each other policy, are written with their events sent to
+a topic the purger does not read, as if the platform had run before it; so are a few orphan blobs (under
+``payloads/`` in each data centre, with no row) and a blob outside ``payloads/``, which must stay. The
+purger's first scheduled reconcile, at its start, finds them; the rest of the workload is played once it is
+recorded, with events. The purger runs with short periods until every expected purge is seen in Cassandra
+and S3, then the report compares what should have gone with what went, existing objects included.
+
+The demo writes into a keyspace (``demo_<run>``), buckets (``demo-<run>-<dc>``), topics (``demo.<run>.*``)
+and a work directory (checkpoint, ledger, reports) of its own, and leaves them for a look afterwards
+(``DemoReport.where``): a reconcile scans whole tables and takes every blob under ``payloads/`` without a
+row for an orphan, so it must not see other runs' data.
 
 Example::
 
@@ -34,18 +46,32 @@ from tqdm import tqdm
 from purger.core.config import PurgerConfig
 
 from purger.config import build_config
+from purger.policies.mailbox.deletes import payload_key
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects
 from simulation.workload import SCENARIOS, Workload, is_purged, play
 from devstack.stack import prepare
 from purger.sinks.ledger import Report
 
+EXISTING_SHARE = 4  # one message in four exists before the purger starts
+ORPHANS = 3  # orphan blobs in each data centre's bucket
+# A blob the platform keeps outside payloads/: no reconcile lists it.
+OUTSIDE_KEY = "exports/demo-{run}.csv"
+# What the demo calls the objects written before the purger, with no events it reads.
+EXISTING = "existing, no events"
+
+
 @dataclass
 class DemoReport:
     # scenario -> (expected, observed) message counts: purged for purge scenarios, kept otherwise
     scenarios: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # "<policy>: <kind> objects purged|kept" -> (expected, observed) counts, for the other policies
+    # "<policy>: <kind> objects purged|kept" -> (expected, observed) counts, for the other policies (existing
+    # objects included)
     objects: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Of those, the objects that existed before the purger (no events it reads), and what its reconcile
+    # fed back: "<what>" -> (expected, observed).
+    existing: dict[str, tuple[int, int]] = field(default_factory=dict)
+    existing_messages: int = 0
     wrongly_deleted: set[str] = field(default_factory=set)
     left_behind: set[str] = field(default_factory=set)
     payloads_expected_gone: int = 0
@@ -53,8 +79,16 @@ class DemoReport:
     payloads_expected_kept: int = 0
     payloads_kept: int = 0
     blobs_left: dict[str, int] = field(default_factory=dict)  # per dc, of purged payloads
+    # Orphan blobs (payloads/<id> with no row), per dc: (written, deleted).
+    orphans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Blobs outside payloads/: (written, still there).
+    outside_kept: tuple[int, int] = (0, 0)
     # The daily purge report's rows (sinks.ledger.Report) for the demo's ledger.
     purge_report: list[Any] = field(default_factory=list)
+    # The reconcile runs' report rows (purger.reconcile.ReportRow), from ledger.reconcile_path.
+    reconcile: list[Any] = field(default_factory=list)
+    # Where the demo's data stays for a look: "<what>" -> where.
+    where: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -64,6 +98,10 @@ class DemoReport:
             and self.payloads_gone == self.payloads_expected_gone
             and self.payloads_kept == self.payloads_expected_kept
             and not any(self.blobs_left.values())
+            and bool(self.reconcile)
+            and all(expected == observed for expected, observed in self.existing.values())
+            and all(written == deleted for written, deleted in self.orphans.values())
+            and self.outside_kept[0] == self.outside_kept[1]
         )
 
 
@@ -77,6 +115,9 @@ def demo_config(run: str) -> PurgerConfig:
                 "dead_letter_topic": f"demo.{run}.dead-letter",
                 "reconcile_topic": f"demo.{run}.reconcile",
             },
+            # A keyspace and buckets of the run's own: a reconcile scans whole tables and lists whole buckets.
+            "cassandra": {"keyspace": f"demo_{run}"},
+            "stores": {dc: {"bucket": f"demo-{run}-{dc}"} for dc in ("dc1", "dc2")},
             "policies": {"mailbox": {"expired_ttl": "10s", "incomplete_ttl": "10s", "deleted_ttl": "0s",
                                      "payload_grace": "2s"}, **SETTINGS},
             "stream": {
@@ -86,9 +127,57 @@ def demo_config(run: str) -> PurgerConfig:
                 "watermark_delay": "2s",
                 "clock_interval": "1s",
             },
-            "ledger": {"path": str(work / "ledger" / "records"), "report_path": str(work / "ledger" / "report")},
+            "ledger": {"path": str(work / "ledger" / "records"), "report_path": str(work / "ledger" / "report"),
+                       "reconcile_path": str(work / "ledger" / "reconcile_report")},
+            "reconcile": {
+                # No run is recorded in the demo's new ledger, so the running purger reconciles at its
+                # start; the next would come an hour later, after the demo.
+                "interval": "1h",
+                # The demo's orphan blobs are seconds old, and nothing uploads while the reconcile lists the
+                # buckets (the workload waits for it): a grace of seconds deletes them and no upload's blob.
+                "orphan_grace": "2s",
+                "orphan_grace_check": False,
+            },
         }
     )
+
+
+def silent_config(config: PurgerConfig, run: str) -> PurgerConfig:
+    """``config`` with its events sent to a topic the purger does not read: the platform before the purger."""
+    return config.model_copy(update={"kafka": config.kafka.model_copy(update={"topics": [f"demo.{run}.unread"]})})
+
+
+def where(config: PurgerConfig) -> dict[str, str]:
+    """Where the demo's data stays: the keyspace, buckets, topics and the work directory."""
+    cassandra, stores = config.cassandra, config.stores
+    endpoints = sorted({store.endpoint for store in stores.values()})
+    topics = config.kafka.topics[0].rsplit(".", 1)[0] + ".*"
+    return {
+        "keyspace": f"{cassandra.keyspace} (Cassandra {cassandra.hosts[0]}:{cassandra.port})",
+        "buckets": f"{', '.join(s.bucket for _, s in sorted(stores.items()))} ({', '.join(endpoints)})",
+        "topics": f"{topics} (Kafka {config.kafka.bootstrap_servers})",
+        "checkpoint, ledger": str(Path(config.stream.checkpoint_location).parent),
+    }
+
+
+def recorded_reconciles(spark: Any, config: PurgerConfig) -> list[Any]:
+    """The reconcile runs recorded at ``ledger.reconcile_path``, as ``ReportRow``s in the order of a run."""
+    from dataclasses import fields
+
+    from delta.tables import DeltaTable
+
+    from purger.reconcile import ReportRow
+
+    path = config.ledger.reconcile_path
+    if not DeltaTable.isDeltaTable(spark, path):
+        return []
+    rows = []
+    for recorded in spark.read.format("delta").load(path).orderBy("started").collect():
+        values = recorded.asDict()
+        row = ReportRow(**{f.name: values[f.name] for f in fields(ReportRow) if f.init})
+        row.duration_s, row.rows_per_s = values["duration_s"], values["rows_per_s"]
+        rows.append(row)
+    return rows
 
 
 def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> DemoReport:
@@ -98,24 +187,60 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
     started = time.monotonic()
     run = uuid.uuid4().hex[:8]
     config = demo_config(run)
+    silent = silent_config(config, run)
     prepare(config)
-    spark = spark_session(config.stream, app_name="purger-demo", log_level="ERROR")  # from the JVM's start
-    running = start_purger(spark, config)
-    platform, objects = Platform(config), PolicyObjects(config)
-    report = DemoReport()
+    prepare(silent, partitions=1)  # the topic nobody reads
+    report = DemoReport(where=where(config))
+    plans = list(Workload(seed=seed).plans(run, messages))
     scenario_of: dict[str, str] = {}
     payload_of: dict[str, str] = {}
     stored: set[str] = set()  # payloads kept in the object stores
-    try:
-        for plan in tqdm(list(Workload(seed=seed).plans(run, messages)), desc="platform", unit="msg"):
+
+    def play_plans(platform: Platform, chosen: list, desc: str) -> None:
+        for plan in tqdm(chosen, desc=desc, unit="msg"):
             scenario_of[plan.message] = plan.scenario
             payload_of[plan.message] = play(platform, plan)
             if plan.stored:
                 stored.add(payload_of[plan.message])
         platform.flush()
+
+    # The platform before the purger: rows and blobs whose events the purger never reads, orphan blobs,
+    # and a blob outside payloads/.
+    before, before_objects = Platform(silent), PolicyObjects(silent)
+    existing_plans = plans[::EXISTING_SHARE]
+    orphans = [f"{run}-orphan-{i}" for i in range(ORPHANS)]
+    outside = OUTSIDE_KEY.format(run=run)
+    try:
+        play_plans(before, existing_plans, "existing messages")
+        existing = before_objects.write(f"demo-{run}-existing")
+        before_objects.flush()
+        for dc, store in config.stores.items():
+            for orphan in orphans:
+                before.stores[dc].put_object(Bucket=store.bucket, Key=payload_key(orphan), Body=b"no row")
+        before.stores["dc1"].put_object(Bucket=config.stores["dc1"].bucket, Key=outside, Body=b"kept\n")
+    finally:
+        before.close()
+        before_objects.close()
+    existing_messages = {plan.message for plan in existing_plans}
+
+    spark = spark_session(config.stream, app_name="purger-demo", log_level="ERROR")  # from the JVM's start
+    running = start_purger(spark, config)
+    platform, objects = Platform(config), PolicyObjects(config)
+    try:
+        # The purger's first scheduled reconcile, at its start; the workload with events waits for it, so
+        # that it finds exactly the existing data.
+        with tqdm(total=1, desc="reconcile at start", unit="run") as bar:
+            deadline = time.monotonic() + timeout_s
+            while not report.reconcile and time.monotonic() < deadline and running.query.isActive:
+                time.sleep(1)
+                report.reconcile = recorded_reconciles(spark, config)
+            bar.update(bool(report.reconcile))
+
+        play_plans(platform, [plan for plan in plans if plan.message not in existing_messages], "platform")
         written = [o for i in tqdm(range(max(1, messages // 20)), desc="other policies", unit="set")
                    for o in objects.write(f"demo-{run}-{i}")]
         objects.flush()
+        written += existing
 
         purged = {m for m, s in scenario_of.items() if is_purged(s)}
         referrers: dict[str, set[str]] = {}
@@ -123,12 +248,17 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
             referrers.setdefault(p, set()).add(m)
         expected_gone = {p for p in stored if referrers[p] <= purged}
 
-        pending = set(purged) | {f"payload:{p}" for p in expected_gone} | {o for o in written if o.eligible}
+        pending: set[Any] = (set(purged) | {("payload", p) for p in expected_gone} | {o for o in written if o.eligible}
+                             | {("orphan", dc, o) for dc in config.stores for o in orphans})
 
         def gone(x) -> bool:
-            if not isinstance(x, str):
+            if isinstance(x, str):
+                return platform.row(x) is None
+            if not isinstance(x, tuple):
                 return objects.gone(x)
-            return platform.payload_gone(x[8:]) if x.startswith("payload:") else platform.row(x) is None
+            if x[0] == "payload":
+                return platform.payload_gone(x[1])
+            return not platform.blob_exists(x[2], x[1])  # an orphan blob
 
         with tqdm(total=len(pending), desc="purged", unit="obj") as bar:
             deadline = time.monotonic() + timeout_s
@@ -150,6 +280,21 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
             expected, observed = report.objects.get(what, (0, 0))
             found = objects.gone(o) if o.eligible else objects.intact(o)
             report.objects[what] = (expected + 1, observed + found)
+        report.existing_messages = len(existing_messages)
+        existing_purged, existing_kept = existing_messages & purged, existing_messages - purged
+        messages_table = config.policy_set.policy_of("message").settings.messages_table
+        report.existing = {
+            f"{EXISTING}: messages purged": (len(existing_purged),
+                                             sum(platform.row(m) is None for m in existing_purged)),
+            f"{EXISTING}: messages kept": (len(existing_kept), sum(platform.row(m) is not None for m in existing_kept)),
+            f"{EXISTING}: other policies' objects purged": (sum(o.eligible for o in existing),
+                                                            sum(objects.gone(o) for o in existing if o.eligible)),
+            f"{EXISTING}: other policies' objects kept": (sum(not o.eligible for o in existing),
+                                                          sum(objects.intact(o) for o in existing if not o.eligible)),
+            # Every existing message is a row the stream did not know: the reconcile fed each back.
+            f"{EXISTING}: messages fed back": (len(existing_messages), sum(
+                r.unknown_fed for r in report.reconcile if (r.policy, r.table) == ("mailbox", messages_table))),
+        }
         report.wrongly_deleted = {m for m in scenario_of if m not in purged and platform.row(m) is None}
         report.wrongly_deleted |= {o.id for o in written if not o.eligible and not objects.intact(o)}
         report.left_behind = {m for m in purged if platform.row(m) is not None}
@@ -160,6 +305,10 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
         report.payloads_expected_kept = len(kept)
         report.payloads_kept = sum(platform.payload_intact(p) for p in kept)
         report.blobs_left = {dc: sum(platform.blob_exists(p, dc) for p in expected_gone) for dc in config.stores}
+        report.orphans = {dc: (len(orphans), sum(not platform.blob_exists(o, dc) for o in orphans))
+                          for dc in config.stores}
+        listing = platform.stores["dc1"].list_objects_v2(Bucket=config.stores["dc1"].bucket, Prefix=outside)
+        report.outside_kept = (1, sum(item["Key"] == outside for item in listing.get("Contents", [])))
     finally:
         running.stop()
         platform.close()
@@ -167,5 +316,6 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
     purge_report = Report(spark, config.ledger, config.policy_set)
     purge_report.refresh()
     report.purge_report = purge_report.rows(datetime.now(timezone.utc).date())
+    report.reconcile = recorded_reconciles(spark, config)
     report.seconds = time.monotonic() - started
     return report

@@ -16,7 +16,13 @@ One purger runs for the module; ``reconcile`` runs beside it, as the scheduled o
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import uuid
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -29,7 +35,8 @@ from purger.running import start_purger
 from purger.sinks.ledger import Ledger
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects
-from tests.support.configs import own_config
+from tests.support.configs import own_config, write_config
+from tests.support.faults import reliability
 from tests.support.mailbox import end_state
 from tests.support.waits import ago, now, wait_for
 
@@ -49,11 +56,16 @@ def reconciled(spark, config, tmp_path_factory):
     own = own.model_copy(update={"cassandra": own.cassandra.model_copy(update={"keyspace": f"reconcile_{run}"}),
                                  "stores": stores})
     own = with_policies(own, {**own.policies, **SETTINGS})
+    # The schedule: with no run recorded yet, the purger reconciles at its start, then hourly.
+    own = own.model_copy(update={"reconcile": own.reconcile.model_copy(update={"interval": timedelta(hours=1)})})
     prepare(own, partitions=2)
     silent = own.model_copy(update={"kafka": own.kafka.model_copy(update={"topics": [f"test.{run}.unread"]})})
     prepare(silent, partitions=1)
     running = start_purger(spark, own)
     try:
+        # The scheduled reconcile at the start, of the empty keyspace, counted for Prometheus: over before
+        # the tests write.
+        wait_for(lambda: running.metrics.reconcile_last_run._value.get() > 0, 120, "the scheduled reconcile")
         yield own, silent, running
     finally:
         running.stop()
@@ -151,3 +163,102 @@ def known_to_stream(spark, config, kind: str, object_id: str) -> bool:
 
 def run_id() -> str:
     return uuid.uuid4().hex[:6]
+
+
+def test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing(spark, reconciled, tmp_path):
+    """`purger reconcile` in a process of its own is killed with SIGKILL (its whole process group) twice: in its
+    scan, at its first token range, and in its feed, once its first records are in the reconcile topic; then a
+    reconcile runs to its end. The end state is that of one uninterrupted reconcile: every due row gone, every
+    live one intact, one ledger record per deletion."""
+    own, silent, running = reconciled
+    config_file = write_config(own, tmp_path / "purger.toml")
+    ttl = own.policy_set.policy_of("message").settings.deleted_ttl
+    quiet, objects = Platform(silent), PolicyObjects(silent)
+    try:
+        eligible, live = [], []
+        for i in range(20):
+            m = f"killed-{run_id()}-{i}"
+            quiet.enqueue(m, f"p-{m}", at=ago(ttl))
+            quiet.delete(m, at=ago(ttl))
+            eligible.append(m)
+        for i in range(4):
+            m = f"killed-live-{run_id()}-{i}"
+            quiet.enqueue(m, f"p-{m}", extract_count=1)
+            live.append(m)
+        written = objects.write(f"killed-{run_id()}")
+        quiet.flush()
+        objects.flush()
+        kills = Counter()
+        for point in ("in_reconcile_scan", "in_reconcile_feed"):
+            marker = tmp_path / f"{point}.fired"
+            process = subprocess.Popen(
+                [sys.executable, "-m", "purger", "reconcile", "--config", str(config_file)],
+                env={**os.environ, "PURGER_FAILPOINT": point, "PURGER_FAILPOINT_MARKER": str(marker)},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            try:
+                assert process.wait(timeout=300) == -signal.SIGKILL and marker.exists(), point
+            finally:
+                with contextlib.suppress(ProcessLookupError):  # Spark's worker daemon, if it outlived the driver
+                    os.killpg(process.pid, signal.SIGKILL)
+            kills[point] += 1
+        report = reconcile(spark, own)
+        wait_for(lambda: all(quiet.row(m) is None for m in eligible)
+                 and all(objects.gone(o) for o in written if o.eligible), 180, "the due rows to be purged")
+        wrongly_deleted, missing, doubled, unexpected = end_state(spark, quiet, own, eligible, live, objects,
+                                                                  written)
+        reliability("reconcile killed in its scan and its feed", injected=sum(kills.values()),
+                    survived=sum(kills.values()), wrongly_deleted=len(wrongly_deleted),
+                    ledger_missing=len(missing), ledger_doubled=len(doubled), **kills)
+        assert not wrongly_deleted and not missing and not doubled
+        assert sum(r.unknown_fed for r in report) > 0  # the killed runs' feeds were cut short
+    finally:
+        quiet.close()
+        objects.close()
+
+
+def test_a_dry_run_from_the_command_line_feeds_and_deletes_nothing_and_prints_its_report(spark, reconciled,
+                                                                                         tmp_path):
+    """`purger reconcile --dry-run --policy mailbox`: exit 0, its report at 80 columns; nothing sent to the
+    reconcile topic, the due row and the orphan blob still there, `would_delete` recorded for the orphan."""
+    own, silent, running = reconciled
+    ttl = own.policy_set.policy_of("message").settings.deleted_ttl
+    quiet = Platform(silent)
+    try:
+        due, orphan = f"dry-{run_id()}", f"dry-orphan-{run_id()}"
+        quiet.enqueue(due, f"p-{due}", at=ago(ttl))
+        quiet.delete(due, at=ago(ttl))
+        quiet.flush()
+        for dc, store in own.stores.items():
+            quiet.stores[dc].put_object(Bucket=store.bucket, Key=f"payloads/{orphan}", Body=b"left behind")
+        fed = topic_records(own)
+        result = subprocess.run(
+            [sys.executable, "-m", "purger", "reconcile", "--dry-run", "--policy", "mailbox", "--config",
+             str(write_config(own, tmp_path / "purger.toml"))],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})
+        assert result.returncode == 0, result.stderr[-2000:]
+        lines = [line.rstrip() for line in result.stdout.splitlines()]
+        assert lines[0] == "Reconcile of mailbox (dry run: nothing fed back or deleted)"
+        assert max(len(line) for line in lines) <= 80
+        messages = next(line.split() for line in lines if line.split()[:2] == ["messages", "all"])
+        assert int(messages[4]) >= 1  # the due row, unknown to the stream: counted, not fed
+        assert topic_records(own) == fed
+        assert quiet.row(due) is not None
+        assert all(quiet.blob_exists(orphan, dc) for dc in own.stores)
+        records = Ledger(spark, own.ledger).records().where(F.col("id") == orphan).collect()
+        assert sorted((r.status, r.rule, r.dc) for r in records) == [
+            ("would_delete", "orphan", dc) for dc in sorted(own.stores)]
+    finally:
+        quiet.close()
+
+
+def topic_records(config) -> int:
+    """Records in the reconcile topic so far."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers)
+    try:
+        partitions = [TopicPartition(config.kafka.reconcile_topic, p)
+                      for p in consumer.partitions_for_topic(config.kafka.reconcile_topic) or ()]
+        return sum(consumer.end_offsets(partitions).values())
+    finally:
+        consumer.close()
