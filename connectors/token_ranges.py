@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
+from purger.connectors import cassandra_session
+from purger.core.config import CassandraConfig
+
 if TYPE_CHECKING:
     from cassandra.cluster import Session
 
@@ -61,6 +64,17 @@ def partition_key(session: "Session", keyspace: str, table: str) -> list[str]:
     if found is None:
         raise LookupError(f"table {keyspace}.{table} does not exist")
     return [column.name for column in found.partition_key]
+
+
+def scan_plan(config: CassandraConfig, table: str, count: int) -> tuple[list[str], list[tuple[int, int]]]:
+    """What a scan of ``table`` (in ``config.keyspace``) needs before its tasks start, read through a
+    short-lived session: the table's partition key and at least ``count`` token ranges. ``LookupError``
+    naming the table when it does not exist."""
+    session = cassandra_session(config)
+    try:
+        return partition_key(session, config.keyspace, table), token_ranges(session, count)
+    finally:
+        session.cluster.shutdown()
 
 
 def scan_ranges(session: "Session", keyspace: str, table: str, key: list[str], columns: list[str],

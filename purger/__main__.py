@@ -2,4 +2,5 @@
 
 from purger.cli import app
 
-app(prog_name="purger")
+if __name__ == "__main__":
+    app(prog_name="purger")

@@ -39,8 +39,7 @@ from pyspark.sql.types import (
     ArrayType, BooleanType, DoubleType, LongType, StringType, StructField, StructType, TimestampType,
 )
 
-from purger.connectors import cassandra_session
-from purger.connectors.token_ranges import partition_key, scan_ranges, token_ranges
+from purger.connectors.token_ranges import scan_plan, scan_ranges
 from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.policy import Policy, Scanned
@@ -124,19 +123,14 @@ def _known_objects(spark: SparkSession, checkpoint: str, kinds: list[str]) -> Da
 def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scanned: Scanned,
                 known: DataFrame | None, run_id: str, dry_run: bool) -> ReportRow:
     table = policy.table_names()[scanned.table]
-    keyspace = config.cassandra.keyspace
     report = ReportRow(run_id, policy.name, table, ALL_DCS, datetime.now(timezone.utc), dry_run=dry_run)
     settings = config.reconcile
     cores = spark.sparkContext.defaultParallelism
-    session = cassandra_session(config.cassandra)
     try:
-        key = partition_key(session, keyspace, table)
-        ranges = token_ranges(session, cores * 2 * settings.ranges_per_task)
+        key, ranges = scan_plan(config.cassandra, table, cores * 2 * settings.ranges_per_task)
     except LookupError as error:
         raise ReconcileError(f"reconcile of policies.{policy.name}: {error}; create it, or correct the "
                              f"policy's table name") from None
-    finally:
-        session.cluster.shutdown()
     tasks = max(1, len(ranges) // settings.ranges_per_task)
     rate = per_task_rate(settings.max_rows_per_second, tasks, cores)
     scan = spark.sparkContext.parallelize(ranges, tasks).mapPartitions(

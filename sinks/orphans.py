@@ -46,8 +46,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from purger.connectors import CassandraTables, cassandra_session, s3_client
-from purger.connectors.token_ranges import partition_key, scan_ranges, token_ranges
+from purger.connectors import CassandraTables, s3_client
+from purger.connectors.token_ranges import scan_plan, scan_ranges
 from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.policy import Blobs, Policy
@@ -219,15 +219,11 @@ def _row_ids(spark: SparkSession, config: PurgerConfig, policy: Policy, blobs: B
     settings = config.reconcile
     keyspace = config.cassandra.keyspace
     cores = spark.sparkContext.defaultParallelism
-    session = cassandra_session(config.cassandra)
     try:
-        key = partition_key(session, keyspace, table)
-        ranges = token_ranges(session, cores * 2 * settings.ranges_per_task)
+        key, ranges = scan_plan(config.cassandra, table, cores * 2 * settings.ranges_per_task)
     except LookupError as error:
         raise LookupError(f"orphan blobs of policies.{policy.name}: {error}; create it, or correct the "
                           "policy's table name") from None
-    finally:
-        session.cluster.shutdown()
     if key != [blobs.id_column]:
         raise LookupError(f"orphan blobs of policies.{policy.name}: {keyspace}.{table} is keyed by "
                           f"({', '.join(key)}), not by {blobs.id_column}: correct the policy's table name")

@@ -37,19 +37,19 @@ def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_
 
 def read_records(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
                  starting_timestamp_ms: int | None = None) -> DataFrame:
-    """The raw records of the events topics, the reconcile topic and the control topic, as one streaming
-    DataFrame.
+    """The raw records of the events topics and the reconcile topic, then of the control topic, as one
+    streaming DataFrame.
 
-    ``starting_offsets`` applies to the events topics of a fresh checkpoint only: ``earliest``,
-    ``latest`` or Spark's JSON offsets, or else ``starting_timestamp_ms`` (a replay from a time); an
-    existing checkpoint resumes where it stopped. The control
-    topic starts from its end: a replay rebuilds its rechecks and releases from the events, and old
-    clock ticks would only move the watermark ahead of the replay. The reconcile topic starts from its
-    beginning: what a reconcile fed back is needed after a replay as much as the events are.
+    ``starting_offsets`` applies to a fresh checkpoint only: ``earliest``, ``latest`` or Spark's JSON
+    offsets, or else ``starting_timestamp_ms`` (a replay from a time); an existing checkpoint resumes
+    where it stopped. The reconcile topic is one more topic of the events' source, so a checkpoint made
+    before it existed keeps its sources and reads it from its start, as Spark's Kafka source reads any
+    partition new to it; what a reconcile feeds again makes up for a fresh checkpoint that starts it at
+    its end. The control topic starts from its end: a replay rebuilds its rechecks and releases from the
+    events, and old clock ticks would only move the watermark ahead of the replay.
     """
     kafka = config.kafka
-    events = _kafka(spark, kafka, events_topics(config), starting_offsets or kafka.starting_offsets,
-                    starting_timestamp_ms)
-    reconciled = _kafka(spark, kafka, [kafka.reconcile_topic], "earliest")
+    events = _kafka(spark, kafka, [*events_topics(config), kafka.reconcile_topic],
+                    starting_offsets or kafka.starting_offsets, starting_timestamp_ms)
     control = _kafka(spark, kafka, [kafka.control_topic], "latest")
-    return events.unionByName(reconciled).unionByName(control)
+    return events.unionByName(control)

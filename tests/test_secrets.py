@@ -6,6 +6,7 @@ process on the machine."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -85,12 +86,19 @@ def command_lines() -> str:
 def spark_ui_pages(other_than: str) -> str:
     """The Spark UI of the purger's process (not this test session's, ``other_than``): its REST API's
     environment, jobs, stages, SQL executions with their plans and streaming queries, and the HTML pages."""
-    for port in range(4040, 4060):
+    # A busy JVM on 2 shared cores may take seconds to answer: each port is asked with a long timeout (a port
+    # nobody listens on refuses at once), and the ports again until a minute has passed.
+    deadline = time.monotonic() + 60
+    for port in itertools.cycle(range(4040, 4060)):
+        if time.monotonic() > deadline:
+            break
         base = f"http://127.0.0.1:{port}"
         try:
-            with urllib.request.urlopen(f"{base}/api/v1/applications", timeout=5) as response:
+            with urllib.request.urlopen(f"{base}/api/v1/applications", timeout=20) as response:
                 applications = json.load(response)
         except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if port == 4059:
+                time.sleep(1)
             continue
         ids = [a["id"] for a in applications if a["id"] != other_than]
         if not ids:
