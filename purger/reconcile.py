@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import asdict
 from datetime import datetime, timezone
-from functools import partial
+from functools import partial, reduce
 from typing import Any, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
@@ -114,10 +114,7 @@ def _known_objects(spark: SparkSession, checkpoint: str, kinds: list[str]) -> Da
         known.append(values.select(F.col("key.kind").alias("kind"), F.col("key.id").alias("id")))
     if not known:
         return None
-    union = known[0]
-    for more in known[1:]:
-        union = union.unionByName(more)
-    return union.withColumn("known", F.lit(True))
+    return reduce(DataFrame.unionByName, known).withColumn("known", F.lit(True))
 
 
 def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scanned: Scanned,
@@ -202,10 +199,9 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
     report = []
     for policy in chosen:
         for scanned in policy.scanned:
-            started = time.monotonic()
             row = _scan_table(spark, config, policy, scanned, known, run_id, dry_run)
             log.info("reconciled %s.%s: %d rows in %.1f s, %d unknown and %d overdue %s", policy.name,
-                     row.table, row.scanned, time.monotonic() - started, row.unknown_fed, row.overdue_fed,
+                     row.table, row.scanned, row.duration_s, row.unknown_fed, row.overdue_fed,
                      "found (dry run)" if dry_run else "fed back")
             report.append(row)
         try:
@@ -239,6 +235,5 @@ def _append(spark: SparkSession, config: PurgerConfig, report: list[ReportRow]) 
     from purger.sinks.ledger import use_s3a
 
     use_s3a(spark, config.ledger)
-    rows = [{name: value for name, value in asdict(row).items()} for row in report]
-    (spark.createDataFrame(rows, REPORT_SCHEMA).write.format("delta").mode("append")
+    (spark.createDataFrame([asdict(row) for row in report], REPORT_SCHEMA).write.format("delta").mode("append")
      .option("mergeSchema", "true").save(config.ledger.reconcile_path))

@@ -37,7 +37,7 @@ from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects
 from tests.support.configs import own_config, write_config
 from tests.support.faults import reliability
-from tests.support.mailbox import end_state
+from tests.support.mailbox import end_state, write_work
 from tests.support.waits import ago, now, wait_for
 
 pytestmark = pytest.mark.integration
@@ -84,14 +84,7 @@ def test_rows_no_event_told_of_are_fed_back_purged_when_due_and_kept_when_not(sp
     try:
         eligible, live = [], []
         # Silent messages: deleted long enough ago, each with its payload in both data centres; one live.
-        for i in range(4):
-            m = f"silent-{run_id()}-{i}"
-            quiet.enqueue(m, f"p-{m}", at=ago(ttl))
-            quiet.delete(m, at=ago(ttl))
-            eligible.append(m)
-        kept = f"silent-live-{run_id()}"
-        quiet.enqueue(kept, f"p-{kept}", extract_count=1)
-        live.append(kept)
+        write_work(quiet, "silent", 4, own, eligible, live)
         # A payload shared by a due message and a live one, neither heard of: the message goes, the payload stays.
         shared_due, shared_live = f"shared-due-{run_id()}", f"shared-live-{run_id()}"
         shared = f"p-shared-{run_id()}"
@@ -172,19 +165,10 @@ def test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing(spark, reconci
     live one intact, one ledger record per deletion."""
     own, silent, running = reconciled
     config_file = write_config(own, tmp_path / "purger.toml")
-    ttl = own.policy_set.policy_of("message").settings.deleted_ttl
     quiet, objects = Platform(silent), PolicyObjects(silent)
     try:
         eligible, live = [], []
-        for i in range(20):
-            m = f"killed-{run_id()}-{i}"
-            quiet.enqueue(m, f"p-{m}", at=ago(ttl))
-            quiet.delete(m, at=ago(ttl))
-            eligible.append(m)
-        for i in range(4):
-            m = f"killed-live-{run_id()}-{i}"
-            quiet.enqueue(m, f"p-{m}", extract_count=1)
-            live.append(m)
+        write_work(quiet, "killed", 20, own, eligible, live)
         written = objects.write(f"killed-{run_id()}")
         quiet.flush()
         objects.flush()
