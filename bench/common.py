@@ -315,10 +315,13 @@ def _epoch_ms(stamp: str) -> float:
 
 
 class PeakMemory:
-    """Samples ``process_tree_rss_mb`` every second in a thread; ``peak`` is the largest sum seen."""
+    """Samples ``process_tree_rss_mb`` every second in a thread; ``peak`` is the largest sum seen, and
+    ``own_growth_mb`` how far this process's own resident memory rose above its size at the start."""
 
     def __init__(self) -> None:
         self.peak: dict[str, float] = {}
+        self.own_growth_mb = 0.0
+        self._own_start = _own_rss_mb()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
 
@@ -335,3 +338,9 @@ class PeakMemory:
             sample = process_tree_rss_mb()
             if sum(sample.values()) > sum(self.peak.values()):
                 self.peak = sample
+            self.own_growth_mb = max(self.own_growth_mb, _own_rss_mb() - self._own_start)
+
+
+def _own_rss_mb() -> float:
+    status = Path(f"/proc/{os.getpid()}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) / 1024

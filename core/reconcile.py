@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
+from functools import cache
 from typing import Any
 
 from purger.core.policy import Eligibility, Scanned
@@ -65,7 +66,12 @@ def _event(policies: PolicySet, kind: str, record: dict[str, Any]) -> Any:
         else:
             values[name] = tuple(value) if isinstance(value, list) else value
     event_class = policies.kind(kind).event_class
-    return event_class(**{f.name: values.get(f.name) for f in fields(event_class)})
+    return event_class(**{name: values.get(name) for name in _field_names(event_class)})
+
+
+@cache
+def _field_names(event_class: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(event_class))
 
 
 def row_verdict(policies: PolicySet, scanned: Scanned, row: dict[str, Any]) -> RowVerdict:
