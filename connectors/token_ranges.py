@@ -17,7 +17,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from itertools import groupby
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from purger.connectors import cassandra_session
 from purger.core.config import CassandraConfig
@@ -78,18 +79,58 @@ def scan_plan(config: CassandraConfig, table: str, count: int) -> tuple[list[str
 
 
 def scan_ranges(session: "Session", keyspace: str, table: str, key: list[str], columns: list[str],
-                ranges: list[tuple[int, int]], consistency: str, page_size: int) -> Iterator[dict[str, Any]]:
+                ranges: list[tuple[int, int]], consistency: str, page_size: int,
+                referenced_by: str | None = None) -> Iterator[dict[str, Any]]:
     """Every row of the table in ``ranges``, as column -> value, paged (``page_size`` rows a request) at
-    ``consistency``. Rows come as the pages do: nothing is held beyond one page."""
+    ``consistency``. Rows come as the pages do: nothing is held beyond one page.
+
+    With ``referenced_by``, a table partitioned by the same key, each row also has ``referenced``: whether
+    that table holds a partition for the row's key. Its partition keys in the same range are read beside
+    the rows, both in token order, and merged: nothing is held beyond a page of each."""
     from cassandra import ConsistencyLevel
 
     token = f"token({', '.join(key)})"
-    statement = session.prepare(
-        f"SELECT {', '.join(columns)} FROM {keyspace}.{table} WHERE {token} > ? AND {token} <= ?")
-    statement.consistency_level = ConsistencyLevel.name_to_value[consistency]
-    statement.fetch_size = page_size
+
+    def prepared(cql: str) -> Any:
+        statement = session.prepare(f"{cql} WHERE {token} > ? AND {token} <= ?")
+        statement.consistency_level = ConsistencyLevel.name_to_value[consistency]
+        statement.fetch_size = page_size
+        return statement
+
+    if referenced_by is None:
+        select = prepared(f"SELECT {', '.join(columns)} FROM {keyspace}.{table}")
+        for start, end in ranges:
+            result = session.execute(select, (start, end))
+            names = result.column_names
+            for row in result:  # the session's rows are named tuples
+                yield dict(zip(names, row))
+        return
+    select = prepared(f"SELECT {token} AS scan_token, {', '.join(columns)} FROM {keyspace}.{table}")
+    referring = prepared(f"SELECT DISTINCT {token} AS scan_token, {', '.join(key)} FROM {keyspace}.{referenced_by}")
     for start, end in ranges:
-        result = session.execute(statement, (start, end))
-        names = result.column_names
-        for row in result:  # the session's rows are named tuples
-            yield dict(zip(names, row))
+        result = session.execute(select, (start, end))
+        names = result.column_names[1:]
+        references = _KeysByToken(session.execute(referring, (start, end)))
+        for scan_token, *values in result:
+            row = dict(zip(names, values))
+            row["referenced"] = tuple(row[column] for column in key) in references.at(scan_token)
+            yield row
+
+
+class _KeysByToken:
+    """Partition keys read in token order, asked for in token order: ``at(token)`` is the set of keys with
+    that token (two keys may share one), those before it dropped."""
+
+    def __init__(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        self._groups = groupby(rows, key=lambda row: row[0])
+        self._token: int | None = None
+        self._keys: set[tuple[Any, ...]] = set()
+
+    def at(self, token: int) -> set[tuple[Any, ...]]:
+        while self._token is None or self._token < token:
+            group = next(self._groups, None)
+            if group is None:
+                self._token, self._keys = MAX_TOKEN + 1, set()
+                break
+            self._token, self._keys = group[0], {tuple(row[1:]) for row in group[1]}
+        return self._keys if self._token == token else set()

@@ -524,16 +524,30 @@ def _deleted_earlier(keys: set[str]) -> Iterator[Outcome]:
         yield Outcome(PURGED, EARLIER_ATTEMPT, kind=kind, id=object_id, dc=dc, deleted_at_ms=now_ms())
 
 
+# The field a scanned row gains when its table has ``Scanned.referenced_by``.
+REFERENCED = "referenced"
+
+
 @dataclass(frozen=True)
 class Scanned:
     """A table reconciliation reads whole: each row is one object of ``kind``, whose id is in ``id_column``;
     ``columns`` are the columns ``Policy.row_events`` needs (the id's among them). The table is named by its
-    reference name, as in ``Policy.tables``."""
+    reference name, as in ``Policy.tables``.
+
+    ``referenced_by``, when set, names (by reference name) a table partitioned by the same key, whose
+    partitions refer to the row's object (``payload_refs`` for ``payloads``): each scanned row then also
+    has ``referenced``, whether that table holds a partition for its key, read in the same token range."""
 
     table: str
     kind: str
     id_column: str
     columns: tuple[str, ...]
+    referenced_by: str | None = None
+
+    @property
+    def row_fields(self) -> tuple[str, ...]:
+        """What a scanned row holds: its columns, and ``referenced`` with ``referenced_by``."""
+        return self.columns + ((REFERENCED,) if self.referenced_by else ())
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,9 @@ def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str
     policies = config.policy_set
     pacer = Pacer(rate)
     failpoint("in_reconcile_scan")
+    referenced_by = scanned.referenced_by and policies.policy_of(scanned.kind).table_names()[scanned.referenced_by]
     rows = scan_ranges(session, config.cassandra.keyspace, table, key, list(scanned.columns), list(ranges),
-                       settings.consistency, settings.page_size)
+                       settings.consistency, settings.page_size, referenced_by)
     for row in rows:
         pacer.wait()
         verdict = row_verdict(policies, scanned, row)

@@ -100,6 +100,13 @@ def test_rows_no_event_told_of_are_fed_back_purged_when_due_and_kept_when_not(sp
         orphan = f"orphan-{run_id()}"
         for dc, store in own.stores.items():
             quiet.stores[dc].put_object(Bucket=store.bucket, Key=f"payloads/{orphan}", Body=b"left behind")
+        # An upload that died after its payload's blobs and row: live, no reference, last linked two days ago.
+        stranded = f"p-stranded-{run_id()}"
+        for dc, store in own.stores.items():
+            quiet.stores[dc].put_object(Bucket=store.bucket, Key=f"payloads/{stranded}", Body=b"no message")
+        quiet.session.execute("INSERT INTO payloads (payload_id, size, dcs, state, last_ref_at, created_at) "
+                              "VALUES (%s, 10, %s, 'live', %s, %s)", (stranded, set(own.stores), ago(2 * DAYS),
+                                                                       ago(2 * DAYS)))
         for platform in (quiet, heard):
             platform.flush()
         objects.flush()
@@ -112,6 +119,7 @@ def test_rows_no_event_told_of_are_fed_back_purged_when_due_and_kept_when_not(sp
         assert messages.scanned == 8
         assert messages.known == 1 and messages.overdue_fed == 1  # the message changed behind the stream's back
         assert messages.unknown_fed == 7
+        assert report[("mailbox", "payloads")].unknown_fed == 1  # the stranded payload, found unreferenced
         for dc in own.stores:
             assert report[("mailbox", f"payloads in {dc}")].orphans_deleted == 1
             assert not quiet.blob_exists(orphan, dc)
@@ -120,12 +128,12 @@ def test_rows_no_event_told_of_are_fed_back_purged_when_due_and_kept_when_not(sp
             assert (table.scanned, table.known, table.unknown_fed) == (2, 0, 2), policy
 
         eligible += [shared_due, behind]
-        wait_for(lambda: all(quiet.row(m) is None for m in eligible)
+        wait_for(lambda: all(quiet.row(m) is None for m in eligible) and quiet.payload_gone(stranded)
                  and all(objects.gone(o) for o in written if o.eligible), 180, "the due rows to be purged")
         assert quiet.row(shared_live) is not None and quiet.payload_intact(shared)
         assert all(objects.intact(o) for o in written if not o.eligible)
-        wait_for(lambda: not leftovers(spark, quiet, own, eligible, live, shared_due, orphan, written, objects),
-                 60, "one ledger record per deletion")
+        wait_for(lambda: not leftovers(spark, quiet, own, eligible, live, shared_due, [orphan, stranded], written,
+                                       objects), 60, "one ledger record per deletion")
 
         again = reconcile(spark, own)
         assert sum(r.unknown_fed + r.overdue_fed for r in again) == 0, again
@@ -135,16 +143,18 @@ def test_rows_no_event_told_of_are_fed_back_purged_when_due_and_kept_when_not(sp
         objects.close()
 
 
-def leftovers(spark, platform, config, eligible, live, shared_due, orphan, written, objects):
-    """What ``end_state`` finds wrong, the shared payload aside (kept, so not in the ledger) and the orphan
-    blobs added (one record in each data centre)."""
+def leftovers(spark, platform, config, eligible, live, shared_due, payloads_alone, written, objects):
+    """What ``end_state`` finds wrong, the shared payload aside (kept, so not in the ledger) and the payloads with
+    no message added: the orphan blobs (a record in each data centre) and the stranded payload (its row too)."""
     wrongly_deleted, missing, doubled, unexpected = end_state(
         spark, platform, config, [m for m in eligible if m != shared_due], live, objects, written)
     purged_shared = Ledger(spark, config.ledger).records().where(
         (F.col("status") == "purged") & (F.col("id") == shared_due)).count()
     assert not wrongly_deleted and not doubled and purged_shared == 1
-    orphans = {("payload", orphan, dc) for dc in config.stores}
-    return (missing | orphans - unexpected) | {u for u in unexpected - orphans if u != ("message", shared_due, None)}
+    orphan, stranded = payloads_alone
+    alone = {("payload", orphan, dc) for dc in config.stores} | {("payload", stranded, dc)
+                                                                 for dc in (None, *config.stores)}
+    return (missing | alone - unexpected) | {u for u in unexpected - alone if u != ("message", shared_due, None)}
 
 
 def known_to_stream(spark, config, kind: str, object_id: str) -> bool:

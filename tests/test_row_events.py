@@ -138,7 +138,9 @@ def payload_rows(draw: Any) -> Sample:
     else:
         refs = tuple(draw(st.lists(ids, max_size=2, unique=True)))
     dcs = draw(maybe(st.sets(st.sampled_from(DCS), min_size=1)))
-    return Sample({"payload_id": draw(ids), "dcs": dcs, "state": state, "last_ref_at": last_ref}, refs)
+    # What the scan says beside the row: whether payload_refs holds a partition for it.
+    return Sample({"payload_id": draw(ids), "dcs": dcs, "state": state, "last_ref_at": last_ref,
+                   "referenced": bool(refs)}, refs)
 
 
 def rows_of(**columns: st.SearchStrategy) -> st.SearchStrategy[Sample]:
@@ -237,7 +239,8 @@ TABLES = [
               and row["extract_until"] is None and not row["deleted"]),
           rules=lambda policy: policy.retention.message_rules),
     Table("mailbox", "payloads", payload_rows(), payload_events,
-          lambda row: row["state"] != "deleting" or row["last_ref_at"] is None),
+          lambda row: row["last_ref_at"] is None or row["state"] is None or (
+              row["state"] == "live" and row["referenced"])),
 ]
 
 
@@ -384,7 +387,7 @@ def test_a_rows_records_pass_the_streams_checks_and_say_nothing_only_when_docume
     @settings(max_examples=150, deadline=None)
     @given(table.rows)
     def check(sample):
-        assert set(sample.row) == set(table.scanned.columns)  # the rows here hold what the scan reads
+        assert set(sample.row) == set(table.scanned.row_fields)  # the rows here hold what the scan reads
         records = POLICY[table.policy].row_events(table.table, sample.row)
         assert (records == []) == table.says_nothing(sample.row)
         for found in records:
@@ -475,16 +478,19 @@ def test_the_rows_enqueue_keeps_the_real_ones_data_centres_and_its_own_completed
         assert states[("payload", "p1")].dcs == DCS
 
 
-def test_a_live_payload_says_nothing_and_a_claimed_one_is_released_after_its_last_link():
-    """A claimed payload's release is observed a grace after its last link, so the enqueue that made that link, a
-    moment after the writer set ``last_ref_at``, does not outrank it: the payload stays due."""
+@pytest.mark.parametrize("unreferenced", [{"state": "deleting", "referenced": False},
+                                          {"state": "live", "referenced": False}], ids=["claimed", "unreferenced"])
+def test_a_referenced_payload_says_nothing_and_an_unreferenced_one_is_released_after_its_last_link(unreferenced):
+    """A claimed payload, or a live one with no ``payload_refs`` partition: its release is observed a grace after its
+    last link, so the enqueue that made that link, a moment after the writer set ``last_ref_at``, does not outrank
+    it: the payload stays due."""
     last_ref = NOW - timedelta(days=1)
-    row = {"payload_id": "p1", "dcs": {"dc1"}, "state": "live", "last_ref_at": last_ref}
+    row = {"payload_id": "p1", "dcs": {"dc1"}, "state": "live", "last_ref_at": last_ref, "referenced": True}
     assert MAILBOX.row_events("payloads", row) == []
     link = {"event_id": "e1", "type": "enqueue", "event_time": at(last_ref + timedelta(milliseconds=5)),
             "message_id": "m1", "mailbox": "inbox", "payload_id": "p1", "payload_size": 5, "inline": False,
             "complete": True, "dcs": ["dc1", "dc2"]}
-    released = MAILBOX.row_events("payloads", {**row, "state": "deleting"})
+    released = MAILBOX.row_events("payloads", {**row, **unreferenced})
     assert [(r["type"], r["event_time"], r["dcs"]) for r in released] == [("payload_released", at(last_ref), ["dc1"])]
     state = fold_all([link, *released], _random.Random(0))[("payload", "p1")]
     assert MAILBOX.kinds[1].eligibility(state).eligible_at_ms == epoch_ms(last_ref + PAYLOAD_GRACE)

@@ -27,10 +27,10 @@ from pydantic import field_validator
 
 from purger.core.config import Duration
 from purger.core.policy import (
-    Blobs, Eligibility, EventField, EventType, Link, ObjectKind, Policy, Purge, Resources, Scanned, Settings,
-    row_event,
+    REFERENCED, Blobs, Eligibility, EventField, EventType, Link, ObjectKind, Policy, Purge, Resources, Scanned,
+    Settings, row_event,
 )
-from purger.policies.mailbox.deletes import DELETING, MessagePurge, PayloadPurge
+from purger.policies.mailbox.deletes import DELETING, LIVE, MessagePurge, PayloadPurge
 from purger.policies.mailbox.rules import Retention, eligibility, payload_eligibility
 from purger.policies.mailbox.state import (
     DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, LINK, MESSAGE, PAYLOAD, RELEASED, UPLOAD_COMPLETE,
@@ -132,12 +132,14 @@ def message_events(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def payload_events(row: dict[str, Any], grace: timedelta) -> list[dict[str, Any]]:
-    """A ``payloads`` row that says no reference is left, ``deleting`` (a purge claimed it, having found none, and
-    no writer can link it since), as released at ``last_ref_at``, where the claim's check ran the grace from:
-    fed back, the stream finishes the purge. A ``live`` row says nothing: whether a message still refers to it
-    is in ``payload_refs``, and the messages' own rows say it (their enqueues link it, their purges release it)."""
+    """A ``payloads`` row with no reference left as released at ``last_ref_at``, where the purge's check runs the
+    grace from: ``deleting`` (a purge claimed it, having found none, and no writer can link it since; fed back,
+    the stream finishes the purge), or ``live`` with no ``payload_refs`` partition (``referenced`` false: its
+    messages went with no release, or an upload died after its payload row). A referenced ``live`` row says
+    nothing: its messages' rows say it (their enqueues link it, their purges release it)."""
     last_ref = row["last_ref_at"]
-    if row["state"] != DELETING or last_ref is None:
+    unreferenced = row["state"] == DELETING or (row["state"] == LIVE and row.get(REFERENCED) is False)
+    if not unreferenced or last_ref is None:
         return []
     # Found unreferenced no sooner than a grace after the last link, so after any enqueue that linked it (the
     # writers' clocks are within the grace): the stream does not take the release for an older one.
@@ -183,7 +185,8 @@ class MailboxPolicy(Policy):
         Scanned("messages", MESSAGE, "message_id",
                 ("message_id", "mailbox", "payload_id", "payload_size", "inline_payload", "extract_count",
                  "extract_until", "complete", "deleted", "created_at", "updated_at")),
-        Scanned("payloads", PAYLOAD, "payload_id", ("payload_id", "dcs", "state", "last_ref_at")),
+        Scanned("payloads", PAYLOAD, "payload_id", ("payload_id", "dcs", "state", "last_ref_at"),
+                referenced_by="payload_refs"),
     )
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.messages (
