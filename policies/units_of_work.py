@@ -426,10 +426,11 @@ CREATE TABLE IF NOT EXISTS {keyspace}.uow_objects (
 
     def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
         """The start with its journey type, the finish and the archiving, each at its own column's time: folded,
-        the row's state (``row_state``), which the check at delete time reads too. Nothing from a claimed row,
-        nor from one without its start or a known journey type (a row the writer contract did not write whole:
-        ``started_at`` and the journey type come with the row)."""
-        if row["purge_started_at"] is not None or row["started_at"] is None or row["journey_type"] not in JOURNEY_TYPES:
+        the row's state (``row_state``), which the check at delete time reads too. A claimed row reads the same:
+        it was due when claimed and stays due, and the purge, finding it claimed, finishes it. Nothing from a row
+        without its start or a known journey type (a row the writer contract did not write whole: ``started_at``
+        and the journey type come with the row)."""
+        if row["started_at"] is None or row["journey_type"] not in JOURNEY_TYPES:
             return []
         unit = row["unit_of_work_id"]
         found = [row_event("units_of_work", unit, UOW_STARTED, row["started_at"], unit_of_work_id=unit,

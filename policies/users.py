@@ -247,12 +247,14 @@ CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_permissions (
 
     def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
         """Each configured data centre's word at the row's ``updated_at`` (the last change of ``present_in``):
-        added if ``present_in`` has it, removed if not. Nothing from a row that is not ``live`` (claimed by a
-        purge, or not a row of the writer contract), nor from one present in a data centre the configuration
-        does not name: the check at delete time keeps that user, and no event of the configured ones can say so."""
+        added if ``present_in`` has it, removed if not. A row a purge claimed (``purging``) reads the same: its
+        claim's condition held (absent everywhere, a grace ago), so it is due, and the purge, finding it claimed,
+        finishes it. Nothing from a row not of the writer contract, nor from one present in a data centre the
+        configuration does not name: the check at delete time keeps that user, and no event of the configured
+        ones can say so."""
         present = set(row["present_in"] or ())
         data_centres = self.settings.data_centres
-        if row["state"] != LIVE or row["updated_at"] is None or not present <= set(data_centres):
+        if row["state"] not in (LIVE, PURGING) or row["updated_at"] is None or not present <= set(data_centres):
             return []
         return [row_event("users", row["user_id"], USER_ADDED if dc in present else USER_REMOVED, row["updated_at"],
                           user_id=row["user_id"], dc=dc)

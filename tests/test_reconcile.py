@@ -96,6 +96,11 @@ def test_rows_no_event_told_of_are_fed_back_purged_when_due_and_kept_when_not(sp
         heard.enqueue(behind, f"p-{behind}", extract_count=1, at=now() - 41 * DAYS)
         quiet.set_counter(behind, 0, at=now() - 40 * DAYS)
         written = objects.write(f"silent-{run_id()}")
+        # A user and a unit of work claimed by a purge cut short, whose checkpoint went with it: finished.
+        claimed = {o.kind: o.id for o in written if o.eligible and o.kind in ("user", "unit_of_work")}
+        quiet.session.execute("UPDATE users SET state = 'purging' WHERE user_id = %s", (claimed["user"],))
+        quiet.session.execute("UPDATE units_of_work SET purge_started_at = %s WHERE unit_of_work_id = %s",
+                              (now(), claimed["unit_of_work"]))
         # A blob whose payloads row was never written, in both data centres.
         orphan = f"orphan-{run_id()}"
         for dc, store in own.stores.items():

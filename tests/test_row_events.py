@@ -147,6 +147,15 @@ def rows_of(**columns: st.SearchStrategy) -> st.SearchStrategy[Sample]:
     return st.fixed_dictionaries(columns).map(Sample)
 
 
+USER_GRACE = POLICY["users"].settings.user_grace
+
+
+def unit_due(row: dict[str, Any]) -> bool:
+    """The claim's condition on a unit of work: due by its row now (a purge claims only a due unit)."""
+    first = units_of_work.first_eligible_day(units_of_work.row_state(row), POLICY["units_of_work"].settings)
+    return first is not None and units_of_work.day_start_ms(first) <= NOW_MS
+
+
 def message_events(row: dict[str, Any]) -> st.SearchStrategy[list[dict[str, Any]]]:
     # Every copy of the enqueue names the same message, mailbox and payload; it may say otherwise of its upload,
     # counter, date and data centres than the row does now.
@@ -215,24 +224,33 @@ TABLES = [
     Table("users", "users",
           rows_of(user_id=ids,
                   present_in=st.sampled_from((None, {"dc1"}, {"dc2"}, set(DCS), {"dc3"}, {"dc1", "dc3"})),
-                  state=st.sampled_from(("live", "live", "purging", None)), updated_at=maybe(moments())),
+                  state=st.sampled_from(("live", "live", "purging", None)), updated_at=maybe(moments()))
+          # The claim's condition: absent everywhere, a grace ago.
+          .filter(lambda sample: sample.row["state"] != "purging" or (
+              sample.row["present_in"] is None and sample.row["updated_at"] is not None
+              and sample.row["updated_at"] <= NOW - USER_GRACE)),
           events_of(lambda row, t, kind, dc: record(kind, t, user_id=row["user_id"], dc=dc),
                     moments(), st.sampled_from(("user_added", "user_removed")), st.sampled_from((*DCS, "dc3"))),
-          lambda row: row["state"] != "live" or row["updated_at"] is None or "dc3" in (row["present_in"] or ())),
+          lambda row: row["state"] is None or row["updated_at"] is None or "dc3" in (row["present_in"] or ())),
     Table("units_of_work", "units_of_work",
           rows_of(unit_of_work_id=ids, journey_type=st.sampled_from((*JOURNEY_TYPES, "BULK", None)),
                   started_at=maybe(days), finished_at=maybe(days), archived_at=maybe(days),
-                  purge_started_at=st.one_of(st.none(), st.none(), st.none(), moments())),
+                  purge_started_at=st.one_of(st.none(), st.none(), st.none(), moments()))
+          .filter(lambda sample: sample.row["purge_started_at"] is None or unit_due(sample.row)),
           events_of(lambda row, t, kind, journey: record(kind, t, unit_of_work_id=row["unit_of_work_id"],
                                                          journey_type=journey if kind == "uow_started" else None),
                     days, st.sampled_from(("uow_started", "uow_finished", "uow_archived")),
                     st.sampled_from(JOURNEY_TYPES)),
-          lambda row: row["purge_started_at"] is not None or row["started_at"] is None or row["journey_type"] is None),
+          lambda row: row["started_at"] is None or row["journey_type"] is None),
     Table("push_clients", "push_routers",
-          rows_of(client_id=ids, last_connected_at=maybe(moments()), purging=maybe(st.just(True))),
+          rows_of(client_id=ids, last_connected_at=maybe(moments()), purging=maybe(st.just(True)))
+          # The claim's condition: inactive for inactive_after.
+          .filter(lambda sample: not sample.row["purging"] or (
+              sample.row["last_connected_at"] is not None
+              and sample.row["last_connected_at"] <= NOW - POLICY["push_clients"].settings.inactive_after)),
           events_of(lambda row, t, kind: record(kind, t, client_id=row["client_id"]),
                     moments(), st.sampled_from(("push_client_registered", "push_client_connected"))),
-          lambda row: bool(row["purging"]) or row["last_connected_at"] is None),
+          lambda row: row["last_connected_at"] is None),
     Table("mailbox", "messages", message_rows(), message_events,
           lambda row: row["updated_at"] is None or (
               row["created_at"] is None and not row["complete"] and row["extract_count"] is None

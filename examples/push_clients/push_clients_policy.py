@@ -285,9 +285,10 @@ CREATE TABLE IF NOT EXISTS {{keyspace}}.{MESSAGES} (
         return {PUSH_CLIENT: PushClientPurge(resources, self.table_names(), self.kind.rule)}
 
     def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
-        """The reverse of the fold: a router row is the client's last connection, at ``last_connected_at``.
-        Nothing from a row a purge holds, nor from one no connect or register wrote (no ``last_connected_at``)."""
-        if row["purging"] or row["last_connected_at"] is None:
+        """The reverse of the fold: a router row is the client's last connection, at ``last_connected_at``; one
+        a purge holds too (it was due when claimed, and the purge, finding it claimed, finishes it). Nothing from
+        a row no connect or register wrote (no ``last_connected_at``)."""
+        if row["last_connected_at"] is None:
             return []
         return [row_event(ROUTERS, row["client_id"], PUSH_CLIENT_CONNECTED, row["last_connected_at"],
                           client_id=row["client_id"])]
