@@ -7,9 +7,11 @@ Example::
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import DataFrame, SparkSession
 
-from purger.connectors import spark_kafka_options
+from purger.connectors import kafka_client, spark_kafka_options
 from purger.core.config import KafkaConfig, PurgerConfig
 from purger.policies import events_topics
 
@@ -49,7 +51,29 @@ def read_records(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     events, and old clock ticks would only move the watermark ahead of the replay.
     """
     kafka = config.kafka
-    events = _kafka(spark, kafka, [*events_topics(config), kafka.reconcile_topic],
-                    starting_offsets or kafka.starting_offsets, starting_timestamp_ms)
+    topics = [*events_topics(config), kafka.reconcile_topic]
+    events = _kafka(spark, kafka, topics, every_topic_named(kafka, topics, starting_offsets or kafka.starting_offsets),
+                    starting_timestamp_ms)
     control = _kafka(spark, kafka, [kafka.control_topic], "latest")
     return events.unionByName(control)
+
+
+def every_topic_named(kafka: KafkaConfig, topics: list[str], starting_offsets: str) -> str:
+    """Spark's JSON starting offsets must name every partition of the source: a topic they leave out (the
+    reconcile topic, which a user's offsets for the events topics would not name) starts at its earliest
+    offset (-2). ``earliest`` and ``latest`` pass as they are."""
+    if not starting_offsets.lstrip().startswith("{"):
+        return starting_offsets
+    offsets = json.loads(starting_offsets)
+    missing = [topic for topic in topics if topic not in offsets]
+    if not missing:
+        return starting_offsets
+    from kafka import KafkaConsumer
+
+    consumer = kafka_client(KafkaConsumer, kafka)
+    try:
+        for topic in missing:
+            offsets[topic] = {str(partition): -2 for partition in sorted(consumer.partitions_for_topic(topic) or ())}
+    finally:
+        consumer.close()
+    return json.dumps(offsets)

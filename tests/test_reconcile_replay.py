@@ -96,3 +96,32 @@ def truncate(config, before: dict[TopicPartition, int]) -> None:
         admin.delete_records(before)
     finally:
         admin.close()
+
+
+def test_json_starting_offsets_that_leave_out_the_reconcile_topic_read_it_from_its_start(spark, config, tmp_path):
+    """`purger run --starting-offsets '{"<events topic>": {...}}'`: Spark wants every partition of the source named;
+    the reconcile topic, left out, is read from its start, and the events topic from the offsets given."""
+    from purger.connectors import kafka_producer
+    from purger.streams.source import read_records
+
+    own = own_config(config, tmp_path, "offsets")
+    events, fed = own.kafka.topics[0], own.kafka.reconcile_topic
+    producer = kafka_producer(own.kafka, acks="all")
+    try:
+        for topic, partition, value in ((events, 0, b"e0"), (events, 0, b"e1"), (events, 1, b"e2"),
+                                        (fed, 0, b"r0"), (fed, 1, b"r1")):
+            producer.send(topic, value=value, partition=partition)
+        producer.flush()
+    finally:
+        producer.close()
+    offsets = f'{{"{events}": {{"0": 1, "1": -2}}}}'  # the first record of partition 0 skipped
+    query = (read_records(spark, own, starting_offsets=offsets).writeStream.format("memory")
+             .queryName(f"offsets_{uuid.uuid4().hex[:6]}").option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    try:
+        assert query.awaitTermination(180), "the Kafka source did not read to the end within 180 s"
+        assert query.exception() is None
+        read = {(row.topic, bytes(row.value)) for row in spark.table(query.name).collect()}
+    finally:
+        query.stop()
+    assert read == {(events, b"e1"), (events, b"e2"), (fed, b"r0"), (fed, b"r1")}
