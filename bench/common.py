@@ -69,7 +69,8 @@ class BenchRun:
             "kafka": {"topics": [f"bench.{run}.events"], "control_topic": f"bench.{run}.control",
                       "dead_letter_topic": f"bench.{run}.dead-letter", "reconcile_topic": f"bench.{run}.reconcile"},
             "stream": {"query_name": f"bench-{run}", "checkpoint": str(work / "checkpoint")},
-            "ledger": {"path": str(work / "ledger" / "records"), "report_path": str(work / "ledger" / "report")},
+            "ledger": {"path": str(work / "ledger" / "records"), "report_path": str(work / "ledger" / "report"),
+                       "reconcile_path": str(work / "ledger" / "reconcile")},
             "metrics": {"port": 0},
             "reconcile": {"interval": "0"},  # a benchmark reconciles when it measures reconciling
         }
