@@ -203,8 +203,15 @@ def test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing(spark, reconci
         report = reconcile(spark, own)
         wait_for(lambda: all(quiet.row(m) is None for m in eligible)
                  and all(objects.gone(o) for o in written if o.eligible), 180, "the due rows to be purged")
-        wrongly_deleted, missing, doubled, unexpected = end_state(spark, quiet, own, eligible, live, objects,
-                                                                  written)
+        # A batch's rows go before its ledger commit: the records follow within the batch.
+        found = {}
+
+        def recorded() -> bool:
+            found["end"] = end_state(spark, quiet, own, eligible, live, objects, written)
+            return not found["end"][1]
+
+        wait_for(recorded, 60, "one ledger record per deletion")
+        wrongly_deleted, missing, doubled, unexpected = found["end"]
         reliability("reconcile killed in its scan and its feed", injected=sum(kills.values()),
                     survived=sum(kills.values()), wrongly_deleted=len(wrongly_deleted),
                     ledger_missing=len(missing), ledger_doubled=len(doubled), **kills)
