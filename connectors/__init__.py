@@ -120,7 +120,10 @@ class CassandraTables(Tables):
             statement.consistency_level = ConsistencyLevel.name_to_value[consistency.upper()]
         return statement
 
-    def one(self, statement: Any, *values: Any) -> Any | None:
+    def one(self, statement: Any, *values: Any, serial: bool = False) -> Any | None:
+        if serial:
+            statement = read_serially(self.session, statement.bind(values))
+            return self.session.execute(statement).one()
         return self.session.execute(statement, values).one()
 
     def all(self, statement: Any, *values: Any) -> list[Any]:

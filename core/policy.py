@@ -240,8 +240,9 @@ class Tables(ABC):
         """The prepared statement of ``cql``, its ``{table}`` names resolved."""
 
     @abstractmethod
-    def one(self, statement: Any, *values: Any) -> Any | None:
-        """The first row the statement returns (a named tuple), or None."""
+    def one(self, statement: Any, *values: Any, serial: bool = False) -> Any | None:
+        """The first row the statement returns (a named tuple), or None; ``serial``: read at the serial
+        consistency this time, whatever the statement's own."""
 
     @abstractmethod
     def all(self, statement: Any, *values: Any) -> list[Any]:
@@ -324,28 +325,34 @@ class ObjectPurge(Purge, Generic[R]):
 
     For a candidate, the engine:
 
-    1. reads the row (``read``, at the serial consistency). Gone: ``already_gone``, or on a retried batch
-       ``purged`` (the attempt that failed deleted it) with the dependents that attempt journalled; what may
-       be left of it (``leftovers``) is deleted again, harmlessly.
+    1. reads the row (``read``) at the configured consistency: a decision not to delete (gone, kept, a dry
+       run's) deletes nothing, so it costs no Paxos round. A row that carries a claim is read again
+       serially, since the deletes that follow rest on that claim. Gone: ``already_gone``, or on a retried
+       batch ``purged`` (the attempt that failed deleted it) with the dependents that attempt journalled;
+       what may be left of it (``leftovers``) is deleted again, harmlessly.
     2. Not claimed yet (``claimed``): asks the row when it is due (``due``, the policy's rules applied to
        the row). Not due now: ``skipped`` with the policy's reason (``why_kept``) and, unless a dry run, a
        recheck when it will be (no sooner than ``stream.retry_interval`` under the candidate's own rule:
        the stream found it due, so the clocks differ a little). A dry run stops here: ``would_delete`` for
        each dependent and the object, and no recheck. Then the claim (``claim``, a lightweight
-       transaction on what was read); lost to a writer: ``skipped`` and a recheck.
+       transaction conditioned on the rule or on what was read, so a stale read only makes it fail); lost
+       to a writer: ``skipped`` and a recheck.
     3. Claimed (now, or by an attempt that crashed; a dry run leaves it to the real run): the dependents
        (``dependents``) are journalled, then deleted in order, each one's outcome recorded; a store that
-       failed leaves the row for a recheck after ``stream.retry_interval``. Then the row (``delete``).
+       failed leaves the row for a recheck after ``stream.retry_interval``. Then the row (``delete``, a
+       lightweight transaction: the one step that deletes it). Not applied: the row, read again, says
+       why (gone: another attempt finished it; changed since it was read).
     4. After the row, whoever deleted it: ``released`` (e.g. a message's payload, once nothing refers to
        it).
 
-    A kind with no dependents and a rule that one conditional ``DELETE`` checks sets ``deletes_first``: the
-    delete is its claim and comes first, and the row is read only when it did not apply, to say why.
+    A kind with no dependents and a rule that one conditional ``DELETE`` checks sets ``deletes_first``: that
+    delete is its claim, so a due row is deleted at once.
 
     Example::
 
         class RouterPurge(ObjectPurge[Row]):
-            def read(self, candidate): return self.tables.one(self.read_router, candidate.id)
+            def read(self, candidate, serial=False):
+                return self.tables.one(self.read_router, candidate.id, serial=serial)
             def claimed(self, row): return bool(row.purging)
             def due(self, candidate, row): return Eligibility(INACTIVE, epoch_ms(row.last_connected_at) + period)
             def why_kept(self, candidate, row, due): return reason(NOT_YET_DUE, f"inactive at {due.eligible_at_ms}")
@@ -363,8 +370,9 @@ class ObjectPurge(Purge, Generic[R]):
     # --- the steps a policy fills in ---
 
     @abstractmethod
-    def read(self, candidate: Candidate) -> R | None:
-        """The object's row, at the serial consistency; None when it is gone."""
+    def read(self, candidate: Candidate, serial: bool = False) -> R | None:
+        """The object's row, None when it is gone: at the configured consistency, or at the serial one
+        when ``serial`` (``Tables.one(..., serial=serial)``)."""
 
     def claimed(self, row: R) -> bool:
         """Whether the row carries a purge's claim (this one's, or an attempt's that crashed)."""
@@ -390,9 +398,9 @@ class ObjectPurge(Purge, Generic[R]):
         return []
 
     @abstractmethod
-    def delete(self, candidate: Candidate, row: R | None) -> bool:
-        """The row's conditional delete: on its claim, or (``deletes_first``, ``row`` None) on the candidate's
-        rule; whether it applied."""
+    def delete(self, candidate: Candidate, row: R) -> bool:
+        """The row's conditional delete: on its claim, or (``deletes_first``) on the candidate's rule; whether
+        it applied."""
 
     def leftovers(self, candidate: Candidate) -> list[Dependent]:
         """What may be left of an object whose row is gone, deleted again (idempotently, no outcome)."""
@@ -401,17 +409,13 @@ class ObjectPurge(Purge, Generic[R]):
     def released(self, candidate: Candidate, row: R | None) -> None:
         """What follows the row's going, whoever deleted it (``row``: as read before, if it was)."""
 
-    def before_delete(self, candidate: Candidate) -> R | None:
-        """``deletes_first`` only: the row read before the delete when ``released`` will need it."""
-        return None
-
     # --- the protocol ---
 
     def purge(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
-        if self.deletes_first and not self.resources.dry_run:
-            yield from self._delete_first(candidate, attempt)
-            return
+        dry_run = self.resources.dry_run
         row = self.read(candidate)
+        if row is not None and self.claimed(row) and not dry_run:
+            row = self.read(candidate, serial=True)
         if row is None:
             yield from self._gone(candidate, attempt, journalled=True)
             return
@@ -421,18 +425,19 @@ class ObjectPurge(Purge, Generic[R]):
             if due is None or due.eligible_at_ms > now_ms():
                 yield self._kept(candidate, Kept(self.why_kept(candidate, row, due), due))
                 return
-            if self.resources.dry_run:
+            if dry_run:
                 yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id, dc=d.dc)
                             for d in self.dependents(candidate, row))
                 yield Outcome(WOULD_DELETE, self._would_delete_reason(candidate, row, due))
                 return
-            failpoint(f"before_{candidate.kind}_claim")
-            claimed = self.claim(candidate, row)
-            if isinstance(claimed, Kept):
-                yield self._kept(candidate, claimed)
-                return
-            row = claimed
-        elif self.resources.dry_run:
+            if not self.deletes_first:
+                failpoint(f"before_{candidate.kind}_claim")
+                claimed = self.claim(candidate, row)
+                if isinstance(claimed, Kept):
+                    yield self._kept(candidate, claimed)
+                    return
+                row = claimed
+        elif dry_run:
             yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
             return
         failed = False
@@ -442,32 +447,40 @@ class ObjectPurge(Purge, Generic[R]):
         if failed:
             self._recheck(candidate, Eligibility(candidate.rule, now_ms() + self.resources.retry_ms))
             return
-        if self.delete(candidate, row):
-            yield Outcome(PURGED, deleted_at_ms=now_ms())
-        else:  # another attempt finished it meanwhile
-            yield from self._gone(candidate, attempt, journalled=False)
+        if not self._deleted(candidate, row):
+            yield from self._not_deleted(candidate, attempt, row)
             return
+        failpoint(f"after_{candidate.kind}_delete")
+        yield Outcome(PURGED, deleted_at_ms=now_ms())
         self.released(candidate, row)
+
+    def _deleted(self, candidate: Candidate, row: R) -> bool:
+        """``delete``, settled: a delete that failed may have applied all the same (a timeout, a connection
+        lost once it was sent). A serial read, which finishes a Paxos round left in progress, then says:
+        gone, it applied; there, it did not, and its error goes on (the candidate is rechecked)."""
+        try:
+            return self.delete(candidate, row)
+        except Exception:
+            if self.read(candidate, serial=True) is not None:
+                raise
+            return True
+
+    def _not_deleted(self, candidate: Candidate, attempt: Attempt, row: R) -> Iterator[Outcome]:
+        """The conditional delete did not apply: the row changed since it was read. Gone: another attempt
+        finished it. A claim on it: another attempt's, still at work. Otherwise a writer changed it."""
+        now = self.read(candidate)
+        if now is None:
+            yield from self._gone(candidate, attempt, journalled=False, row=row)
+        elif self.claimed(now):
+            yield self._kept(candidate, Kept(reason(BEING_DELETED, "by another attempt"),
+                                             Eligibility(candidate.rule, now_ms())))
+        else:
+            due = self.due(candidate, now)
+            yield self._kept(candidate, Kept(self.why_kept(candidate, now, due), due))
 
     def _would_delete_reason(self, candidate: Candidate, row: R, due: Eligibility) -> str | None:
         """A dry run's note on ``would_delete``; a policy may add what would follow."""
         return None
-
-    def _delete_first(self, candidate: Candidate, attempt: Attempt) -> Iterator[Outcome]:
-        before = self.before_delete(candidate)
-        if self.delete(candidate, None):
-            failpoint(f"after_{candidate.kind}_delete")
-            yield Outcome(PURGED, deleted_at_ms=now_ms())
-            self.released(candidate, before)
-            return
-        # Not deleted: the row says why (gone, changed since, or due under another rule) and when to look again.
-        row = self.read(candidate)
-        if row is None:
-            yield from self._gone(candidate, attempt, journalled=False)
-            self.released(candidate, before)
-            return
-        due = self.due(candidate, row)
-        yield self._kept(candidate, Kept(self.why_kept(candidate, row, due), due))
 
     def _kept(self, candidate: Candidate, kept: Kept) -> Outcome:
         if kept.recheck is not None:
@@ -481,20 +494,24 @@ class ObjectPurge(Purge, Generic[R]):
         soonest = now_ms() + (self.resources.retry_ms if at.rule == candidate.rule else 0)
         self.resources.control.recheck(candidate.kind, candidate.id, at.rule, max(at.eligible_at_ms, soonest))
 
-    def _gone(self, candidate: Candidate, attempt: Attempt, journalled: bool) -> Iterator[Outcome]:
-        """The row is gone. In a retried batch the attempt that failed deleted it, and the dependents it
-        journalled, all recorded as purged now; otherwise ``already_gone``."""
-        for leftover in self.leftovers(candidate):
-            leftover.delete()
-        if not attempt.retry or self.resources.dry_run:
+    def _gone(self, candidate: Candidate, attempt: Attempt, journalled: bool, row: R | None = None
+              ) -> Iterator[Outcome]:
+        """The row is gone (``row``: as read before, if it was). In a retried batch the attempt that failed
+        deleted it, and the dependents it journalled, all recorded as purged now; otherwise
+        ``already_gone``. Either way, what may be left of it goes, and what follows its going."""
+        if self.resources.dry_run:
             yield Outcome(ALREADY_GONE)
             return
-        if journalled:
-            kept = self.resources.journal.kept(candidate.kind, candidate.id, attempt.batch) or set()
-            yield from _deleted_earlier(kept)
-        yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
-        if journalled:
-            self.released(candidate, None)
+        for leftover in self.leftovers(candidate):
+            leftover.delete()
+        if attempt.retry:
+            if journalled:
+                kept = self.resources.journal.kept(candidate.kind, candidate.id, attempt.batch) or set()
+                yield from _deleted_earlier(kept)
+            yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
+        else:
+            yield Outcome(ALREADY_GONE)
+        self.released(candidate, row)
 
     def _delete_dependents(self, candidate: Candidate, found: list[Dependent], claimed_before: bool,
                            attempt: Attempt) -> Iterator[Outcome]:

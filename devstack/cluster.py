@@ -146,6 +146,19 @@ def worker_state(index: int) -> dict:
     return _get_json(f"http://{HOST}:{WORKER_WEBUI_PORTS[index]}/json")
 
 
+def executor_pids(app_id: str) -> list[int]:
+    """The process ids of an application's executor JVMs on this machine."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in args and app_id.encode() in args:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
 def alive_workers(state: dict | None = None) -> list[dict]:
     state = state if state is not None else master_state()
     return [w for w in state.get("workers", []) if w.get("state") == "ALIVE"]

@@ -158,11 +158,10 @@ class RuleEventPurge(ObjectPurge[Any]):
         self.deletes = {rule.name: self.tables.prepare(f"DELETE FROM {{{TABLE}}} WHERE rule_event_id = ? "
                                                        f"IF {rule.condition}")
                         for rule in rules.values()}
-        self.read_row = self.tables.prepare(f"SELECT status, updated_at FROM {{{TABLE}}} WHERE rule_event_id = ?",
-                                            "serial")
+        self.read_row = self.tables.prepare(f"SELECT status, updated_at FROM {{{TABLE}}} WHERE rule_event_id = ?")
 
-    def read(self, candidate: Candidate) -> Any | None:
-        return self.tables.one(self.read_row, candidate.id)
+    def read(self, candidate: Candidate, serial: bool = False) -> Any | None:
+        return self.tables.one(self.read_row, candidate.id, serial=serial)
 
     def due(self, candidate: Candidate, row: Any) -> Eligibility | None:
         return earliest(self.rules.values(), _row_state(row))
@@ -172,7 +171,7 @@ class RuleEventPurge(ObjectPurge[Any]):
             return reason(NOT_YET_DUE, f"{due.rule} at {format_epoch_ms(due.eligible_at_ms)}")
         return reason(KEPT_BY_RULE, f"{candidate.rule} did not hold (status {row.status})")
 
-    def delete(self, candidate: Candidate, row: Any | None) -> bool:
+    def delete(self, candidate: Candidate, row: Any) -> bool:
         rule = self.rules[candidate.rule]
         return self.tables.applied(self.deletes[rule.name], candidate.id, rule.cutoff())
 

@@ -322,7 +322,7 @@ class UnitOfWorkPurge(ObjectPurge[Any]):
         self.settings = settings
         prepare = self.tables.prepare
         self.read_unit = prepare("SELECT journey_type, started_at, finished_at, archived_at, purge_started_at "
-                                 "FROM {units_of_work} WHERE unit_of_work_id = ?", "serial")
+                                 "FROM {units_of_work} WHERE unit_of_work_id = ?")
         self.claim_unit = prepare(f"UPDATE {{units_of_work}} SET purge_started_at = ? WHERE unit_of_work_id = ? "
                                   f"IF {_CLAIM_CHECK}")
         # Quorum: sees every object a writer added before its serial read found the unit unclaimed.
@@ -332,9 +332,9 @@ class UnitOfWorkPurge(ObjectPurge[Any]):
             "DELETE FROM {uow_objects} WHERE unit_of_work_id = ? AND collection = ? AND object_id = ?")
         self.delete_unit = prepare("DELETE FROM {units_of_work} WHERE unit_of_work_id = ? IF purge_started_at = ?")
 
-    def read(self, candidate: Candidate) -> Any | None:
+    def read(self, candidate: Candidate, serial: bool = False) -> Any | None:
         # Its objects went before it (the order of deletion), so a unit gone leaves nothing else to delete.
-        return self.tables.one(self.read_unit, candidate.id)
+        return self.tables.one(self.read_unit, candidate.id, serial=serial)
 
     def claimed(self, row: Any) -> bool:
         return row.purge_started_at is not None

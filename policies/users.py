@@ -268,7 +268,7 @@ class UserPurge(ObjectPurge[Any]):
         super().__init__(resources, tables)
         self.rule = rule
         prepare = self.tables.prepare
-        self.read_user = prepare("SELECT state, present_in, updated_at FROM {users} WHERE user_id = ?", "serial")
+        self.read_user = prepare("SELECT state, present_in, updated_at FROM {users} WHERE user_id = ?")
         self.claim_user = prepare(f"UPDATE {{users}} SET state = '{PURGING}' WHERE user_id = ? "
                                   f"IF state = '{LIVE}' AND {rule.condition}")
         self.delete_user = prepare(f"DELETE FROM {{users}} WHERE user_id = ? IF state = '{PURGING}'")
@@ -277,8 +277,8 @@ class UserPurge(ObjectPurge[Any]):
         self.read_root = prepare("SELECT user_id FROM {virtual_roots} WHERE user_id = ?")
         self.delete_root = prepare("DELETE FROM {virtual_roots} WHERE user_id = ?")
 
-    def read(self, candidate: Candidate) -> Any | None:
-        return self.tables.one(self.read_user, candidate.id)
+    def read(self, candidate: Candidate, serial: bool = False) -> Any | None:
+        return self.tables.one(self.read_user, candidate.id, serial=serial)
 
     def claimed(self, row: Any) -> bool:
         return row.state == PURGING

@@ -34,6 +34,7 @@ class Clients:
     dead_letters: DeadLetters
     purges: dict[str, Purge]  # by kind
     retry_ms: int
+    journal: CassandraJournal
 
     def flush(self) -> None:
         self.control.flush()  # the dead letters share its producer
@@ -71,5 +72,6 @@ def executor_clients(config: PurgerConfig) -> Clients:
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace),
                                   ObjectStores(config.stores), control, journal, retry_ms, config.stream.dry_run)
             purges = {kind: purge for policy in policies.policies for kind, purge in policy.purges(resources).items()}
-            _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purges, retry_ms)
+            _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purges, retry_ms,
+                                 journal)
         return _made[key]

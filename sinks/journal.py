@@ -1,5 +1,6 @@
 """The purger's journal in Cassandra (``core.policy.Journal``): the dependents a claimed purge is about to
-delete, per batch, so that a retry of the batch records those a crashed attempt deleted.
+delete, per batch, so that a retry of the batch records those a crashed attempt deleted; and each batch
+partition's start, so that any second run of it (a task, stage or batch retry) knows it is a retry.
 
 One table of the purger's own, in the configured keyspace (``cassandra.journal_table``); ``purger setup``
 creates it. An entry is read only by a retry of the batch that wrote it, so entries expire on their own
@@ -12,6 +13,7 @@ Example::
     journal.keep("user", "u1", "query-1/42", {"virtual_root:u1", "mailbox_permission:u1/inbox"})
     journal.kept("user", "u1", "query-1/42")   # {'virtual_root:u1', 'mailbox_permission:u1/inbox'}
     journal.kept("user", "u1", "query-1/43")   # None: another batch's
+    journal.first_start("query-1/42", 3)        # True; False in any later run of partition 3 of that batch
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
 """ % JOURNAL_TTL_S
 
 JOURNAL_COLUMNS = frozenset({"kind", "object_id", "purge_batch", "rows"})
+# The kind of a partition's start in the journal: not an identifier, so no policy's kind of object.
+PARTITION_START = "(partition)"
 
 
 def journal_schema(keyspace: str, table: str) -> str:
@@ -51,6 +55,7 @@ class CassandraJournal(Journal):
         name = f"{keyspace}.{table}"
         self.insert = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch, rows) VALUES (?, ?, ?, ?)")
         self.select = session.prepare(f"SELECT purge_batch, rows FROM {name} WHERE kind = ? AND object_id = ?")
+        self.start = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch) VALUES (?, ?, ?) IF NOT EXISTS")
 
     def keep(self, kind: str, object_id: str, batch: str, rows: set[str]) -> None:
         self.session.execute(self.insert, (kind, object_id, batch, rows))
@@ -60,3 +65,9 @@ class CassandraJournal(Journal):
         if found is None or found.purge_batch != batch:
             return None
         return set(found.rows or ())
+
+    def first_start(self, batch: str, partition: int) -> bool:
+        """Note that partition ``partition`` of ``batch`` starts purging; False when a run of it started before.
+        Spark runs a partition again after a task failed, an executor was lost (a stage retry, whose task
+        attempts count from 0 again) or the batch failed: what that run finds gone, the one before deleted."""
+        return self.session.execute(self.start, (PARTITION_START, f"{batch}/{partition}", batch)).was_applied

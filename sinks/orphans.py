@@ -57,6 +57,7 @@ from purger.core.vocabulary import (
     ALREADY_GONE, EARLIER_ATTEMPT, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, reason,
 )
 from purger.sinks.clients import executor_session
+from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
 from purger.sinks.purge import OUTCOME_SCHEMA
 from purger.sinks.throttle import Pacer, bounded_map, per_task_rate
@@ -79,7 +80,7 @@ _IDS = StructType([StructField("id", StringType(), False)])
 class Sweep:
     """One data centre's sweep of a policy's blobs, as its executor tasks see it: the policy, its
     ``Blobs``, its table by the configured name, the grace and the run's cutoff (blobs listed as last
-    modified before it are old enough), and whether it deletes."""
+    modified before it are old enough), whether it deletes, and its name in the ledger."""
 
     policy: str
     blobs: Blobs
@@ -88,6 +89,7 @@ class Sweep:
     grace_ms: int
     cutoff_ms: int
     dry_run: bool
+    query_id: str
 
 
 def ledger_query_id(run_id: str, policy: str, table: str, dc: str) -> str:
@@ -284,7 +286,9 @@ def decide(config: PurgerConfig, sweep: Sweep, object_id: str, listed_ms: int, e
 def _decide_task(config: PurgerConfig, sweep: Sweep, rate: float, rows: Iterable[Any]) -> Iterator[tuple]:
     """One Spark task: its blobs decided, ``stream.delete_concurrency`` at a time, paced at ``rate``."""
     task = TaskContext.get()
-    retry = task is not None and task.attemptNumber() > 0
+    # Any second run of the partition (a task or stage retry) is a retry: what it finds gone, the first deleted.
+    journal = CassandraJournal(executor_session(config), config.cassandra.keyspace, config.cassandra.journal_table)
+    retry = not sweep.dry_run and not journal.first_start(sweep.query_id, task.partitionId() if task else 0)
     pacer = Pacer(rate)
 
     def paced(row: Any) -> Any:
@@ -334,7 +338,7 @@ def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, policy: Po
            dc: str, ids: DataFrame, query_id: str, dry_run: bool, row: ReportRow) -> None:
     """One data centre's sweep: listed, anti-joined, decided and recorded; its counts into ``row``."""
     grace_ms = duration_ms(config.reconcile.orphan_grace)
-    sweep = Sweep(policy.name, blobs, table, dc, grace_ms, now_ms() - grace_ms, dry_run)
+    sweep = Sweep(policy.name, blobs, table, dc, grace_ms, now_ms() - grace_ms, dry_run, query_id)
     listed = spark.sparkContext.accumulator(0)
     orphans = _listed(spark, config, blobs.prefix, dc, sweep.cutoff_ms, listed).join(ids, "id", "left_anti")
     cores = spark.sparkContext.defaultParallelism

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -61,13 +62,20 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     """Purge one partition's candidates and dead-letter its bad records; yield ``OUTCOME_SCHEMA`` tuples.
 
     Deletions are paced at ``deletions_per_second`` (this task's share of the cap; the whole cap if None).
-    In a retried batch or task, an object found gone was deleted by the attempt that failed, whose
-    outcomes were lost with it: it is recorded as purged then.
+    In a second run of the partition (a retried batch, task or stage), an object found gone was deleted by
+    the run that failed, whose outcomes were lost with it: it is recorded as purged then.
     """
+    rows = iter(candidates)
+    first = next(rows, None)
+    if first is None:  # nothing to purge: no clients, no mark
+        return
     task = TaskContext.get()
-    attempt = Attempt(retry=batch_retried or (task is not None and task.attemptNumber() > 0),
-                      batch=f"{query_id}/{batch_id}")
+    batch = f"{query_id}/{batch_id}"
     clients = executor_clients(config)
+    # The driver knows a retried batch; the journal knows any partition run before, stage retries included.
+    retried = batch_retried or (not config.stream.dry_run
+                                and not clients.journal.first_start(batch, task.partitionId() if task else 0))
+    attempt = Attempt(retry=retried, batch=batch)
     policies = config.policy_set
     pacer = Pacer(deletions_per_second or config.stream.max_deletions_per_second)
     worker = f"{socket.gethostname()}:{os.getpid()}"
@@ -99,7 +107,8 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     # Each candidate is a short chain of round trips (a lightweight transaction alone takes four):
     # ``delete_concurrency`` of them in flight per task keep Cassandra and the stores busy.
     with ThreadPoolExecutor(config.stream.delete_concurrency, thread_name_prefix="purge") as pool:
-        for outcomes in bounded_map(pool, purge_one, map(paced, candidates), config.stream.delete_concurrency):
+        for outcomes in bounded_map(pool, purge_one, map(paced, itertools.chain([first], rows)),
+                                    config.stream.delete_concurrency):
             yield from outcomes
     # The batch commits only after every report is in Kafka.
     clients.flush()

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Protocol
 
 import numpy as np
+from pyspark import StorageLevel
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 
@@ -115,6 +116,14 @@ def job_description(spark: SparkSession, description: str) -> Iterator[None]:
         yield
     finally:
         context.setJobDescription(before)  # type: ignore[arg-type]  # None removes it
+
+
+def outcome_storage(spark: SparkSession) -> StorageLevel:
+    """Where a batch's outcomes are kept until the ledger has them: on a cluster, in two executors, so losing
+    one between the deletes and the ledger write loses no outcome (the batch would fail, and its retry record
+    them as an earlier attempt's); in local mode, in the one process there is."""
+    local = spark.sparkContext.master.startswith("local")
+    return StorageLevel.MEMORY_AND_DISK if local else StorageLevel.MEMORY_AND_DISK_2
 
 
 class SinkClosed(RuntimeError):
@@ -226,7 +235,7 @@ class PurgeSink:
                 candidates.rdd.mapPartitions(lambda rows: OutcomeTally.counted(
                     purge_partition(rows, config, batch_id, rate, retried, query_id), tally)),
                 OUTCOME_SCHEMA,
-            ).localCheckpoint(eager=True)
+            ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
         by_kind_and_status, lags_s = tally.value
         if by_kind_and_status:
             with job_description(spark, f"batch {batch_id}: ledger"):

@@ -10,20 +10,24 @@ for the cluster, then the driver and two executors), so the timeouts are generou
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
 
-from devstack.cluster import PACKAGES_ZIP, SparkCluster, master_state, submit, worker_state
+from devstack.cluster import PACKAGES_ZIP, SparkCluster, executor_pids, master_state, submit, worker_state
 from purger.config import load_config
 from simulation.mailbox import Platform
 from devstack.stack import prepare
 from purger.sinks.ledger import Ledger
 from tests.support.configs import free_port, mailbox, toml
+from tests.support.mailbox import deletable
 from tests.support.waits import ago
 
 pytestmark = pytest.mark.integration
@@ -40,16 +44,14 @@ def cluster():
         cluster.down()
 
 
-@pytest.fixture(scope="module")
-def job_config_path(servers, run_id, tmp_path_factory) -> Path:
-    """The job's configuration file: topics and checkpoint of its own, conftest's short periods."""
-    base = tmp_path_factory.mktemp("cluster-job")
+def job_config(servers, base: Path, name: str, **stream: object) -> Path:
+    """A job's configuration file: topics and checkpoint of its own, conftest's short periods."""
     raw: dict = {
         "kafka": {
-            "topics": [f"test.{run_id}.cluster.events"],
-            "control_topic": f"test.{run_id}.cluster.control",
-            "dead_letter_topic": f"test.{run_id}.cluster.dead-letter",
-            "reconcile_topic": f"test.{run_id}.cluster.reconcile",
+            "topics": [f"test.{name}.events"],
+            "control_topic": f"test.{name}.control",
+            "dead_letter_topic": f"test.{name}.dead-letter",
+            "reconcile_topic": f"test.{name}.reconcile",
         },
         "policies": {"mailbox": {"expired_ttl": "6s", "incomplete_ttl": "8s", "deleted_ttl": "1s",
                                  "payload_grace": "3s"}},
@@ -60,6 +62,7 @@ def job_config_path(servers, run_id, tmp_path_factory) -> Path:
             "clock_interval": "1s",
             "retry_interval": "2s",
             "shuffle_partitions": 2,
+            **stream,
         },
         "ledger": {"path": str(base / "ledger" / "records"), "report_path": str(base / "ledger" / "report")},
         "metrics": {"port": 0},  # no endpoint: another purger on this machine may have the port
@@ -71,9 +74,26 @@ def job_config_path(servers, run_id, tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def job_config_path(servers, run_id, tmp_path_factory) -> Path:
+    return job_config(servers, tmp_path_factory.mktemp("cluster-job"), f"{run_id}.cluster")
+
+
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)
+
+
+def _application_id(ui_port: int, submission, timeout_s: float = 300) -> str:
+    """The submitted application's id, once its driver's UI answers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert submission.running(), f"spark-submit exited:\n{submission.log_tail()}"
+        try:
+            return _get(f"http://127.0.0.1:{ui_port}/api/v1/applications")[0]["id"]
+        except (OSError, ValueError, IndexError):
+            assert time.monotonic() < deadline, f"no Spark UI after {timeout_s}s:\n{submission.log_tail()}"
+            time.sleep(1)
 
 
 def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(cluster, job_config_path, tmp_path,
@@ -150,5 +170,58 @@ def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(clust
         assert {r["id"] for r in deletions if r["kind"] == "message"} == set(eligible)
         workers = {r["worker"].rsplit(":", 1)[1] for r in deletions}
         assert str(driver_pid) not in workers and 1 <= len(workers) <= 2, workers
+    finally:
+        platform.close()
+
+
+def test_executors_killed_while_deleting_lose_nothing_and_record_each_deletion_once(cluster, servers, run_id,
+                                                                                  tmp_path, spark):
+    """SIGKILL of an executor's JVM in the middle of batches that delete, three times: Spark runs the lost
+    tasks again (task and stage retries) and a new executor takes the worker's place. Counted at the end:
+    live objects deleted, due ones left, and ledger records missing or doubled, each 0."""
+    config_path = job_config(servers, tmp_path, f"{run_id}.executor-kills", max_deletions_per_second=25)
+    config = load_config(config_path)
+    platform = Platform(config)
+    try:
+        eligible = {m: f"p-{m}" for m in deletable(platform, config, 150, f"kills-{uuid.uuid4().hex[:6]}")}
+        live = [f"kills-live-{uuid.uuid4().hex[:6]}-{i}" for i in range(5)]
+        for m in live:
+            platform.enqueue(m, f"p-{m}", extract_count=1)
+        platform.flush()
+
+        def left() -> int:
+            return sum(platform.row(m) is not None or not platform.payload_gone(p) for m, p in eligible.items())
+
+        ui_port = free_port()
+        submission = submit(config_path, log_file=tmp_path / "spark-submit.log", ui_port=ui_port)
+        kills, deadline = 0, time.monotonic() + 900
+        try:
+            app_id = _application_id(ui_port, submission)
+            last_left = len(eligible)
+            while (now_left := left()) > 0:
+                assert submission.running(), f"spark-submit exited:\n{submission.log_tail()}"
+                assert time.monotonic() < deadline, f"{now_left} due objects left; log:\n{submission.log_tail()}"
+                # In the middle of deleting: some went since the last kill, and some are left.
+                if kills < 3 and now_left <= last_left - 10 and (pids := executor_pids(app_id)):
+                    os.kill(pids[kills % len(pids)], signal.SIGKILL)
+                    kills, last_left = kills + 1, now_left
+                time.sleep(0.5)
+            executors = _get(f"http://127.0.0.1:{ui_port}/api/v1/applications/{app_id}/allexecutors")
+        finally:
+            exit_code = submission.stop()
+        assert exit_code == 0, f"spark-submit did not stop cleanly ({exit_code}):\n{submission.log_tail()}"
+        lost = [e["id"] for e in executors if e["id"] != "driver" and not e["isActive"]]
+        failed_tasks = sum(e["failedTasks"] for e in executors)
+        print(f"{kills} executors killed ({lost} lost), {failed_tasks} tasks failed and ran again")
+        assert kills == 3 and len(lost) >= 3
+
+        wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
+        records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()
+                          .where(F.col("status") == "purged").collect())
+        expected = {("message", m, None) for m in eligible} | {("payload", p, dc) for p in eligible.values()
+                                                                 for dc in (None, "dc1", "dc2")}
+        missing = expected - set(records)
+        doubled = {key: n for key, n in records.items() if n > 1}
+        assert (wrongly_deleted, left(), sorted(missing), doubled) == ([], 0, [], {})
     finally:
         platform.close()

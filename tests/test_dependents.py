@@ -9,6 +9,7 @@ import time
 from functools import partial
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,6 +54,8 @@ class Thing:
     def __init__(self, n: int, due_at_ms: int = 0) -> None:
         self.rows = {f"r{i}" for i in range(n)}
         self.present, self.claimed, self.due_at_ms = True, False, due_at_ms
+        # The row's delete times out: "after" it applied, "before" it did; None: it answers.
+        self.delete_times_out: str | None = None
 
 
 class ThingPurge(ObjectPurge[Thing]):
@@ -64,7 +67,7 @@ class ThingPurge(ObjectPurge[Thing]):
                                    dry_run=dry_run), {})
         self.thing = thing
 
-    def read(self, candidate: Candidate) -> Thing | None:
+    def read(self, candidate: Candidate, serial: bool = False) -> Thing | None:
         return self.thing if self.thing.present else None
 
     def claimed(self, row: Thing) -> bool:
@@ -84,7 +87,11 @@ class ThingPurge(ObjectPurge[Thing]):
         return [Dependent("row", r, partial(row.rows.discard, r)) for r in sorted(row.rows)]
 
     def delete(self, candidate: Candidate, row: Thing) -> bool:
+        if row.delete_times_out == "before":
+            raise TimeoutError("the conditional delete timed out before it applied")
         row.present = False
+        if row.delete_times_out == "after":
+            raise TimeoutError("the conditional delete timed out once it had applied")
         return True
 
 
@@ -147,3 +154,17 @@ def test_a_recheck_under_the_candidates_rule_is_no_sooner_than_the_retry_interva
     [kept] = real.purge(CANDIDATE, Attempt(False))
     [(_, _, rule, at_ms)] = real.control.rechecks
     assert kept.status == SKIPPED and rule == "rule" and at_ms >= now + 1_000
+
+
+def test_a_delete_whose_outcome_a_timeout_hid_is_settled_by_a_serial_read():
+    """Applied all the same: purged, recorded now (no later batch would know it). Not applied: the error goes
+    on, and the row with it, for the sink to record and recheck."""
+    applied = Thing(1)
+    applied.delete_times_out = "after"
+    outcomes = list(ThingPurge(applied, MemoryJournal()).purge(CANDIDATE, Attempt(False, batch="q/7")))
+    assert [(o.status, o.kind) for o in outcomes] == [(PURGED, "row"), (PURGED, None)] and not applied.present
+    not_applied = Thing(0)
+    not_applied.delete_times_out = "before"
+    with pytest.raises(TimeoutError):
+        list(ThingPurge(not_applied, MemoryJournal()).purge(CANDIDATE, Attempt(False, batch="q/7")))
+    assert not_applied.present

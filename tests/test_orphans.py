@@ -214,7 +214,8 @@ def test_a_dry_run_deletes_nothing_and_no_run_records_anything_twice(spark, orph
 def sweep(config, grace: timedelta = timedelta(0), dry_run: bool = False, dc: str = "dc1") -> Sweep:
     policy = mailbox_policy(config)
     grace_ms = duration_ms(grace)
-    return Sweep(policy.name, policy.blobs[0], "payloads", dc, grace_ms, now_ms() - grace_ms, dry_run)
+    return Sweep(policy.name, policy.blobs[0], "payloads", dc, grace_ms, now_ms() - grace_ms, dry_run,
+                 f"test-{uuid.uuid4().hex[:8]}")
 
 
 def listed(stores, object_id: str, dc: str = "dc1") -> tuple[int, str]:

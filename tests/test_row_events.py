@@ -315,7 +315,7 @@ class RowTables(Tables):
     def prepare(self, cql: str, consistency: str = "configured") -> str:
         return re.search(r"FROM \{(\w+)\}", cql).group(1) if "FROM" in cql else cql
 
-    def one(self, statement: Any, *values: Any) -> Any | None:
+    def one(self, statement: Any, *values: Any, serial: bool = False) -> Any | None:
         return self.row if statement == self.table else None
 
     def all(self, statement: Any, *values: Any) -> list[Any]:

@@ -8,6 +8,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from purger.connectors import cassandra_session
+from purger.connectors.request_counts import PAXOS_ROUNDS, RequestCounts
+from purger.core.policy import Attempt, Candidate
+from purger.core.times import now_ms
 from purger.core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.policies.mailbox.deletes import DELETING, payload_key
 from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD
@@ -118,6 +121,34 @@ def test_a_dry_run_decides_as_a_real_run_and_deletes_nothing_nor_rechecks(platfo
         assert platform.row(due) is not None and platform.row(later) is not None
         assert control.rechecks == [] and control.reports == []
     finally:
+        session.cluster.shutdown()
+
+
+def test_a_decision_not_to_delete_takes_no_paxos_round_and_a_deleted_message_one(platform, config):
+    """Counted by the driver's own hook: a lightweight transaction or a serial read is a Paxos round."""
+    session = cassandra_session(config.cassandra)
+    counts = RequestCounts.attach(session)
+    try:
+        messages, _ = message_purge(session, config)
+        payloads = config.policy_set.policy_of("message").purges(messages.resources)["payload"]
+        r = mailbox(config)
+        due, later, live = new_id(), new_id(), new_id()
+        counter_case(platform, r, due)
+        platform.enqueue(later, f"p-{later}", extract_count=0)
+        platform.enqueue(live, f"p-{live}", extract_count=1, at=ago(r.expired_ttl))
+        counts.taken()
+
+        def decided(purge, kind, object_id, rule, hint):
+            *_, outcome = purge.purge(Candidate(kind, object_id, rule, now_ms(), hint), Attempt(retry=False))
+            taken = counts.taken()
+            return outcome.status, sum(taken[k] for k in PAXOS_ROUNDS)
+
+        for m, expected in ((due, (PURGED, 1)), (due, (ALREADY_GONE, 0)), (later, (SKIPPED, 0)), (live, (SKIPPED, 0))):
+            assert decided(messages, "message", m, EXPIRED_BY_COUNTER, {"payload_id": f"p-{m}"}) == expected, m
+        assert decided(payloads, "payload", f"p-{live}", PAYLOAD, {}) == (SKIPPED, 0)  # referenced
+        assert decided(payloads, "payload", new_id("pay"), PAYLOAD, {}) == (ALREADY_GONE, 0)
+    finally:
+        counts.detach()
         session.cluster.shutdown()
 
 

@@ -199,8 +199,7 @@ class PushClientPurge(ObjectPurge[Any]):
         super().__init__(resources, tables)
         self.rule = rule
         prepare = self.tables.prepare
-        self.read_router = prepare(f"SELECT last_connected_at, purging FROM {{{ROUTERS}}} WHERE client_id = ?",
-                                   "serial")
+        self.read_router = prepare(f"SELECT last_connected_at, purging FROM {{{ROUTERS}}} WHERE client_id = ?")
         self.claim_router = prepare(f"UPDATE {{{ROUTERS}}} SET purging = true WHERE client_id = ? "
                                     f"IF purging = null AND {rule.condition}")
         self.delete_router = prepare(f"DELETE FROM {{{ROUTERS}}} WHERE client_id = ? IF purging = true")
@@ -208,8 +207,8 @@ class PushClientPurge(ObjectPurge[Any]):
         self.delete_message = prepare(f"DELETE FROM {{{MESSAGES}}} WHERE client_id = ? AND message_id = ?",
                                       "local_quorum")
 
-    def read(self, candidate: Candidate) -> Any | None:
-        return self.tables.one(self.read_router, candidate.id)
+    def read(self, candidate: Candidate, serial: bool = False) -> Any | None:
+        return self.tables.one(self.read_router, candidate.id, serial=serial)
 
     def claimed(self, row: Any) -> bool:
         return bool(row.purging)

@@ -87,17 +87,13 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
             name: prepare(f"DELETE FROM {{messages}} WHERE message_id = ? IF {rule.condition}")
             for name, rule in retention.message_rules.items()
         }
-        self.read_row = prepare("SELECT * FROM {messages} WHERE message_id = ?", "serial")
+        self.read_row = prepare("SELECT * FROM {messages} WHERE message_id = ?")
         self.delete_ref = prepare("DELETE FROM {payload_refs} WHERE payload_id = ? AND message_id = ?")
         self.two_refs = prepare("SELECT message_id FROM {payload_refs} WHERE payload_id = ? LIMIT 2")
 
-    def read(self, candidate: Candidate) -> dict[str, Any] | None:
-        found = self.tables.one(self.read_row, candidate.id)
+    def read(self, candidate: Candidate, serial: bool = False) -> dict[str, Any] | None:
+        found = self.tables.one(self.read_row, candidate.id, serial=serial)
         return found._asdict() if found else None
-
-    def before_delete(self, candidate: Candidate) -> dict[str, Any] | None:
-        # The stream never saw the enqueue (for example a replay from a timestamp): ask the row for its payload.
-        return self.read(candidate) if candidate.hint.get("payload_id") is None else None
 
     def due(self, candidate: Candidate, row: dict[str, Any]) -> Eligibility | None:
         return eligibility(row_state(row), self.retention)
@@ -105,7 +101,7 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
     def why_kept(self, candidate: Candidate, row: dict[str, Any], due: Eligibility | None) -> str:
         return _why_kept(row_state(row), due)
 
-    def delete(self, candidate: Candidate, row: dict[str, Any] | None) -> bool:
+    def delete(self, candidate: Candidate, row: dict[str, Any]) -> bool:
         rule = self.retention.message_rules[candidate.rule]
         return self.tables.applied(self.conditional_delete[rule.name], candidate.id, rule.cutoff())
 
@@ -160,16 +156,16 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         self.grace_ms = retention.payload_grace_ms
         self.messages = messages
         prepare = self.tables.prepare
-        self.read_row = prepare("SELECT state, last_ref_at, dcs FROM {payloads} WHERE payload_id = ?", "serial")
+        self.read_row = prepare("SELECT state, last_ref_at, dcs FROM {payloads} WHERE payload_id = ?")
         self.mark_deleting = prepare(
             f"UPDATE {{payloads}} SET state = '{DELETING}' WHERE payload_id = ? IF state = '{LIVE}' AND last_ref_at = ?")
         # Each data centre's progress is kept in the row: `dcs` are the stores that still hold the payload.
         self.remove_dc = prepare(f"UPDATE {{payloads}} SET dcs = dcs - ? WHERE payload_id = ? IF state = '{DELETING}'")
         self.delete_row = prepare(f"DELETE FROM {{payloads}} WHERE payload_id = ? IF state = '{DELETING}'")
 
-    def read(self, candidate: Candidate) -> PayloadRow | None:
+    def read(self, candidate: Candidate, serial: bool = False) -> PayloadRow | None:
         referrer = self.messages.referrer(candidate.id)
-        found = self.tables.one(self.read_row, candidate.id)
+        found = self.tables.one(self.read_row, candidate.id, serial=serial)
         if found is None and referrer is None:
             return None
         if found is None:

@@ -1,0 +1,394 @@
+"""The purger always on: a steady workload for hours, sampled every few minutes, then the end state checked.
+
+    python -m bench.soak --hours 2
+
+The platform writes the default mailbox workload at ``--rate`` messages per
+second (rows, blobs in two data centres, shared and inline payloads, late and
+duplicated events), one object to purge and one to keep of each other policy
+every ``--objects-every`` seconds, and ``--bad-share`` of bad records (each
+kind the dead-letter path handles). The purger runs as ``purger run`` does,
+with the daily report refreshing at its default interval and a reconcile every
+``--reconcile-every`` (scan, anti-join with the state, feed) in a keyspace of
+the run's own. Every ``--sample`` it records, per process (the driver's JVM,
+each Python worker): resident memory, open file descriptors and sockets; the
+JVM's own account of its memory (native memory tracking: heap and the rest it
+knows, so that resident memory beyond it is the native libraries', RocksDB's
+among them); the state rows, the checkpoint's size on disk, the batch duration
+p50/p99 and the purge lag p99 of the deletions in that window.
+
+Once the platform stops, the run waits for every due object to be decided,
+then checks the end state: every due object gone, nothing live deleted, one
+ledger record per deletion. The growth of each measure per hour after the
+first ``--warm`` is fitted and recorded; the samples go to the run's directory
+and ``bench/soak.png``.
+
+``--malloc-arena-max N`` runs the driver's JVM with ``MALLOC_ARENA_MAX=N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pyspark.sql import functions as F
+
+from bench.common import BenchRun, epoch_s
+from purger.running import start_purger
+from purger.sinks.ledger import Ledger
+from simulation.mailbox import Platform
+from simulation.policy_objects import SETTINGS, PolicyObject, PolicyObjects
+from simulation.workload import Workload, is_purged, play_all
+
+PLOT = Path(__file__).parent / "soak.png"
+
+# Each kind of record the stream dead-letters: not JSON, not an object, an unknown type, a field missing.
+BAD_RECORDS = (b"{\"event_id\": \"e1\", \"type\": \"enq", b"[1, 2, 3]",
+               b"{\"event_id\": \"e2\", \"type\": \"no_such_type\", \"event_time\": \"2026-01-01T00:00:00Z\"}",
+               b"{\"event_id\": \"e3\", \"type\": \"enqueue\", \"event_time\": \"2026-01-01T00:00:00Z\"}")
+
+
+@dataclass
+class Sample:
+    at_s: float  # seconds into the run
+    driver_rss_mb: float
+    driver_nmt_committed_mb: float  # what the JVM accounts for (heap, metaspace, threads, code, GC, ...)
+    driver_heap_committed_mb: float
+    driver_fds: int
+    driver_sockets: int
+    workers: int
+    worker_rss_mb_max: float
+    worker_rss_mb_total: float
+    worker_fds_max: int
+    worker_sockets_max: int
+    state_rows: int
+    checkpoint_mb: float
+    batch_p50_s: float
+    batch_p99_s: float
+    lag_p99_s: float
+    deletions: int
+    worker_rss_mb: dict[str, float] = field(default_factory=dict)  # pid -> MiB
+
+    @property
+    def driver_outside_nmt_mb(self) -> float:
+        """Resident memory the JVM does not account for: native libraries' own allocations (RocksDB's)."""
+        return self.driver_rss_mb - self.driver_nmt_committed_mb
+
+
+GROWTH = ("driver_rss_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb", "driver_fds", "driver_sockets",
+          "worker_rss_mb_max", "worker_rss_mb_total", "worker_fds_max", "worker_sockets_max", "state_rows",
+          "checkpoint_mb", "batch_p99_s", "lag_p99_s")
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every process below ``root``: pid -> command name."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text.split("(", 1)[1].rsplit(")", 1)
+        pid = int(stat.parent.name)
+        names[pid] = name
+        children.setdefault(int(rest.split()[1]), []).append(pid)
+    found, stack = {}, list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found[pid] = names.get(pid, "?")
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def process_use(pid: int) -> tuple[float, int, int]:
+    """Resident MiB, open file descriptors, and how many of them are sockets."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        rss = next((int(l.split()[1]) for l in status.splitlines() if l.startswith("VmRSS:")), 0) / 1024
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0.0, 0, 0
+    sockets = 0
+    for fd in fds:
+        try:
+            sockets += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            continue
+    return rss, len(fds), sockets
+
+
+def native_memory(pid: int) -> tuple[float, float]:
+    """The JVM's committed memory in total and for its heap, in MiB (``jcmd VM.native_memory summary``)."""
+    out = subprocess.run(["jcmd", str(pid), "VM.native_memory", "summary"], capture_output=True, text=True,
+                         timeout=60).stdout
+
+    def committed(label: str) -> float:
+        line = next((l for l in out.splitlines() if l.strip().startswith(label)), "")
+        part = line.split("committed=", 1)[1] if "committed=" in line else "0KB"
+        return int(part.split("KB", 1)[0]) / 1024
+
+    return committed("Total:"), committed("- Java Heap")
+
+
+def directory_mb(path: str) -> float:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                continue
+    return total / 2**20
+
+
+class Sampler:
+    """Every ``every_s``, one ``Sample`` of the purger's processes, state, checkpoint, batches and lag."""
+
+    def __init__(self, run: BenchRun, running: Any, ledger: Ledger, started: float, every_s: float) -> None:
+        self.run, self.running, self.ledger, self.started, self.every_s = run, running, ledger, started, every_s
+        self.samples: list[Sample] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="soak-sampler", daemon=True)
+        self.seen_batches: set[int] = set()
+
+    def start(self) -> "Sampler":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _loop(self) -> None:
+        window_start = time.time()
+        while not self.stopped.wait(self.every_s):
+            window_end = time.time()
+            try:
+                self.samples.append(self.sample(window_start, window_end))
+                print(f"soak sample: {json.dumps(asdict(self.samples[-1]))}", flush=True)
+            except Exception as error:  # one sample lost is not the run lost
+                print(f"soak sample failed: {error!r}", flush=True)
+            window_start = window_end
+
+    def sample(self, window_start: float, window_end: float) -> Sample:
+        processes = descendants(os.getpid())
+        jvm = max((pid for pid, name in processes.items() if name == "java"), key=lambda pid: process_use(pid)[0])
+        driver_rss, driver_fds, driver_sockets = process_use(jvm)
+        nmt_total, nmt_heap = native_memory(jvm)
+        workers = {pid: process_use(pid) for pid, name in processes.items() if name.startswith("python")}
+        progress = [json.loads(p.json) for p in self.running.query.recentProgress]
+        in_window = [p for p in progress if window_start <= epoch_s(p["timestamp"]) < window_end]
+        durations = [p["durationMs"].get("triggerExecution", 0) / 1000 for p in in_window] or [0.0]
+        state_rows = sum(op.get("numRowsTotal", 0) for op in progress[-1]["stateOperators"]) if progress else 0
+        lags = [r["lag_s"] for r in self.ledger.records()
+                .where((F.col("status") == "purged") & F.col("dc").isNull()
+                       & (F.col("deleted_at").cast("double") >= window_start)
+                       & (F.col("deleted_at").cast("double") < window_end)).select("lag_s").collect()]
+        return Sample(
+            at_s=round(window_end - self.started, 1), driver_rss_mb=round(driver_rss, 1),
+            driver_nmt_committed_mb=round(nmt_total, 1), driver_heap_committed_mb=round(nmt_heap, 1),
+            driver_fds=driver_fds, driver_sockets=driver_sockets, workers=len(workers),
+            worker_rss_mb_max=round(max((w[0] for w in workers.values()), default=0), 1),
+            worker_rss_mb_total=round(sum(w[0] for w in workers.values()), 1),
+            worker_fds_max=max((w[1] for w in workers.values()), default=0),
+            worker_sockets_max=max((w[2] for w in workers.values()), default=0),
+            state_rows=state_rows, checkpoint_mb=round(directory_mb(self.run.config.stream.checkpoint_location), 1),
+            batch_p50_s=round(float(np.percentile(durations, 50)), 2),
+            batch_p99_s=round(float(np.percentile(durations, 99)), 2),
+            lag_p99_s=round(float(np.percentile(lags, 99)), 2) if lags else 0.0, deletions=len(lags),
+            worker_rss_mb={str(pid): round(w[0], 1) for pid, w in workers.items()},
+        )
+
+
+class SoakPlatform:
+    """The platform's writers: the mailbox workload, the other policies' objects, bad records."""
+
+    def __init__(self, run: BenchRun, rate: float, seconds: float, objects_every_s: float, bad_share: float) -> None:
+        self.run, self.rate, self.seconds = run, rate, seconds
+        self.objects_every_s, self.bad_share = objects_every_s, bad_share
+        self.mailbox = Platform(run.config)
+        self.objects = PolicyObjects(run.config)
+        self.plans: dict[str, tuple[str, str]] = {}  # message -> (payload, scenario)
+        self.written: list[PolicyObject] = []
+        self.bad = 0
+        self._lock = threading.Lock()
+
+    def play(self) -> None:
+        done = threading.Event()
+        others = threading.Thread(target=self._others, args=(done,), name="soak-objects", daemon=True)
+        others.start()
+        try:
+            messages = int(self.rate * self.seconds)
+            play_all(self.mailbox, Workload(late_share=0.05, duplicate_share=0.05).plans(self.run.run, messages),
+                     rate=self.rate, on_played=self._played)
+        finally:
+            done.set()
+            others.join()
+            self.mailbox.flush()
+            self.objects.flush()
+
+    def _played(self, plan: Any, payload: str) -> None:
+        every = round(1 / self.bad_share) if self.bad_share else 0
+        with self._lock:
+            self.plans[plan.message] = (payload, plan.scenario)
+            if every and len(self.plans) % every == 0:
+                self.mailbox.send([(plan.message.encode(), BAD_RECORDS[self.bad % len(BAD_RECORDS)])])
+                self.bad += 1
+
+    def _others(self, done: threading.Event) -> None:
+        batch = 0
+        while not done.wait(self.objects_every_s):
+            self.written.extend(self.objects.write(f"{self.run.run}-{batch}"))
+            batch += 1
+
+    def close(self) -> None:
+        self.mailbox.close()
+        self.objects.close()
+
+
+def end_state(platform: SoakPlatform, ledger: Ledger) -> dict[str, Any]:
+    """Due objects left, live ones deleted, deletions missing from the ledger or recorded twice."""
+    mailbox = platform.mailbox
+    due = [m for m, (_, scenario) in platform.plans.items() if is_purged(scenario)]
+    live = [(m, p) for m, (p, scenario) in platform.plans.items() if not is_purged(scenario)]
+    records = Counter((r["kind"], r["id"], r["dc"]) for r in ledger.records().where(F.col("status") == "purged")
+                      .select("kind", "id", "dc").collect())
+    return {
+        "due_messages": len(due), "live_messages": len(live), "other_objects": len(platform.written),
+        "due_left": sum(mailbox.row(m) is not None for m in due)
+        + sum(o.eligible and not platform.objects.gone(o) for o in platform.written),
+        "live_deleted": sum(mailbox.row(m) is None for m, _ in live)
+        + sum(not o.eligible and not platform.objects.intact(o) for o in platform.written),
+        "ledger_missing": sum(("message", m, None) not in records for m in due)
+        + sum((o.kind, o.id, None) not in records for o in platform.written if o.eligible),
+        "ledger_doubled": sum(n > 1 for n in records.values()),
+        "bad_records": platform.bad,
+    }
+
+
+def growth_per_hour(samples: list[Sample], warm_s: float) -> dict[str, float]:
+    """Each measure's least-squares slope per hour over the samples after ``warm_s``."""
+    late = [s for s in samples if s.at_s >= warm_s]
+    if len(late) < 3:
+        return {}
+    hours = np.array([s.at_s for s in late]) / 3600
+    return {name: round(float(np.polyfit(hours, np.array([getattr(s, name) for s in late], dtype=float), 1)[0]), 2)
+            for name in GROWTH}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hours", type=float, default=2)
+    parser.add_argument("--rate", type=float, default=10, help="messages per second")
+    parser.add_argument("--objects-every", type=float, default=5, help="seconds between the other policies' objects")
+    parser.add_argument("--bad-share", type=float, default=0.01, help="bad records per message")
+    parser.add_argument("--sample", type=float, default=300, help="seconds between samples")
+    parser.add_argument("--warm", type=float, default=900, help="seconds before growth is fitted")
+    parser.add_argument("--reconcile-every", default="30m")
+    parser.add_argument("--malloc-arena-max", type=int)
+    args = parser.parse_args()
+    # The driver's JVM, started below, accounts for its own memory; and glibc's arenas as asked.
+    os.environ["JDK_JAVA_OPTIONS"] = "-XX:NativeMemoryTracking=summary"
+    if args.malloc_arena_max:
+        os.environ["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
+    tag = uuid.uuid4().hex[:6]
+    run = BenchRun.start(
+        "soak", cassandra={"keyspace": f"bench_soak_{tag}"}, reconcile={"interval": args.reconcile_every},
+        policies={"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
+                              "payload_grace": "5s"}, **SETTINGS})
+    config = run.config
+    spark = run.spark()
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
+    running = start_purger(spark, config)
+    ledger = Ledger(spark, config.ledger)
+    started = time.time()
+    sampler = Sampler(run, running, ledger, started, args.sample).start()
+    platform = SoakPlatform(run, args.rate, args.hours * 3600, args.objects_every, args.bad_share)
+    try:
+        platform.play()
+        played_s = time.time() - started
+        print(f"platform stopped after {played_s:.0f} s: {len(platform.plans)} messages, "
+              f"{len(platform.written)} other objects, {platform.bad} bad records", flush=True)
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            state = end_state(platform, ledger)
+            if state["due_left"] == 0:
+                break
+            time.sleep(30)
+        time.sleep(30)  # the last payloads: released, then their grace
+    finally:
+        sampler.stop()
+        running.stop()
+    state = end_state(platform, ledger)
+    platform.close()
+    samples = sampler.samples
+    (run.work / "samples.jsonl").write_text("".join(json.dumps(asdict(s)) + "\n" for s in samples))
+    growth = growth_per_hour(samples, args.warm)
+    print(f"end state: {state}\ngrowth per hour after {args.warm:.0f} s: {growth}", flush=True)
+    settings = {"hours": args.hours, "rate": args.rate, "malloc_arena_max": args.malloc_arena_max}
+    run.record("soak: due objects left, live ones deleted, ledger records missing or doubled",
+               state["due_left"] + state["live_deleted"] + state["ledger_missing"] + state["ledger_doubled"],
+               "objects", target="0", end_state=state, **settings)
+    for name, slope in growth.items():
+        first = next(getattr(s, name) for s in samples if s.at_s >= args.warm)
+        run.record(f"soak: {name} growth per hour after {args.warm:.0f} s", slope, "per hour",
+                   baseline=(f"{name} at {args.warm:.0f} s", float(first)), **settings)
+    plot(samples, args.warm, args.hours, args.malloc_arena_max)
+
+
+def plot(samples: list[Sample], warm_s: float, hours: float, arena: int | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = np.array([s.at_s for s in samples]) / 60
+
+    def series(name: str) -> np.ndarray:
+        return np.array([getattr(s, name) for s in samples], dtype=float)
+
+    figure, axes = plt.subplots(5, 1, sharex=True, figsize=(9, 13))
+    memory, descriptors, state, batches, lag = axes
+    for name, label in (("driver_rss_mb", "driver JVM, resident"), ("driver_nmt_committed_mb", "driver JVM, its own account"),
+                        ("driver_outside_nmt_mb", "driver JVM, beyond its account (native libraries)"),
+                        ("worker_rss_mb_total", "Python workers, resident, together")):
+        memory.plot(minutes, series(name), label=label)
+    memory.set_ylabel("MiB")
+    memory.set_title(f"Purger soak, {hours:g} h" + (f", MALLOC_ARENA_MAX={arena}" if arena else "")
+                     + ": sampled every few minutes")
+    for name, label in (("driver_fds", "driver JVM, open files"), ("driver_sockets", "driver JVM, sockets"),
+                        ("worker_fds_max", "a Python worker, open files (max)"),
+                        ("worker_sockets_max", "a Python worker, sockets (max)")):
+        descriptors.plot(minutes, series(name), label=label)
+    descriptors.set_ylabel("descriptors")
+    state.plot(minutes, series("state_rows"), label="state rows")
+    state.set_ylabel("rows")
+    checkpoint = state.twinx()
+    checkpoint.plot(minutes, series("checkpoint_mb"), color="tab:orange", label="checkpoint on disk (MiB)")
+    checkpoint.set_ylabel("MiB")
+    batches.plot(minutes, series("batch_p50_s"), label="batch duration p50")
+    batches.plot(minutes, series("batch_p99_s"), label="batch duration p99")
+    batches.set_ylabel("seconds")
+    lag.plot(minutes, series("lag_p99_s"), label="purge lag p99 (messages and payloads)")
+    lag.set_ylabel("seconds")
+    lag.set_xlabel("minutes into the run")
+    for axis in axes:
+        axis.axvline(warm_s / 60, linestyle=":", color="grey")
+        axis.legend(loc="upper left", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(PLOT, dpi=100)
+    print(f"plot: {PLOT}")
+
+
+if __name__ == "__main__":
+    main()
