@@ -6,6 +6,7 @@ Cassandra through the policies' crash tests)."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from functools import partial
 from typing import Any
 
@@ -56,6 +57,7 @@ class Thing:
         self.present, self.claimed, self.due_at_ms = True, False, due_at_ms
         # The row's delete times out: "after" it applied, "before" it did; None: it answers.
         self.delete_times_out: str | None = None
+        self.failing: set[str] = set()  # dependent rows whose store fails now
 
 
 class ThingPurge(ObjectPurge[Thing]):
@@ -84,7 +86,14 @@ class ThingPurge(ObjectPurge[Thing]):
         return row
 
     def dependents(self, candidate: Candidate, row: Thing) -> list[Dependent]:
-        return [Dependent("row", r, partial(row.rows.discard, r)) for r in sorted(row.rows)]
+        return [Dependent("row", r, partial(self._delete_row, row, r)) for r in sorted(row.rows)]
+
+    @staticmethod
+    def _delete_row(row: Thing, r: str) -> str | None:
+        if r in row.failing:
+            return "store failed"
+        row.rows.discard(r)
+        return None
 
     def delete(self, candidate: Candidate, row: Thing) -> bool:
         if row.delete_times_out == "before":
@@ -168,3 +177,24 @@ def test_a_delete_whose_outcome_a_timeout_hid_is_settled_by_a_serial_read():
     with pytest.raises(TimeoutError):
         list(ThingPurge(not_applied, MemoryJournal()).purge(CANDIDATE, Attempt(False, batch="q/7")))
     assert not_applied.present
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 4), failing=st.lists(st.sets(st.integers(0, 3)), max_size=3),
+       crashes=st.lists(st.one_of(st.none(), st.integers(0, 6)), max_size=8))
+def test_every_deleted_row_is_recorded_once_across_store_failures_rechecks_and_crashes(n, failing, crashes):
+    """A store failing leaves the object claimed for a recheck in a later batch; any attempt of any batch may
+    crash. The ledger gets the outcomes of each batch's attempt that ended."""
+    thing, journal, ledger, crash = Thing(n), MemoryJournal(), [], iter(crashes)
+    for batch in range(len(failing) + 1):
+        thing.failing = {f"r{i}" for i in failing[batch]} if batch < len(failing) else set()
+        outcomes, attempt = None, 0
+        while outcomes is None:
+            outcomes = purge(thing, journal, f"q/{batch}", retry=attempt > 0, crash_after=next(crash, None))
+            attempt += 1
+        ledger.extend(outcomes)
+        if not thing.present:
+            break
+    assert thing.rows == set() and not thing.present
+    purged = Counter((o.kind, o.id) for o in ledger if o.status == PURGED)
+    assert purged == Counter({("row", f"r{i}"): 1 for i in range(n)} | {(None, None): 1}), ledger

@@ -29,9 +29,9 @@ from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObject, PolicyObjects
 from purger.core.vocabulary import PURGED, SKIPPED
 from purger.sinks.ledger import Ledger
-from purger.sinks.purge import purge_partition
 from tests.support.configs import mailbox, own_config, write_config
 from tests.support.faults import bad_records, reliability
+from tests.support.mailbox import purge as purge_candidates
 from tests.support.mailbox import (
     candidate, end_state, message_purge, purge_through_outages, unreferenced_payload, write_work,
 )
@@ -139,7 +139,7 @@ def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, conf
         def purge():
             gate.wait()
             time.sleep(random.random() * 0.01)
-            result["purge"] = [o[5] for o in purge_partition([candidate("payload", p, "payload")], config, 0)]
+            result["purge"] = [o["status"] for o in purge_candidates(config, candidate("payload", p, "payload"))]
 
         def link():
             gate.wait()

@@ -76,8 +76,9 @@ def purge_message(purge: MessagePurge, message_id: str, rule: str, payload_id: s
 
 
 def purge(config, *candidates):
+    """The candidates purged by the sink's own code, as one batch of a query of its own (so never a retry)."""
     return [dict(zip(("policy", "kind", "id", "rule", "dc", "status", "reason"), o))
-            for o in purge_partition(list(candidates), config, batch_id=0)]
+            for o in purge_partition(list(candidates), config, batch_id=0, query_id=new_id("query"))]
 
 
 def unreferenced_payload(platform, config, dcs=("dc1", "dc2")):
