@@ -120,8 +120,7 @@ def job_description(spark: SparkSession, description: str) -> Iterator[None]:
 
 def outcome_storage(spark: SparkSession) -> StorageLevel:
     """Where a batch's outcomes are kept until the ledger has them: on a cluster, in two executors, so losing
-    one between the deletes and the ledger write loses no outcome (the batch would fail, and its retry record
-    them as an earlier attempt's); in local mode, in the one process there is."""
+    one between the deletes and the ledger write loses none of them; in local mode, in the one process."""
     local = spark.sparkContext.master.startswith("local")
     return StorageLevel.MEMORY_AND_DISK if local else StorageLevel.MEMORY_AND_DISK_2
 
@@ -140,6 +139,8 @@ def _not_a_stopped_batch(record: logging.LogRecord) -> bool:
     return not (record.exc_info and isinstance(record.exc_info[1], StoppedWhileRefused))
 
 
+# How many times a batch is purged when its outcomes are lost with executors before the ledger has them.
+PURGE_RUNS = 3
 # How long a batch refused by a closed sink waits for the query's stop before ending the query itself.
 REFUSED_WAIT_S = 10
 # What Spark recognises, in the foreachBatch function's error, as a JVM call of it interrupted by the query's
@@ -227,26 +228,40 @@ class PurgeSink:
         if self._tally is None:
             self._tally = spark.sparkContext.accumulator(OutcomeTally().zero(), OutcomeTally())
         tally = self._tally
-        tally.value = OutcomeTally().zero()  # one batch at a time (the gate)
-        # Computed once and kept: computing the outcomes again would run the deletes again. This job runs
-        # the whole micro-batch: the events read, the stateful stage, and the purge of its candidates.
-        with job_description(spark, f"batch {batch_id}: purge candidates"):
-            outcomes = spark.createDataFrame(
-                candidates.rdd.mapPartitions(lambda rows: OutcomeTally.counted(
-                    purge_partition(rows, config, batch_id, rate, retried, query_id), tally)),
-                OUTCOME_SCHEMA,
-            ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
-        by_kind_and_status, lags_s = tally.value
+        for run in range(1, PURGE_RUNS + 1):
+            tally.value = OutcomeTally().zero()  # one batch at a time (the gate)
+            # Computed once and kept: computing the outcomes again would run the deletes again. This job runs
+            # the whole micro-batch: the events read, the stateful stage, and the purge of its candidates.
+            with job_description(spark, f"batch {batch_id}: purge candidates"):
+                outcomes = spark.createDataFrame(
+                    candidates.rdd.mapPartitions(lambda rows: OutcomeTally.counted(
+                        purge_partition(rows, config, batch_id, rate, retried, query_id), tally)),
+                    OUTCOME_SCHEMA,
+                ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
+            by_kind_and_status, lags_s = tally.value
+            try:
+                if by_kind_and_status:
+                    with job_description(spark, f"batch {batch_id}: ledger"):
+                        failpoint("before_ledger_write")
+                        self.ledger.append(outcomes, self.query_id, batch_id, first_attempt=not retried)
+                        failpoint("after_ledger_write")
+                break
+            except Exception as error:
+                if run == PURGE_RUNS or "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" not in str(error):
+                    raise
+                # Every copy of some outcomes went with the executors that held them. Purging the batch
+                # again is a retry (its partitions' starts are in the journal): what it finds gone, it
+                # records as the first run's.
+                log.warning("batch %d: outcomes lost with their executors before the ledger had them; purging "
+                            "the batch again (run %d of %d)", batch_id, run + 1, PURGE_RUNS)
+                retried = True
+            finally:
+                outcomes.unpersist()
         if by_kind_and_status:
-            with job_description(spark, f"batch {batch_id}: ledger"):
-                failpoint("before_ledger_write")
-                self.ledger.append(outcomes, self.query_id, batch_id, first_attempt=not retried)
-                failpoint("after_ledger_write")
             by_kind_and_status = dict(by_kind_and_status)
             sink_seconds = time.monotonic() - started
             self.observer.batch_done(by_kind_and_status, lags_s, sink_seconds)
             log.info("%s", batch_summary(batch_id, by_kind_and_status, lags_s, sink_seconds))
-        outcomes.unpersist()
 
     @property
     def totals(self) -> Counter[tuple[str, str]]:

@@ -210,10 +210,10 @@ def test_executors_killed_while_deleting_lose_nothing_and_record_each_deletion_o
         finally:
             exit_code = submission.stop()
         assert exit_code == 0, f"spark-submit did not stop cleanly ({exit_code}):\n{submission.log_tail()}"
-        lost = [e["id"] for e in executors if e["id"] != "driver" and not e["isActive"]]
         failed_tasks = sum(e["failedTasks"] for e in executors)
-        print(f"{kills} executors killed ({lost} lost), {failed_tasks} tasks failed and ran again")
-        assert kills == 3 and len(lost) >= 3
+        print(f"{kills} executors killed, {failed_tasks} tasks failed and ran again; spark-submit log:\n"
+              + "\n".join(line for line in submission.log_tail(400).splitlines() if "purger" in line))
+        assert kills == 3 and failed_tasks >= 1  # the kills came in the middle of tasks
 
         wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
         records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()
