@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
 JOURNAL_COLUMNS = frozenset({"kind", "object_id", "purge_batch", "rows"})
 # The kind of a partition's start in the journal: not an identifier, so no policy's kind of object.
 PARTITION_START = "(partition)"
+PARTITION_START_TTL_S = 24 * 3600
 
 
 def journal_schema(keyspace: str, table: str) -> str:
@@ -55,7 +56,10 @@ class CassandraJournal(Journal):
         name = f"{keyspace}.{table}"
         self.insert = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch, rows) VALUES (?, ?, ?, ?)")
         self.select = session.prepare(f"SELECT purge_batch, rows FROM {name} WHERE kind = ? AND object_id = ?")
-        self.start = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch) VALUES (?, ?, ?) IF NOT EXISTS")
+        # A start matters to the runs of its batch: the task and stage retries within minutes, a batch retry
+        # at the next start (which the driver's attempt marker knows as well); a day, not the journal's 30.
+        self.start = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch) VALUES (?, ?, ?) "
+                                     f"IF NOT EXISTS USING TTL {PARTITION_START_TTL_S}")
 
     def keep(self, kind: str, object_id: str, batch: str, rows: set[str]) -> None:
         self.session.execute(self.insert, (kind, object_id, batch, rows))

@@ -11,10 +11,11 @@ from purger.connectors import cassandra_session
 from purger.connectors.request_counts import PAXOS_ROUNDS, RequestCounts
 from purger.core.policy import Attempt, Candidate
 from purger.core.times import now_ms
-from purger.core.vocabulary import ALREADY_GONE, ERROR, PURGED, SKIPPED, WOULD_DELETE
+from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.policies.mailbox.deletes import DELETING, payload_key
 from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD
 from purger.sinks.objects import ObjectStores
+from purger.sinks.purge import purge_partition
 from tests.support.configs import mailbox
 from tests.support.mailbox import candidate, message_purge, new_id, purge, purge_message, unreferenced_payload
 from tests.support.waits import ago
@@ -150,6 +151,22 @@ def test_a_decision_not_to_delete_takes_no_paxos_round_and_a_deleted_message_one
     finally:
         counts.detach()
         session.cluster.shutdown()
+
+
+def test_a_partition_run_again_in_its_batch_records_what_the_first_run_deleted(platform, config):
+    """However Spark runs a partition again (a task, a stage or the batch retried), its start is in the journal:
+    the second run records the message the first deleted as purged by it, not as already gone."""
+    m = new_id()
+    counter_case(platform, mailbox(config), m)
+    query = new_id("query")
+    runs = [[(o[1], o[5], o[6]) for o in purge_partition([candidate("message", m, EXPIRED_BY_COUNTER,
+                                                                    payload_id=f"p-{m}")], config, 7, query_id=query)]
+            for _ in range(2)]
+    assert runs == [[("message", PURGED, None)], [("message", PURGED, EARLIER_ATTEMPT)]]
+    # Another batch of the same query is a first run again: the row is gone, already.
+    [outcome] = purge_partition([candidate("message", m, EXPIRED_BY_COUNTER, payload_id=f"p-{m}")], config, 8,
+                                query_id=query)
+    assert outcome[5] == ALREADY_GONE
 
 
 def test_payload_blobs_go_from_every_data_centre(platform, config):
