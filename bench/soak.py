@@ -306,7 +306,9 @@ def main() -> None:
     run = BenchRun.start(
         "soak", cassandra={"keyspace": f"bench_soak_{tag}"}, reconcile={"interval": args.reconcile_every},
         policies={"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
-                              "payload_grace": "5s"}, **SETTINGS})
+                              "payload_grace": "5s"}, **SETTINGS,
+                  # The kept rule event (PROCESSING) stays kept for the whole run, as the end state expects.
+                  "rule_events": {**SETTINGS["rule_events"], "processing": f"{round(args.hours * 3600) + 3600}s"}})
     config = run.config
     spark = run.spark()
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
