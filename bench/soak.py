@@ -22,7 +22,9 @@ ledger record per deletion. The growth of each measure per hour after the
 first ``--warm`` is fitted and recorded; the samples go to the run's directory
 and ``bench/soak.png``.
 
-``--malloc-arena-max N`` runs the driver's JVM with ``MALLOC_ARENA_MAX=N``.
+``--malloc-arena-max N`` runs the driver's JVM with ``MALLOC_ARENA_MAX=N``;
+``--state-memory-mb`` sets RocksDB's pool (``stream.state_memory_mb``), whose
+use each sample records as RocksDB reports it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Sample:
     worker_fds_max: int
     worker_sockets_max: int
     state_rows: int
+    state_memory_mb: float  # RocksDB's own report of its memory for the state (memtables, caches, readers)
     checkpoint_mb: float
     batch_p50_s: float
     batch_p99_s: float
@@ -87,7 +90,7 @@ class Sample:
 
 GROWTH = ("driver_rss_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb", "driver_fds", "driver_sockets",
           "worker_rss_mb_max", "worker_rss_mb_total", "worker_fds_max", "worker_sockets_max", "state_rows",
-          "checkpoint_mb", "batch_p99_s", "lag_p99_s")
+          "state_memory_mb", "checkpoint_mb", "batch_p99_s", "lag_p99_s")
 
 
 def descendants(root: int) -> dict[int, str]:
@@ -189,7 +192,9 @@ class Sampler:
         progress = [json.loads(p.json) for p in self.running.query.recentProgress]
         in_window = [p for p in progress if window_start <= epoch_s(p["timestamp"]) < window_end]
         durations = [p["durationMs"].get("triggerExecution", 0) / 1000 for p in in_window] or [0.0]
-        state_rows = sum(op.get("numRowsTotal", 0) for op in progress[-1]["stateOperators"]) if progress else 0
+        operators = progress[-1]["stateOperators"] if progress else []
+        state_rows = sum(op.get("numRowsTotal", 0) for op in operators)
+        state_memory = sum(op.get("memoryUsedBytes", 0) for op in operators) / 2**20
         # Messages' and payloads': a unit of work is due years after it started, by its rule.
         lags = [r["lag_s"] for r in self.ledger.records()
                 .where((F.col("status") == "purged") & F.col("dc").isNull() & F.col("kind").isin("message", "payload")
@@ -203,7 +208,7 @@ class Sampler:
             worker_rss_mb_total=round(sum(w[0] for w in workers.values()), 1),
             worker_fds_max=max((w[1] for w in workers.values()), default=0),
             worker_sockets_max=max((w[2] for w in workers.values()), default=0),
-            state_rows=state_rows, checkpoint_mb=round(directory_mb(self.run.config.stream.checkpoint_location), 1),
+            state_rows=state_rows, state_memory_mb=round(state_memory, 1), checkpoint_mb=round(directory_mb(self.run.config.stream.checkpoint_location), 1),
             batch_p50_s=round(float(np.percentile(durations, 50)), 2),
             batch_p99_s=round(float(np.percentile(durations, 99)), 2),
             lag_p99_s=round(float(np.percentile(lags, 99)), 2) if lags else 0.0, deletions=len(lags),
@@ -297,6 +302,7 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=900, help="seconds before growth is fitted")
     parser.add_argument("--reconcile-every", default="30m")
     parser.add_argument("--malloc-arena-max", type=int)
+    parser.add_argument("--state-memory-mb", type=int, help="RocksDB's pool (stream.state_memory_mb)")
     args = parser.parse_args()
     # The driver's JVM, started below, accounts for its own memory; and glibc's arenas as asked.
     os.environ["JDK_JAVA_OPTIONS"] = "-XX:NativeMemoryTracking=summary"
@@ -304,7 +310,8 @@ def main() -> None:
         os.environ["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
     tag = uuid.uuid4().hex[:6]
     run = BenchRun.start(
-        "soak", cassandra={"keyspace": f"bench_soak_{tag}"}, reconcile={"interval": args.reconcile_every},
+        "soak", cassandra={"keyspace": f"bench_soak_{tag}"},
+        stream={"state_memory_mb": args.state_memory_mb} if args.state_memory_mb else {}, reconcile={"interval": args.reconcile_every},
         policies={"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
                               "payload_grace": "5s"}, **SETTINGS,
                   # The kept rule event (PROCESSING) stays kept for the whole run, as the end state expects.
@@ -338,7 +345,8 @@ def main() -> None:
     (run.work / "samples.jsonl").write_text("".join(json.dumps(asdict(s)) + "\n" for s in samples))
     growth = growth_per_hour(samples, args.warm)
     print(f"end state: {state}\ngrowth per hour after {args.warm:.0f} s: {growth}", flush=True)
-    settings = {"hours": args.hours, "rate": args.rate, "malloc_arena_max": args.malloc_arena_max}
+    settings = {"hours": args.hours, "rate": args.rate, "malloc_arena_max": args.malloc_arena_max,
+                "state_memory_mb": config.stream.state_memory_mb}
     run.record("soak: due objects left, live ones deleted, ledger records missing or doubled",
                state["due_left"] + state["live_deleted"] + state["ledger_missing"] + state["ledger_doubled"],
                "objects", target="0", end_state=state, **settings)
@@ -346,10 +354,10 @@ def main() -> None:
         first = next(getattr(s, name) for s in samples if s.at_s >= args.warm)
         run.record(f"soak: {name} growth per hour after {args.warm:.0f} s", slope, "per hour",
                    baseline=(f"{name} at {args.warm:.0f} s", float(first)), **settings)
-    plot(samples, args.warm, args.hours, args.malloc_arena_max)
+    plot(samples, args.warm, args.hours, args.malloc_arena_max, config.stream.state_memory_mb)
 
 
-def plot(samples: list[Sample], warm_s: float, hours: float, arena: int | None) -> None:
+def plot(samples: list[Sample], warm_s: float, hours: float, arena: int | None, pool_mb: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -364,6 +372,7 @@ def plot(samples: list[Sample], warm_s: float, hours: float, arena: int | None) 
     memory, descriptors, state, batches, lag = axes
     for name, label in (("driver_rss_mb", "driver JVM, resident"), ("driver_nmt_committed_mb", "driver JVM, its own account"),
                         ("driver_outside_nmt_mb", "driver JVM, beyond its account (native libraries)"),
+                        ("state_memory_mb", f"RocksDB, its own report (pool of {pool_mb} MB)"),
                         ("worker_rss_mb_total", "Python workers, resident, together")):
         memory.plot(minutes, series(name), label=label)
     memory.set_ylabel("MiB")

@@ -202,6 +202,9 @@ class StreamConfig(_Section):
     dry_run: bool = False
     master: str = "local[2]"
     driver_memory: str = "2g"
+    # RocksDB's caches and write buffers for the state, one pool per executor (the driver in local
+    # mode), outside the JVM's heap: size the process for driver_memory plus this (docs/sizing.md).
+    state_memory_mb: int = Field(default=500, gt=0)
 
     @property
     def checkpoint_location(self) -> str:

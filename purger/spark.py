@@ -77,7 +77,7 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
         # Memory for the state does not grow with the objects kept: RocksDB's caches and write buffers
         # share one bounded pool per executor, and the rest of the state is on disk (BENCHMARKS.md).
         .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
-        .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", "500")
+        .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", stream.state_memory_mb)
         # Each batch's state commit writes a changelog of its changes rather than a new snapshot of
         # every partition's files (snapshots are made in the background): a cheaper batch (bench.batch).
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
