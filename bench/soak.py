@@ -13,7 +13,9 @@ the run's own. Every ``--sample`` it records, per process (the driver's JVM,
 each Python worker): resident memory, open file descriptors and sockets; the
 JVM's own account of its memory (native memory tracking: heap and the rest it
 knows, so that resident memory beyond it is the native libraries', RocksDB's
-among them); the state rows, the checkpoint's size on disk, the batch duration
+among them), and glibc's malloc arenas beside the JVM's own allocations
+through them (the rest is the libraries' and what glibc keeps after a free);
+the state rows, the checkpoint's size on disk, the batch duration
 p50/p99 and the purge lag p99 of the deletions in that window.
 
 Once the platform stops, the run waits for every due object to be decided,
@@ -66,6 +68,8 @@ class Sample:
     driver_rss_mb: float
     driver_nmt_committed_mb: float  # what the JVM accounts for (heap, metaspace, threads, code, GC, ...)
     driver_heap_committed_mb: float
+    driver_arenas_mb: float  # glibc's malloc arenas, resident: the JVM's own allocations and the libraries'
+    driver_jvm_malloc_mb: float  # the JVM's own allocations through malloc, as it accounts for them
     driver_fds: int
     driver_sockets: int
     workers: int
@@ -87,8 +91,15 @@ class Sample:
         """Resident memory the JVM does not account for: native libraries' own allocations (RocksDB's)."""
         return self.driver_rss_mb - self.driver_nmt_committed_mb
 
+    @property
+    def driver_libraries_malloc_mb(self) -> float:
+        """Of glibc's arenas, what the JVM does not account for: the native libraries' allocations (RocksDB's,
+        the compression codecs') and the memory glibc keeps after a free."""
+        return self.driver_arenas_mb - self.driver_jvm_malloc_mb
 
-GROWTH = ("driver_rss_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb", "driver_fds", "driver_sockets",
+
+GROWTH = ("driver_rss_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb", "driver_arenas_mb",
+          "driver_jvm_malloc_mb", "driver_libraries_malloc_mb", "driver_fds", "driver_sockets",
           "worker_rss_mb_max", "worker_rss_mb_total", "worker_fds_max", "worker_sockets_max", "state_rows",
           "state_memory_mb", "checkpoint_mb", "batch_p99_s", "lag_p99_s")
 
@@ -131,16 +142,50 @@ def process_use(pid: int) -> tuple[float, int, int]:
     return rss, len(fds), sockets
 
 
-def native_memory(pid: int) -> tuple[float, float]:
-    """The JVM's committed memory in total and for its heap, in MiB (``jcmd VM.native_memory summary``)."""
-    out = subprocess.run(["jcmd", str(pid), "VM.native_memory", "summary"], capture_output=True, text=True,
-                         timeout=60).stdout
+@dataclass
+class NativeMemory:
+    """The JVM's own account of its memory beside what its process holds resident, in MiB."""
+
+    committed: float  # all the JVM accounts for (``jcmd VM.native_memory summary``)
+    heap_committed: float
+    jvm_malloc: float  # the JVM's own allocations through glibc's malloc, among the above
+    heap_resident: float  # of the committed heap, the pages touched
+    arenas_resident: float  # glibc's malloc arenas: the JVM's allocations and the native libraries'
+
+
+# glibc's arenas other than the main one are mapped at multiples of their 64 MiB size.
+ARENA_BYTES = 64 << 20
+
+
+def native_memory(pid: int) -> NativeMemory:
+    """The JVM's account (native memory tracking) and the process's mappings (``/proc/PID/smaps``)."""
+    def jcmd(*command: str) -> str:
+        return subprocess.run(["jcmd", str(pid), *command], capture_output=True, text=True, timeout=60).stdout
+
+    summary = jcmd("VM.native_memory", "summary")
 
     def committed(label: str) -> float:
-        found = re.search(label + r".*?committed=(\d+)KB", out)
+        found = re.search(label + r".*?committed=(\d+)KB", summary)
         return int(found.group(1)) / 1024 if found else 0.0
 
-    return committed("Total:"), committed("Java Heap")
+    heap = re.search(r"\[(0x[0-9a-f]+), (0x[0-9a-f]+)\)", jcmd("GC.heap_info"))
+    heap_start, heap_end = (int(heap.group(1), 16), int(heap.group(2), 16)) if heap else (0, 0)
+    heap_kb = arenas_kb = 0
+    start = end = 0
+    name = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        mapping = re.match(r"([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)", line)
+        if mapping:
+            start, end, name = int(mapping.group(1), 16), int(mapping.group(2), 16), mapping.group(3)
+        elif line.startswith("Rss:"):
+            kb = int(line.split()[1])
+            if not name and heap_start <= start < heap_end:
+                heap_kb += kb
+            elif name == "[heap]" or (not name and start % ARENA_BYTES == 0 and end - start <= ARENA_BYTES):
+                arenas_kb += kb
+    return NativeMemory(committed=committed("Total:"), heap_committed=committed("Java Heap"),
+                        jvm_malloc=int(malloc.group(1)) / 1024 if (malloc := re.search(r"malloc: (\d+)KB", summary)) else 0.0,
+                        heap_resident=heap_kb / 1024, arenas_resident=arenas_kb / 1024)
 
 
 def directory_mb(path: str) -> float:
@@ -187,7 +232,7 @@ class Sampler:
         processes = descendants(os.getpid())
         jvm = max((pid for pid, name in processes.items() if name == "java"), key=lambda pid: process_use(pid)[0])
         driver_rss, driver_fds, driver_sockets = process_use(jvm)
-        nmt_total, nmt_heap = native_memory(jvm)
+        jvm_memory = native_memory(jvm)
         workers = {pid: process_use(pid) for pid, name in processes.items() if name.startswith("python")}
         progress = [json.loads(p.json) for p in self.running.query.recentProgress]
         in_window = [p for p in progress if window_start <= epoch_s(p["timestamp"]) < window_end]
@@ -202,7 +247,9 @@ class Sampler:
                        & (F.col("deleted_at").cast("double") < window_end)).select("lag_s").collect()]
         return Sample(
             at_s=round(window_end - self.started, 1), driver_rss_mb=round(driver_rss, 1),
-            driver_nmt_committed_mb=round(nmt_total, 1), driver_heap_committed_mb=round(nmt_heap, 1),
+            driver_nmt_committed_mb=round(jvm_memory.committed, 1),
+            driver_heap_committed_mb=round(jvm_memory.heap_committed, 1),
+            driver_arenas_mb=round(jvm_memory.arenas_resident, 1), driver_jvm_malloc_mb=round(jvm_memory.jvm_malloc, 1),
             driver_fds=driver_fds, driver_sockets=driver_sockets, workers=len(workers),
             worker_rss_mb_max=round(max((w[0] for w in workers.values()), default=0), 1),
             worker_rss_mb_total=round(sum(w[0] for w in workers.values()), 1),
@@ -372,6 +419,8 @@ def plot(samples: list[Sample], warm_s: float, hours: float, arena: int | None, 
     memory, descriptors, state, batches, lag = axes
     for name, label in (("driver_rss_mb", "driver JVM, resident"), ("driver_nmt_committed_mb", "driver JVM, its own account"),
                         ("driver_outside_nmt_mb", "driver JVM, beyond its account (native libraries)"),
+                        ("driver_arenas_mb", "driver JVM, glibc's malloc arenas"),
+                        ("driver_libraries_malloc_mb", "  of which not the JVM's own"),
                         ("state_memory_mb", f"RocksDB, its own report (pool of {pool_mb} MB)"),
                         ("worker_rss_mb_total", "Python workers, resident, together")):
         memory.plot(minutes, series(name), label=label)
