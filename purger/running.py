@@ -24,7 +24,6 @@ from purger.metrics import PurgerMetrics
 from purger.reconcile import next_reconcile_in_s, reconcile
 from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
-from purger.spark import RECONCILE_POOL, REPORT_POOL
 from purger.core.times import duration_ms
 from purger.streams.candidates import candidates_stream
 from purger.streams.clock import Clock
@@ -140,10 +139,10 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
 
 # The daily report's jobs, which a stop cancels when a round outlasts REPORT_GRACE_S: a round of a warm
 # purger takes a few seconds; cancelling one makes Spark and Delta log the cancelled jobs' tasks.
-REPORT_JOB_GROUP = REPORT_POOL
+REPORT_JOB_GROUP = "purger-report"
 REPORT_GRACE_S = 5
 # The scheduled reconciles' jobs, which a stop cancels at once.
-RECONCILE_JOB_GROUP = RECONCILE_POOL
+RECONCILE_JOB_GROUP = "purger-reconcile"
 
 
 def _set_up_thread(spark: SparkSession, group: str, description: str) -> None:

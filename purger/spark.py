@@ -8,35 +8,13 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
-from pathlib import Path
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from purger.core.config import StreamConfig
 from purger.logs import log4j2_options
-
-
-# The scheduler pools of the jobs that run beside the micro-batches (purger.running): the daily report's
-# and the scheduled reconciles'. The batches' own jobs run in Spark's "default" pool.
-REPORT_POOL = "purger-report"
-RECONCILE_POOL = "purger-reconcile"
-
-
-def _pools_file() -> str:
-    """Spark's fair-scheduler allocation file: the batches' pool has every slot as its minimum share, so a
-    slot that frees goes to a waiting batch task before the report's or a reconcile's (BENCHMARKS.md)."""
-    pool = "<pool name=\"{}\"><schedulingMode>FIFO</schedulingMode><weight>1</weight><minShare>{}</minShare></pool>"
-    xml = "<allocations>{}</allocations>\n".format(
-        "".join([pool.format("default", 10_000)] + [pool.format(name, 0) for name in (REPORT_POOL, RECONCILE_POOL)]))
-    # Named by its content: every session of this version shares one file, written once.
-    path = Path(tempfile.gettempdir()) / f"purger-pools-{hashlib.sha256(xml.encode()).hexdigest()[:12]}.xml"
-    if not path.exists():
-        path.write_text(xml)
-    return str(path)
 
 
 def _submitted() -> bool:
@@ -104,10 +82,9 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
         # every partition's files (snapshots are made in the background): a cheaper batch (bench.batch).
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
-        # The report's and the reconciles' jobs share the cores with the micro-batches: in pools of
-        # their own, and a slot that frees goes to a waiting batch task first.
+        # The report's jobs (streams/query.py) share the cores with the micro-batches, so a batch does
+        # not wait behind a whole report job (first come, first served).
         .config("spark.scheduler.mode", "FAIR")
-        .config("spark.scheduler.allocation.file", _pools_file())
         .config("spark.sql.session.timeZone", "UTC")
         # The query's rates, latency, watermark and state sizes in Spark's metrics system, served with
         # the executors' metrics for Prometheus on the UI's port (/metrics/prometheus).

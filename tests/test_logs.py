@@ -23,7 +23,6 @@ from purger.logs import LogLevel, set_spark_log_level
 from simulation.mailbox import Platform
 from purger.sinks.ledger import Ledger
 from purger.sinks.sink import batch_summary
-from purger.spark import REPORT_POOL
 from tests.support.configs import own_config, write_config
 from tests.support.waits import wait_for
 from tests.support.mailbox import deletable
@@ -185,22 +184,17 @@ def test_a_run_logs_one_line_per_batch_and_no_per_key_warnings(spark, config, tm
 # --- the Spark UI -------------------------------------------------------------------------------------
 
 
-def ui(spark, what: str) -> list[dict]:
-    """This session's jobs or stages, from the Spark UI's REST API."""
-    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/{what}"
+def ui_jobs(spark) -> list[dict]:
+    """The jobs of this session, from the Spark UI's REST API."""
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/jobs"
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)
 
 
-def ui_jobs(spark) -> list[dict]:
-    return ui(spark, "jobs")
-
-
 @pytest.mark.integration
-def test_each_batch_names_its_jobs_in_the_spark_ui_and_its_tasks_come_first(spark, config, tmp_path_factory):
+def test_each_batch_names_its_jobs_in_the_spark_ui(spark, config, tmp_path_factory):
     """The jobs of a batch that purged are named after the batch and the step: the purge, the counts and the
-    ledger; the daily report's jobs beside them after the report, in a scheduler pool of their own, while the
-    batches' pool has every slot as its minimum share, so its waiting tasks take a free slot first."""
+    ledger; the daily report's jobs beside them after the report."""
     from purger.running import start_purger
 
     own = own_config(config, tmp_path_factory.mktemp("jobs"), "jobs")
@@ -220,9 +214,3 @@ def test_each_batch_names_its_jobs_in_the_spark_ui_and_its_tasks_come_first(spar
     for batch in batches:
         for step in ("purge candidates", "ledger"):
             assert any(d.startswith(f"batch {batch}: {step}") for d in descriptions), (batch, step, descriptions)
-    stages = [(stage.get("description", ""), stage["schedulingPool"]) for stage in ui(spark, "stages")]
-    assert {pool for d, pool in stages if re.match(r"(Delta: )?batch \d+: ", d)} == {"default"}, stages
-    assert {pool for d, pool in stages if "daily report" in d} == {REPORT_POOL}, stages
-    scheduler = spark.sparkContext._jsc.sc()
-    assert scheduler.getPoolForName("default").get().minShare() >= spark.sparkContext.defaultParallelism
-    assert scheduler.getPoolForName(REPORT_POOL).get().minShare() == 0
