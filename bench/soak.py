@@ -68,6 +68,7 @@ class Sample:
     driver_rss_mb: float
     driver_nmt_committed_mb: float  # what the JVM accounts for (heap, metaspace, threads, code, GC, ...)
     driver_heap_committed_mb: float
+    driver_heap_resident_mb: float  # of the committed heap, the pages touched: beside it, what "beyond" leaves out
     driver_arenas_mb: float  # glibc's malloc arenas, resident: the JVM's own allocations and the libraries'
     driver_jvm_malloc_mb: float  # the JVM's own allocations through malloc, as it accounts for them
     driver_fds: int
@@ -183,8 +184,9 @@ def native_memory(pid: int) -> NativeMemory:
                 heap_kb += kb
             elif name == "[heap]" or (not name and start % ARENA_BYTES == 0 and end - start <= ARENA_BYTES):
                 arenas_kb += kb
+    malloc = re.search(r"malloc: (\d+)KB", summary)
     return NativeMemory(committed=committed("Total:"), heap_committed=committed("Java Heap"),
-                        jvm_malloc=int(malloc.group(1)) / 1024 if (malloc := re.search(r"malloc: (\d+)KB", summary)) else 0.0,
+                        jvm_malloc=int(malloc.group(1)) / 1024 if malloc else 0.0,
                         heap_resident=heap_kb / 1024, arenas_resident=arenas_kb / 1024)
 
 
@@ -249,13 +251,16 @@ class Sampler:
             at_s=round(window_end - self.started, 1), driver_rss_mb=round(driver_rss, 1),
             driver_nmt_committed_mb=round(jvm_memory.committed, 1),
             driver_heap_committed_mb=round(jvm_memory.heap_committed, 1),
-            driver_arenas_mb=round(jvm_memory.arenas_resident, 1), driver_jvm_malloc_mb=round(jvm_memory.jvm_malloc, 1),
+            driver_heap_resident_mb=round(jvm_memory.heap_resident, 1),
+            driver_arenas_mb=round(jvm_memory.arenas_resident, 1),
+            driver_jvm_malloc_mb=round(jvm_memory.jvm_malloc, 1),
             driver_fds=driver_fds, driver_sockets=driver_sockets, workers=len(workers),
             worker_rss_mb_max=round(max((w[0] for w in workers.values()), default=0), 1),
             worker_rss_mb_total=round(sum(w[0] for w in workers.values()), 1),
             worker_fds_max=max((w[1] for w in workers.values()), default=0),
             worker_sockets_max=max((w[2] for w in workers.values()), default=0),
-            state_rows=state_rows, state_memory_mb=round(state_memory, 1), checkpoint_mb=round(directory_mb(self.run.config.stream.checkpoint_location), 1),
+            state_rows=state_rows, state_memory_mb=round(state_memory, 1),
+            checkpoint_mb=round(directory_mb(self.run.config.stream.checkpoint_location), 1),
             batch_p50_s=round(float(np.percentile(durations, 50)), 2),
             batch_p99_s=round(float(np.percentile(durations, 99)), 2),
             lag_p99_s=round(float(np.percentile(lags, 99)), 2) if lags else 0.0, deletions=len(lags),
@@ -358,7 +363,8 @@ def main() -> None:
     tag = uuid.uuid4().hex[:6]
     run = BenchRun.start(
         "soak", cassandra={"keyspace": f"bench_soak_{tag}"},
-        stream={"state_memory_mb": args.state_memory_mb} if args.state_memory_mb else {}, reconcile={"interval": args.reconcile_every},
+        stream={"state_memory_mb": args.state_memory_mb} if args.state_memory_mb else {},
+        reconcile={"interval": args.reconcile_every},
         policies={"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
                               "payload_grace": "5s"}, **SETTINGS,
                   # The kept rule event (PROCESSING) stays kept for the whole run, as the end state expects.
