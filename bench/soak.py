@@ -25,6 +25,9 @@ first ``--warm`` is fitted and recorded; the samples go to the run's directory
 and ``bench/soak.png``.
 
 ``--malloc-arena-max N`` runs the driver's JVM with ``MALLOC_ARENA_MAX=N``;
+``--jemalloc`` runs it on jemalloc instead of glibc's malloc, with jemalloc's
+heap profiler sampling its allocations (dumps in the run's directory, to read
+with ``jeprof``; the samples' figures for glibc's arenas then do not apply);
 ``--state-memory-mb`` sets RocksDB's pool (``stream.state_memory_mb``), whose
 use each sample records as RocksDB reports it.
 """
@@ -154,6 +157,8 @@ class NativeMemory:
     arenas_resident: float  # glibc's malloc arenas: the JVM's allocations and the native libraries'
 
 
+# Debian's libjemalloc2.
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 # glibc's arenas other than the main one are mapped at multiples of their 64 MiB size.
 ARENA_BYTES = 64 << 20
 
@@ -354,6 +359,7 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=900, help="seconds before growth is fitted")
     parser.add_argument("--reconcile-every", default="30m")
     parser.add_argument("--malloc-arena-max", type=int)
+    parser.add_argument("--jemalloc", action="store_true", help="the driver's JVM on jemalloc, its heap profiled")
     parser.add_argument("--state-memory-mb", type=int, help="RocksDB's pool (stream.state_memory_mb)")
     args = parser.parse_args()
     # The driver's JVM, started below, accounts for its own memory; and glibc's arenas as asked.
@@ -370,7 +376,16 @@ def main() -> None:
                   # The kept rule event (PROCESSING) stays kept for the whole run, as the end state expects.
                   "rule_events": {**SETTINGS["rule_events"], "processing": f"{round(args.hours * 3600) + 3600}s"}})
     config = run.config
+    if args.jemalloc:
+        # Only the driver's JVM (and the Python workers it starts) runs on jemalloc: not the servers
+        # started above, nor the jcmd calls that sample it.
+        profiles = run.work / "jemalloc"
+        profiles.mkdir()
+        os.environ["LD_PRELOAD"] = JEMALLOC
+        os.environ["MALLOC_CONF"] = f"prof:true,lg_prof_interval:32,prof_final:true,prof_prefix:{profiles}/heap"
     spark = run.spark()
+    for name in ("LD_PRELOAD", "MALLOC_CONF"):
+        os.environ.pop(name, None)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
     running = start_purger(spark, config)
     ledger = Ledger(spark, config.ledger)
@@ -399,7 +414,7 @@ def main() -> None:
     growth = growth_per_hour(samples, args.warm)
     print(f"end state: {state}\ngrowth per hour after {args.warm:.0f} s: {growth}", flush=True)
     settings = {"hours": args.hours, "rate": args.rate, "malloc_arena_max": args.malloc_arena_max,
-                "state_memory_mb": config.stream.state_memory_mb}
+                "jemalloc": args.jemalloc, "state_memory_mb": config.stream.state_memory_mb}
     run.record("soak: due objects left, live ones deleted, ledger records missing or doubled",
                state["due_left"] + state["live_deleted"] + state["ledger_missing"] + state["ledger_doubled"],
                "objects", target="0", end_state=state, **settings)
@@ -407,10 +422,12 @@ def main() -> None:
         first = next(getattr(s, name) for s in samples if s.at_s >= args.warm)
         run.record(f"soak: {name} growth per hour after {args.warm:.0f} s", slope, "per hour",
                    baseline=(f"{name} at {args.warm:.0f} s", float(first)), **settings)
-    plot(samples, args.warm, args.hours, args.malloc_arena_max, config.stream.state_memory_mb)
+    allocator = "jemalloc" if args.jemalloc else (f"MALLOC_ARENA_MAX={args.malloc_arena_max}"
+                                                   if args.malloc_arena_max else "")
+    plot(samples, args.warm, args.hours, allocator, config.stream.state_memory_mb)
 
 
-def plot(samples: list[Sample], warm_s: float, hours: float, arena: int | None, pool_mb: int) -> None:
+def plot(samples: list[Sample], warm_s: float, hours: float, allocator: str, pool_mb: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -431,7 +448,7 @@ def plot(samples: list[Sample], warm_s: float, hours: float, arena: int | None, 
                         ("worker_rss_mb_total", "Python workers, resident, together")):
         memory.plot(minutes, series(name), label=label)
     memory.set_ylabel("MiB")
-    memory.set_title(f"Purger soak, {hours:g} h" + (f", MALLOC_ARENA_MAX={arena}" if arena else "")
+    memory.set_title(f"Purger soak, {hours:g} h" + (f", {allocator}" if allocator else "")
                      + ": sampled every few minutes")
     for name, label in (("driver_fds", "driver JVM, open files"), ("driver_sockets", "driver JVM, sockets"),
                         ("worker_fds_max", "a Python worker, open files (max)"),
