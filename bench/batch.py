@@ -20,7 +20,9 @@ Both run at the purger's default trigger interval.
 A variant's figure is the median ``triggerExecution`` of its batches after the
 first five, and its Spark jobs' median time per step (the Spark UI's job
 descriptions: "purge candidates", and "ledger" when a batch decided anything),
-which is its profile.
+which is its profile; and the processes and threads started on the machine
+per batch (``/proc/stat``), since each checkpoint file written to a local disk
+through Hadoop's FileContext starts a ``chmod`` and a ``readlink``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -54,19 +57,34 @@ VARIANTS: dict[str, dict[str, str]] = {
     "purger, without RocksDB changelog checkpointing (the default before)": {
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "false"},
     "purger, 4 shuffle partitions (the default before)": {"spark.sql.shuffle.partitions": "4"},
+    # Through Hadoop's FileContext, each checkpoint file on a local disk starts a chmod and a readlink.
+    "purger, checkpoint files through Hadoop's FileSystem": {
+        "spark.sql.streaming.checkpointFileManagerClass":
+            "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"},
 }
 
 
+def forks() -> int:
+    """Processes and threads started on the machine since boot (``/proc/stat``)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("processes "):
+            return int(line.split()[1])
+    return 0
+
+
 def under_load(run: BenchRun, name: str, query: StreamingQuery, seconds: float, rate: float,
-               ) -> list[dict[str, Any]]:
-    """Play ``rate`` messages per second at a running query for ``seconds``; its progress."""
+               ) -> tuple[list[dict[str, Any]], float]:
+    """Play ``rate`` messages per second at a running query for ``seconds``; its progress, and the
+    processes and threads started on the machine per batch meanwhile."""
     platform = Platform(run.config, events_only=True)
     try:
         plans = Workload().plans(f"{run.run}-{_slug(name)}", int(rate * seconds))
+        started, batches = forks(), len(query.recentProgress)
         play_all(platform, plans, rate=rate)
         if query.exception() is not None:
             raise RuntimeError(f"{name}: query failed: {query.exception()}")
-        return [json.loads(p.json) for p in query.recentProgress]
+        progress = [json.loads(p.json) for p in query.recentProgress]
+        return progress, round((forks() - started) / max(1, len(progress) - batches), 1)
     finally:
         platform.close()
 
@@ -101,12 +119,12 @@ def main() -> None:
     with ticking(config):
         query = native()
         try:
-            progress = under_load(run, "native", query, args.seconds, args.rate)
+            progress, native_forks = under_load(run, "native", query, args.seconds, args.rate)
         finally:
             query.stop()
     native_s, batches = median_batch_s(progress)
     run.record("batch with nothing due, native Spark aggregation (median)", native_s, "s", batches=batches,
-               trigger=trigger, rate=args.rate)
+               trigger=trigger, rate=args.rate, forks_per_batch=native_forks)
 
     # RocksDB's settings are not registered SQL settings: unset, they have no value to read back.
     defaults = {key: spark.conf.get(key, None) for settings in VARIANTS.values() for key in settings}
@@ -116,14 +134,14 @@ def main() -> None:
         since_ms = time.time() * 1000
         running = start_purger(spark, variant)
         try:
-            progress = under_load(run, name, running.query, args.seconds, args.rate)
+            progress, variant_forks = under_load(run, name, running.query, args.seconds, args.rate)
         finally:
             running.stop()
         seconds, batches = median_batch_s(progress)
         steps = job_steps(spark_jobs(spark, since_ms))
         run.record(f"batch with nothing due, {name} (median)", seconds, "s",
                    baseline=("native Spark aggregation", native_s), target="<= 1.5x", batches=batches,
-                   trigger=trigger, rate=args.rate, settings=settings,
+                   trigger=trigger, rate=args.rate, settings=settings, forks_per_batch=variant_forks,
                    steps={step: round(s, 3) for step, s in steps.items()})
         print(f"  {name}: median job time per step: "
               + ", ".join(f"{step} {s:.2f} s" for step, s in sorted(steps.items())), flush=True)
