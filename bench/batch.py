@@ -58,9 +58,9 @@ VARIANTS: dict[str, dict[str, str]] = {
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "false"},
     "purger, 4 shuffle partitions (the default before)": {"spark.sql.shuffle.partitions": "4"},
     # Through Hadoop's FileContext, each checkpoint file on a local disk starts a chmod and a readlink.
-    "purger, checkpoint files through Hadoop's FileSystem": {
+    "purger, checkpoint files through Hadoop's FileContext (the default before)": {
         "spark.sql.streaming.checkpointFileManagerClass":
-            "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"},
+            "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"},
 }
 
 

@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -108,6 +109,9 @@ GROWTH = ("driver_rss_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb", "
           "state_memory_mb", "checkpoint_mb", "batch_p99_s", "lag_p99_s")
 
 
+PROFILED = ("rocksdb_mb", "jvm_mb", "other_mb")
+
+
 def descendants(root: int) -> dict[int, str]:
     """Every process below ``root``: pid -> command name."""
     children: dict[int, list[int]] = {}
@@ -157,8 +161,9 @@ class NativeMemory:
     arenas_resident: float  # glibc's malloc arenas: the JVM's allocations and the native libraries'
 
 
-# Debian's libjemalloc2.
+# Debian's libjemalloc2 (its jeprof is in libjemalloc-dev), and the binary whose symbols jeprof reads.
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+JAVA = shutil.which("java") or "java"
 # glibc's arenas other than the main one are mapped at multiples of their 64 MiB size.
 ARENA_BYTES = 64 << 20
 
@@ -193,6 +198,43 @@ def native_memory(pid: int) -> NativeMemory:
     return NativeMemory(committed=committed("Total:"), heap_committed=committed("Java Heap"),
                         jvm_malloc=int(malloc.group(1)) / 1024 if malloc else 0.0,
                         heap_resident=heap_kb / 1024, arenas_resident=arenas_kb / 1024)
+
+
+@dataclass
+class ProfiledMalloc:
+    """The driver's live allocations through malloc, from one of jemalloc's heap profile dumps."""
+    at_s: float  # seconds into the run
+    rocksdb_mb: float  # under RocksDB's frames: its block cache, memtables, table readers
+    jvm_mb: float  # the JVM's own (``os::malloc``), which its native memory tracking accounts for
+    other_mb: float  # the rest: zlib and the other native libraries
+
+
+def _jeprof_mb(dump: Path, *selection: str) -> float:
+    """The live bytes of a heap profile dump, summed over the functions ``selection`` keeps."""
+    text = subprocess.run(["jeprof", "--text", "--show_bytes", *selection, JAVA, str(dump)],
+                          capture_output=True, text=True, timeout=300).stdout
+    return sum(int(line.split()[0]) for line in text.splitlines()[1:] if line.split()) / (1 << 20)
+
+
+def profiled_malloc(profiles: Path, started: float, every_s: float) -> list[ProfiledMalloc]:
+    """The JVM's heap profile dumps (the process with the most dumps), one per ``every_s`` of the run."""
+    dumps: dict[str, list[Path]] = {}
+    for dump in profiles.glob("heap.*.i*.heap"):
+        dumps.setdefault(dump.name.split(".")[1], []).append(dump)
+    if not dumps:
+        return []
+    chosen: list[Path] = []
+    for dump in sorted(max(dumps.values(), key=len), key=lambda d: d.stat().st_mtime):
+        if not chosen or dump.stat().st_mtime - chosen[-1].stat().st_mtime >= every_s:
+            chosen.append(dump)
+    profiled = []
+    for dump in chosen:
+        rocksdb = _jeprof_mb(dump, "--focus=rocksdb")
+        jvm = _jeprof_mb(dump, "--focus=os::malloc|os::strdup|NMTPreInit", "--ignore=rocksdb")
+        rest = _jeprof_mb(dump, "--ignore=rocksdb|os::malloc|os::strdup|NMTPreInit")
+        profiled.append(ProfiledMalloc(at_s=round(dump.stat().st_mtime - started, 1), rocksdb_mb=round(rocksdb, 1),
+                                       jvm_mb=round(jvm, 1), other_mb=round(rest, 1)))
+    return profiled
 
 
 def directory_mb(path: str) -> float:
@@ -339,14 +381,13 @@ def end_state(platform: SoakPlatform, ledger: Ledger) -> dict[str, Any]:
     }
 
 
-def growth_per_hour(samples: list[Sample], warm_s: float) -> dict[str, float]:
-    """Each measure's least-squares slope per hour over the samples after ``warm_s``."""
-    late = [s for s in samples if s.at_s >= warm_s]
+def growth_per_hour(late: list[Any], names: tuple[str, ...]) -> dict[str, float]:
+    """Each measure's least-squares slope per hour over ``late`` (samples or profile readings)."""
     if len(late) < 3:
         return {}
     hours = np.array([s.at_s for s in late]) / 3600
     return {name: round(float(np.polyfit(hours, np.array([getattr(s, name) for s in late], dtype=float), 1)[0]), 2)
-            for name in GROWTH}
+            for name in names}
 
 
 def main() -> None:
@@ -361,7 +402,14 @@ def main() -> None:
     parser.add_argument("--malloc-arena-max", type=int)
     parser.add_argument("--jemalloc", action="store_true", help="the driver's JVM on jemalloc, its heap profiled")
     parser.add_argument("--state-memory-mb", type=int, help="RocksDB's pool (stream.state_memory_mb)")
+    parser.add_argument("--plot-from", type=Path, metavar="RUN_DIR",
+                        help="no run: plot a finished run's samples (and read its heap profile) again")
     args = parser.parse_args()
+    if args.plot_from:
+        samples = [Sample(**json.loads(line)) for line in (args.plot_from / "samples.jsonl").read_text().splitlines()]
+        started = float((args.plot_from / "started").read_text())
+        conclude(args, samples, started, args.plot_from, args.state_memory_mb or 500)
+        return
     # The driver's JVM, started below, accounts for its own memory; and glibc's arenas as asked.
     os.environ["JDK_JAVA_OPTIONS"] = "-XX:NativeMemoryTracking=summary"
     if args.malloc_arena_max:
@@ -390,6 +438,7 @@ def main() -> None:
     running = start_purger(spark, config)
     ledger = Ledger(spark, config.ledger)
     started = time.time()
+    (run.work / "started").write_text(str(started))
     sampler = Sampler(run, running, ledger, started, args.sample).start()
     platform = SoakPlatform(run, args.rate, args.hours * 3600, args.objects_every, args.bad_share)
     try:
@@ -411,23 +460,42 @@ def main() -> None:
     platform.close()
     samples = sampler.samples
     (run.work / "samples.jsonl").write_text("".join(json.dumps(asdict(s)) + "\n" for s in samples))
-    growth = growth_per_hour(samples, args.warm)
-    print(f"end state: {state}\ngrowth per hour after {args.warm:.0f} s: {growth}", flush=True)
+    print(f"end state: {state}", flush=True)
     settings = {"hours": args.hours, "rate": args.rate, "malloc_arena_max": args.malloc_arena_max,
                 "jemalloc": args.jemalloc, "state_memory_mb": config.stream.state_memory_mb}
     run.record("soak: due objects left, live ones deleted, ledger records missing or doubled",
                state["due_left"] + state["live_deleted"] + state["ledger_missing"] + state["ledger_doubled"],
                "objects", target="0", end_state=state, **settings)
-    for name, slope in growth.items():
-        first = next(getattr(s, name) for s in samples if s.at_s >= args.warm)
+    for name, (slope, first) in conclude(args, samples, started, run.work, config.stream.state_memory_mb).items():
         run.record(f"soak: {name} growth per hour after {args.warm:.0f} s", slope, "per hour",
-                   baseline=(f"{name} at {args.warm:.0f} s", float(first)), **settings)
+                   baseline=(f"{name} at {args.warm:.0f} s", first), **settings)
+
+
+def conclude(args: argparse.Namespace, samples: list[Sample], started: float, work: Path, pool_mb: int,
+             ) -> dict[str, tuple[float, float]]:
+    """Each measure's growth per hour after the warm-up and its value then; the heap profile read, if the
+    run made one; the plot."""
+    profile = profiled_malloc(work / "jemalloc", started, args.sample) if args.jemalloc else []
+    if profile:
+        (work / "profile.jsonl").write_text("".join(json.dumps(asdict(p)) + "\n" for p in profile))
+    growth = {}
+    # Under jemalloc glibc's arenas hold nothing: its profile says what the native libraries hold.
+    arenas = ("driver_arenas_mb", "driver_libraries_malloc_mb")
+    measures = tuple(name for name in GROWTH if name not in arenas) if args.jemalloc else GROWTH
+    for series, names in ((samples, measures), (profile, PROFILED)):
+        late = [s for s in series if s.at_s >= args.warm]
+        for name, slope in growth_per_hour(late, names).items():
+            growth[name] = (slope, float(getattr(late[0], name)))
+    print(f"growth per hour after {args.warm:.0f} s: { {name: slope for name, (slope, _) in growth.items()} }",
+          flush=True)
     allocator = "jemalloc" if args.jemalloc else (f"MALLOC_ARENA_MAX={args.malloc_arena_max}"
-                                                   if args.malloc_arena_max else "")
-    plot(samples, args.warm, args.hours, allocator, config.stream.state_memory_mb)
+                                                  if args.malloc_arena_max else "")
+    plot(samples, profile, args.warm, args.hours, allocator, pool_mb)
+    return growth
 
 
-def plot(samples: list[Sample], warm_s: float, hours: float, allocator: str, pool_mb: int) -> None:
+def plot(samples: list[Sample], profile: list[ProfiledMalloc], warm_s: float, hours: float, allocator: str,
+         pool_mb: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -438,16 +506,22 @@ def plot(samples: list[Sample], warm_s: float, hours: float, allocator: str, poo
     def series(name: str) -> np.ndarray:
         return np.array([getattr(s, name) for s in samples], dtype=float)
 
-    figure, axes = plt.subplots(5, 1, sharex=True, figsize=(9, 13))
-    memory, descriptors, state, batches, lag = axes
+    figure, axes = plt.subplots(6, 1, sharex=True, figsize=(9, 15))
+    memory, native, descriptors, state, batches, lag = axes
     for name, label in (("driver_rss_mb", "driver JVM, resident"), ("driver_nmt_committed_mb", "driver JVM, its own account"),
-                        ("driver_outside_nmt_mb", "driver JVM, beyond its account (native libraries)"),
-                        ("driver_arenas_mb", "driver JVM, glibc's malloc arenas"),
-                        ("driver_libraries_malloc_mb", "  of which not the JVM's own"),
-                        ("state_memory_mb", f"RocksDB, its own report (pool of {pool_mb} MB)"),
                         ("worker_rss_mb_total", "Python workers, resident, together")):
         memory.plot(minutes, series(name), label=label)
     memory.set_ylabel("MiB")
+    native.plot(minutes, series("driver_outside_nmt_mb"), label="driver JVM, resident beyond its own account")
+    native.plot(minutes, series("state_memory_mb"), label=f"RocksDB, its own report (pool of {pool_mb} MB)")
+    if profile:
+        at = np.array([p.at_s for p in profile]) / 60
+        native.plot(at, [p.rocksdb_mb for p in profile], label="RocksDB's live allocations (jemalloc's profile)")
+        native.plot(at, [p.other_mb for p in profile], label="other native libraries' (jemalloc's profile)")
+    else:
+        native.plot(minutes, series("driver_arenas_mb"), label="glibc's malloc arenas, resident")
+        native.plot(minutes, series("driver_libraries_malloc_mb"), label="  of which not the JVM's own")
+    native.set_ylabel("MiB")
     memory.set_title(f"Purger soak, {hours:g} h" + (f", {allocator}" if allocator else "")
                      + ": sampled every few minutes")
     for name, label in (("driver_fds", "driver JVM, open files"), ("driver_sockets", "driver JVM, sockets"),

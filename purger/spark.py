@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import os
+from urllib.parse import urlparse
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
@@ -63,6 +64,14 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
             # Only here, where the executors import the purger from the driver's installation: a
             # submitted job's may have it only in its --py-files, which the daemon cannot import from.
             builder = builder.config("spark.python.daemon.module", "purger.worker_daemon")
+    if urlparse(stream.checkpoint).scheme in ("", "file"):
+        # On a local disk, Hadoop's FileContext (Spark's default) starts a chmod and a readlink process for
+        # each checkpoint file (offsets, commits, each state partition's changelog); its FileSystem starts
+        # none: 48 processes and threads a batch instead of 150, and a batch 15% shorter (bench.batch).
+        # A rename on a local disk is atomic either way. Other file systems keep Spark's default.
+        builder = builder.config(
+            "spark.sql.streaming.checkpointFileManagerClass",
+            "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
     return (
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
