@@ -52,6 +52,7 @@ import numpy as np
 from pyspark.sql import functions as F
 
 from bench.common import BenchRun, epoch_s
+from purger.core.config import StreamConfig
 from purger.running import start_purger
 from purger.sinks.ledger import Ledger
 from simulation.mailbox import Platform
@@ -107,9 +108,7 @@ GROWTH = ("driver_rss_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb", "
           "driver_jvm_malloc_mb", "driver_libraries_malloc_mb", "driver_fds", "driver_sockets",
           "worker_rss_mb_max", "worker_rss_mb_total", "worker_fds_max", "worker_sockets_max", "state_rows",
           "state_memory_mb", "checkpoint_mb", "batch_p99_s", "lag_p99_s")
-
-
-PROFILED = ("rocksdb_mb", "jvm_mb", "other_mb")
+PROFILED = ("rocksdb_mb", "jvm_mb", "other_mb")  # from jemalloc's heap profile (``ProfiledMalloc``)
 
 
 def descendants(root: int) -> dict[int, str]:
@@ -408,7 +407,8 @@ def main() -> None:
     if args.plot_from:
         samples = [Sample(**json.loads(line)) for line in (args.plot_from / "samples.jsonl").read_text().splitlines()]
         started = float((args.plot_from / "started").read_text())
-        conclude(args, samples, started, args.plot_from, args.state_memory_mb or 500)
+        pool_mb = args.state_memory_mb or StreamConfig.model_fields["state_memory_mb"].default
+        conclude(args, samples, started, args.plot_from, pool_mb)
         return
     # The driver's JVM, started below, accounts for its own memory; and glibc's arenas as asked.
     os.environ["JDK_JAVA_OPTIONS"] = "-XX:NativeMemoryTracking=summary"
@@ -425,12 +425,13 @@ def main() -> None:
                   "rule_events": {**SETTINGS["rule_events"], "processing": f"{round(args.hours * 3600) + 3600}s"}})
     config = run.config
     if args.jemalloc:
-        # Only the driver's JVM (and the Python workers it starts) runs on jemalloc: not the servers
-        # started above, nor the jcmd calls that sample it.
+        # Only the driver's JVM and the processes it starts run on jemalloc: not the servers started
+        # above, nor the jcmd calls that sample it. A dump each 4 GiB allocated: the JVM makes one every few
+        # seconds, the short-lived processes none.
         profiles = run.work / "jemalloc"
         profiles.mkdir()
         os.environ["LD_PRELOAD"] = JEMALLOC
-        os.environ["MALLOC_CONF"] = f"prof:true,lg_prof_interval:32,prof_final:true,prof_prefix:{profiles}/heap"
+        os.environ["MALLOC_CONF"] = f"prof:true,lg_prof_interval:32,prof_prefix:{profiles}/heap"
     spark = run.spark()
     for name in ("LD_PRELOAD", "MALLOC_CONF"):
         os.environ.pop(name, None)
