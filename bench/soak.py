@@ -108,7 +108,8 @@ GROWTH = ("driver_rss_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb", "
           "driver_jvm_malloc_mb", "driver_libraries_malloc_mb", "driver_fds", "driver_sockets",
           "worker_rss_mb_max", "worker_rss_mb_total", "worker_fds_max", "worker_sockets_max", "state_rows",
           "state_memory_mb", "checkpoint_mb", "batch_p99_s", "lag_p99_s")
-PROFILED = ("rocksdb_mb", "jvm_mb", "other_mb")  # from jemalloc's heap profile (``ProfiledMalloc``)
+# From jemalloc's heap profile (``ProfiledMalloc``).
+PROFILED = ("rocksdb_mb", "rocksdb_statistics_mb", "jvm_mb", "other_mb")
 
 
 def descendants(root: int) -> dict[int, str]:
@@ -203,7 +204,8 @@ def native_memory(pid: int) -> NativeMemory:
 class ProfiledMalloc:
     """The driver's live allocations through malloc, from one of jemalloc's heap profile dumps."""
     at_s: float  # seconds into the run
-    rocksdb_mb: float  # under RocksDB's frames: its block cache, memtables, table readers
+    rocksdb_mb: float  # under RocksDB's frames: its block cache, memtables, table readers, statistics
+    rocksdb_statistics_mb: float  # of which its instances' statistics, never freed in Spark 4.1 (SPARK-56523)
     jvm_mb: float  # the JVM's own (``os::malloc``), which its native memory tracking accounts for
     other_mb: float  # the rest: zlib and the other native libraries
 
@@ -229,9 +231,11 @@ def profiled_malloc(profiles: Path, started: float, every_s: float) -> list[Prof
     profiled = []
     for dump in chosen:
         rocksdb = _jeprof_mb(dump, "--focus=rocksdb")
+        statistics = _jeprof_mb(dump, "--focus=rocksdb::StatisticsImpl")
         jvm = _jeprof_mb(dump, "--focus=os::malloc|os::strdup|NMTPreInit", "--ignore=rocksdb")
         rest = _jeprof_mb(dump, "--ignore=rocksdb|os::malloc|os::strdup|NMTPreInit")
         profiled.append(ProfiledMalloc(at_s=round(dump.stat().st_mtime - started, 1), rocksdb_mb=round(rocksdb, 1),
+                                       rocksdb_statistics_mb=round(statistics, 1),
                                        jvm_mb=round(jvm, 1), other_mb=round(rest, 1)))
     return profiled
 
@@ -518,6 +522,8 @@ def plot(samples: list[Sample], profile: list[ProfiledMalloc], warm_s: float, ho
     if profile:
         at = np.array([p.at_s for p in profile]) / 60
         native.plot(at, [p.rocksdb_mb for p in profile], label="RocksDB's live allocations (jemalloc's profile)")
+        native.plot(at, [p.rocksdb_statistics_mb for p in profile],
+                    label="  of which its instances' statistics (SPARK-56523)")
         native.plot(at, [p.other_mb for p in profile], label="other native libraries' (jemalloc's profile)")
     else:
         native.plot(minutes, series("driver_arenas_mb"), label="glibc's malloc arenas, resident")

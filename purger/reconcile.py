@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import asdict
 from datetime import datetime, timezone
-from functools import partial, reduce
+from functools import partial
 from typing import Any, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
@@ -92,30 +92,36 @@ def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str
                [json.dumps(record, separators=(",", ":")) for record in verdict.records])
 
 
-def _known_objects(spark: SparkSession, checkpoint: str, kinds: list[str]) -> DataFrame | None:
-    """The ``(kind, id)`` of every object in the stream's state, as of the checkpoint's last committed
-    batch, one batch for all kinds; None when the checkpoint has no state yet (nothing is known)."""
+def _last_committed_batch(spark: SparkSession, checkpoint: str) -> int | None:
+    """The checkpoint's last committed batch, whose state the reconcile compares with; None when the
+    checkpoint has no state yet (nothing is known)."""
     from pyspark.errors import AnalysisException
 
     # RocksDB state stores report to the driver's state store coordinator (see streams.pending).
     spark.streams.active
     try:
-        batch = spark.read.format("state-metadata").load(checkpoint).agg(F.max("maxBatchId")).first()[0]
+        return spark.read.format("state-metadata").load(checkpoint).agg(F.max("maxBatchId")).first()[0]
     except AnalysisException:
         return None
+
+
+def _known_objects(spark: SparkSession, checkpoint: str, batch: int | None, kind: str) -> DataFrame | None:
+    """The ``(kind, id)`` of every object of ``kind`` in the stream's state as of ``batch``; None when there
+    is none (no state yet, or a kind the stream has not kept yet: a policy enabled since).
+
+    Only the kind's own state variable is read: each read opens a RocksDB instance per state partition,
+    and Spark 4.1 never frees an instance's statistics when it closes it (SPARK-56523), so the instances a
+    reconcile opens are native memory it keeps until the JVM ends (BENCHMARKS.md, the soak)."""
+    from pyspark.errors import AnalysisException
+
     if batch is None:
         return None
-    known = []
-    for kind in kinds:
-        try:
-            values = (spark.read.format("statestore").option("batchId", batch).option("stateVarName", kind)
-                      .load(checkpoint))
-        except AnalysisException:  # a kind the stream has not kept yet (a policy enabled since)
-            continue
-        known.append(values.select(F.col("key.kind").alias("kind"), F.col("key.id").alias("id")))
-    if not known:
+    try:
+        values = (spark.read.format("statestore").option("batchId", batch).option("stateVarName", kind)
+                  .load(checkpoint))
+    except AnalysisException:
         return None
-    return reduce(DataFrame.unionByName, known).withColumn("known", F.lit(True))
+    return values.select(F.col("key.kind").alias("kind"), F.col("key.id").alias("id"), F.lit(True).alias("known"))
 
 
 def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scanned: Scanned,
@@ -135,7 +141,7 @@ def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scann
         partial(_scan_task, config, scanned, table, key, rate))
     rows = spark.createDataFrame(scan, _ROWS)
     if known is not None:
-        rows = rows.join(known.where(F.col("kind") == scanned.kind), ["kind", "id"], "left")
+        rows = rows.join(known, ["kind", "id"], "left")
     else:
         rows = rows.withColumn("known", F.lit(None).cast("boolean"))
     counters = [spark.sparkContext.accumulator(0) for _ in range(4)]
@@ -196,10 +202,12 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
                              f"or choose among {', '.join(p.name for p in policies.policies)}")
     run_id = uuid.uuid4().hex[:12]
     dry_run = dry_run or config.stream.dry_run
-    known = _known_objects(spark, config.stream.checkpoint_location, [k.name for k in policies.kinds])
+    checkpoint = config.stream.checkpoint_location
+    batch = _last_committed_batch(spark, checkpoint)
     report = []
     for policy in chosen:
         for scanned in policy.scanned:
+            known = _known_objects(spark, checkpoint, batch, scanned.kind)
             row = _scan_table(spark, config, policy, scanned, known, run_id, dry_run)
             log.info("reconciled %s.%s: %d rows in %.1f s, %d unknown and %d overdue %s", policy.name,
                      row.table, row.scanned, row.duration_s, row.unknown_fed, row.overdue_fed,

@@ -163,9 +163,10 @@ def leftovers(spark, platform, config, eligible, live, shared_due, payloads_alon
 
 
 def known_to_stream(spark, config, kind: str, object_id: str) -> bool:
-    from purger.reconcile import _known_objects
+    from purger.reconcile import _known_objects, _last_committed_batch
 
-    known = _known_objects(spark, config.stream.checkpoint_location, [kind])
+    checkpoint = config.stream.checkpoint_location
+    known = _known_objects(spark, checkpoint, _last_committed_batch(spark, checkpoint), kind)
     return known is not None and known.where(F.col("id") == object_id).count() == 1
 
 
