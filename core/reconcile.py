@@ -31,6 +31,11 @@ UNKNOWN = "unknown"
 OVERDUE = "overdue"
 
 
+class ReconcileError(RuntimeError):
+    """A reconcile that cannot start or go on (a table missing, the state's copy failing): one line naming
+    what and what to do."""
+
+
 @dataclass(frozen=True)
 class RowVerdict:
     """A scanned row's object (``kind``, ``id``), its re-expression (``records``) and when it is due by

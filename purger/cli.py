@@ -285,7 +285,8 @@ def reconcile(
                           one_off=True)
     set_spark_log_level(spark, log_level)
     try:
-        rows = run_reconcile(spark, config, policy or None, dry_run)
+        # This process ends after the reconcile, and what Spark keeps of a state read goes with it.
+        rows = run_reconcile(spark, config, policy or None, dry_run, state_apart=False)
     except ReconcileError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None

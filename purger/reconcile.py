@@ -5,8 +5,8 @@ Per enabled policy, per table it scans (``Policy.scanned``), one Spark job:
 1. **Scan** the table by token range in Spark tasks on the executors (``connectors.token_ranges``),
    each task paced so that all of them together read at most ``reconcile.max_rows_per_second``;
 2. **re-express** each row as its policy's events and fold them (``core.reconcile.row_verdict``);
-3. **compare** with the stream's state, read from the checkpoint's last committed batch (Spark's
-   state data source): known or not;
+3. **compare** with the stream's state as of the checkpoint's last committed batch, copied out of the
+   checkpoint by a process of its own (``purger.known_objects``): known or not;
 4. **feed back** the rows the state does not know, and those their own events say are overdue, to the
    reconcile topic, keyed by object id. The stream reads it beside the events topics and decides as for
    any event, double-check included. A dry run feeds nothing and counts what it would feed.
@@ -30,6 +30,7 @@ import time
 import uuid
 from dataclasses import asdict
 from datetime import datetime, timezone
+from contextlib import nullcontext
 from functools import partial
 from typing import Any, Iterator
 
@@ -44,8 +45,11 @@ from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.policy import Policy, Scanned
 # ReportRow lives in the core, so that sinks.orphans builds its rows without importing this module.
-from purger.core.reconcile import OVERDUE, UNKNOWN, ReportRow, RowVerdict, feed_reason, row_verdict
+from purger.core.reconcile import (
+    OVERDUE, UNKNOWN, ReconcileError, ReportRow, RowVerdict, feed_reason, row_verdict,
+)
 from purger.core.times import duration_ms, now_ms
+from purger.known_objects import known_objects
 from purger.sinks.clients import executor_session
 from purger.sinks.throttle import Pacer, per_task_rate
 
@@ -68,10 +72,6 @@ REPORT_SCHEMA = StructType([
 ])
 # The Cassandra tables' data centre in the report: a scan reads the table, whichever data centre serves it.
 ALL_DCS = "all"
-
-
-class ReconcileError(RuntimeError):
-    """A reconcile that cannot start (a table missing): one line naming it and what to do."""
 
 
 def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str], rate: float,
@@ -103,25 +103,6 @@ def _last_committed_batch(spark: SparkSession, checkpoint: str) -> int | None:
         return spark.read.format("state-metadata").load(checkpoint).agg(F.max("maxBatchId")).first()[0]
     except AnalysisException:
         return None
-
-
-def _known_objects(spark: SparkSession, checkpoint: str, batch: int | None, kind: str) -> DataFrame | None:
-    """The ``(kind, id)`` of every object of ``kind`` in the stream's state as of ``batch``; None when there
-    is none (no state yet, or a kind the stream has not kept yet: a policy enabled since).
-
-    Only the kind's own state variable is read: each read opens a RocksDB instance per state partition,
-    and Spark 4.1 never frees an instance's statistics when it closes it (SPARK-56523), so the instances a
-    reconcile opens are native memory it keeps until the JVM ends (BENCHMARKS.md, the soak)."""
-    from pyspark.errors import AnalysisException
-
-    if batch is None:
-        return None
-    try:
-        values = (spark.read.format("statestore").option("batchId", batch).option("stateVarName", kind)
-                  .load(checkpoint))
-    except AnalysisException:
-        return None
-    return values.select(F.col("key.kind").alias("kind"), F.col("key.id").alias("id"), F.lit(True).alias("known"))
 
 
 def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scanned: Scanned,
@@ -189,9 +170,11 @@ def _feed_task(config: PurgerConfig, dry_run: bool, now: int, overdue_after_ms: 
 
 
 def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str] | None = None,
-              dry_run: bool = False) -> list[ReportRow]:
+              dry_run: bool = False, state_apart: bool = True) -> list[ReportRow]:
     """Reconcile the enabled policies (``policy_names`` of them, if given): a row of the report per
-    policy, table and data centre, also appended to ``ledger.reconcile_path``."""
+    policy, table and data centre, also appended to ``ledger.reconcile_path``. The stream's state is read
+    by a process of its own unless ``state_apart`` is False: for a process that ends after the reconcile
+    (``purger.known_objects``)."""
     from purger.sinks.orphans import reconcile_orphans
 
     policies = config.policy_set
@@ -204,19 +187,20 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
     dry_run = dry_run or config.stream.dry_run
     checkpoint = config.stream.checkpoint_location
     batch = _last_committed_batch(spark, checkpoint)
+    kinds = sorted({scanned.kind for policy in chosen for scanned in policy.scanned})
     report = []
-    for policy in chosen:
-        for scanned in policy.scanned:
-            known = _known_objects(spark, checkpoint, batch, scanned.kind)
-            row = _scan_table(spark, config, policy, scanned, known, run_id, dry_run)
-            log.info("reconciled %s.%s: %d rows in %.1f s, %d unknown and %d overdue %s", policy.name,
-                     row.table, row.scanned, row.duration_s, row.unknown_fed, row.overdue_fed,
-                     "found (dry run)" if dry_run else "fed back")
-            report.append(row)
-        try:
-            report += reconcile_orphans(spark, config, policy, run_id, dry_run)
-        except LookupError as error:  # its blobs' table missing or keyed otherwise
-            raise ReconcileError(f"reconcile of policies.{policy.name}: {error}") from None
+    with known_objects(spark, config, batch, kinds, state_apart) if batch is not None else nullcontext({}) as known:
+        for policy in chosen:
+            for scanned in policy.scanned:
+                row = _scan_table(spark, config, policy, scanned, known.get(scanned.kind), run_id, dry_run)
+                log.info("reconciled %s.%s: %d rows in %.1f s, %d unknown and %d overdue %s", policy.name,
+                         row.table, row.scanned, row.duration_s, row.unknown_fed, row.overdue_fed,
+                         "found (dry run)" if dry_run else "fed back")
+                report.append(row)
+            try:
+                report += reconcile_orphans(spark, config, policy, run_id, dry_run)
+            except LookupError as error:  # its blobs' table missing or keyed otherwise
+                raise ReconcileError(f"reconcile of policies.{policy.name}: {error}") from None
     _append(spark, config, report)
     return report
 

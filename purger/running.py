@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from purger.core.config import PurgerConfig
+from purger.known_objects import stop_copies
 from purger.metrics import PurgerMetrics
 from purger.reconcile import next_reconcile_in_s, reconcile
 from purger.sinks.ledger import Ledger, Report
@@ -130,7 +131,7 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     if config.reconcile.interval:
         reconciling = Every(config.reconcile.interval.total_seconds(), lambda: _reconcile(spark, config, metrics),
                             RECONCILE_JOB_GROUP, lambda: _set_up_thread(spark, RECONCILE_JOB_GROUP, "reconcile"),
-                            lambda: spark.sparkContext.cancelJobGroup(RECONCILE_JOB_GROUP),
+                            lambda: _cancel_reconcile(spark),
                             first_in=lambda: next_reconcile_in_s(spark, config))
     beside = [each for each in (reporting, reconciling) if each is not None]
     return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, beside),
@@ -151,6 +152,12 @@ def _set_up_thread(spark: SparkSession, group: str, description: str) -> None:
     which a stop cancels."""
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", group)
     spark.sparkContext.setJobGroup(group, description)
+
+
+def _cancel_reconcile(spark: SparkSession) -> None:
+    """A reconcile's Spark jobs, and its copy of the state if one is under way (``purger.known_objects``)."""
+    spark.sparkContext.cancelJobGroup(RECONCILE_JOB_GROUP)
+    stop_copies()
 
 
 def _reconcile(spark: SparkSession, config: PurgerConfig, metrics: PurgerMetrics) -> None:

@@ -162,12 +162,47 @@ def leftovers(spark, platform, config, eligible, live, shared_due, payloads_alon
     return (missing | alone - unexpected) | {u for u in unexpected - alone if u != ("message", shared_due, None)}
 
 
-def known_to_stream(spark, config, kind: str, object_id: str) -> bool:
-    from purger.reconcile import _known_objects, _last_committed_batch
+def test_the_state_copied_apart_is_the_state_read_in_place_and_a_failed_copy_says_why_in_a_line(spark, reconciled):
+    """The scheduled reconciles read the stream's state in a process of their own (purger.known_objects): what
+    it copies is what the state holds, the copy is gone afterwards, and a copy that fails says why in a line."""
+    from functools import reduce
+    from pathlib import Path
 
-    checkpoint = config.stream.checkpoint_location
-    known = _known_objects(spark, checkpoint, _last_committed_batch(spark, checkpoint), kind)
-    return known is not None and known.where(F.col("id") == object_id).count() == 1
+    from pyspark.sql import DataFrame
+
+    from purger.core.reconcile import ReconcileError
+    from purger.known_objects import known_objects
+    from purger.reconcile import _last_committed_batch
+
+    own, _, _ = reconciled
+    checkpoint = own.stream.checkpoint_location
+    batch = _last_committed_batch(spark, checkpoint)
+    kinds = sorted({scanned.kind for policy in own.policy_set.policies for scanned in policy.scanned})
+    assert batch is not None
+    with (known_objects(spark, own, batch, kinds) as apart,
+          known_objects(spark, own, batch, kinds, apart=False) as in_place):
+        assert set(apart) == set(in_place) and "message" in apart
+        copied, read = (sorted(reduce(DataFrame.unionByName, each.values()).collect()) for each in (apart, in_place))
+        assert copied == read and copied
+        assert len(list(Path(f"{checkpoint}.known").iterdir())) == 1
+    assert not list(Path(f"{checkpoint}.known").iterdir())
+
+    with pytest.raises(ReconcileError, match=rf"copying the state of {checkpoint} \(batch 999999\) for a "
+                                             r"reconcile failed \(exit 1\): \S") as raised:
+        with known_objects(spark, own, 999999, ["message"]):
+            pass
+    assert "\n" not in str(raised.value)
+
+
+def known_to_stream(spark, config, kind: str, object_id: str) -> bool:
+    from purger.known_objects import known_objects
+    from purger.reconcile import _last_committed_batch
+
+    batch = _last_committed_batch(spark, config.stream.checkpoint_location)
+    if batch is None:
+        return False
+    with known_objects(spark, config, batch, [kind], apart=False) as known:
+        return kind in known and known[kind].where(F.col("id") == object_id).count() == 1
 
 
 def run_id() -> str:
