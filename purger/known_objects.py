@@ -24,7 +24,6 @@ import pickle
 import subprocess
 import sys
 import threading
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -60,14 +59,16 @@ _COPY_DRIVER_MEMORY = "1g"
 def known_objects(spark: SparkSession, config: PurgerConfig, batch: int, kinds: list[str], apart: bool = True
                   ) -> Iterator[dict[str, DataFrame]]:
     """Per kind of ``kinds`` the stream's state holds as of ``batch``: a DataFrame of ``kind``, ``id`` and
-    ``known`` (True). ``apart``, the copy lives under ``<checkpoint>.known/<run>`` until the block ends; else
+    ``known`` (True). ``apart``, the copy lives at ``<checkpoint>.known`` until the block ends; else
     the state is read in ``spark`` itself, for a process that ends after its reconcile (``purger
     reconcile``), where what Spark keeps of the read goes with it."""
     if not apart:
         yield {kind: values.withColumn("known", F.lit(True))
                for kind, values in _read(spark, config.stream.checkpoint_location, batch, kinds).items()}
         return
-    to = f"{config.stream.checkpoint_location}.known/{uuid.uuid4().hex[:12]}"
+    # One copy at a time: a purger's reconciles run one after the other; one killed leaves its copy here.
+    to = f"{config.stream.checkpoint_location}.known"
+    _delete(spark, to)
     try:
         copied = _copy(config, batch, kinds, to)
         yield {kind: spark.read.parquet(f"{to}/{kind}").withColumn("known", F.lit(True)) for kind in copied}
