@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from purger.core.config import PurgerConfig
 from purger.core.reconcile import ReconcileError
 
+
 # What the copying process is given, on its standard input (the configuration's secrets stay off its command
 # line): the configuration, the batch whose state is copied, the kinds, and where the copy goes. Pickled as
 # Spark ships the configuration to the executors (its policies' rules hold closures).
