@@ -46,7 +46,7 @@ import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from pyspark.sql import functions as F
@@ -91,6 +91,8 @@ class Sample:
     lag_p99_s: float
     deletions: int
     worker_rss_mb: dict[str, float] = field(default_factory=dict)  # pid -> MiB
+    # The JVM's account by its own categories (Class, Thread, Code, GC, Compiler, Internal, Symbol, ...), MiB.
+    driver_nmt_mb: dict[str, float] = field(default_factory=dict)
 
     @property
     def driver_outside_nmt_mb(self) -> float:
@@ -163,6 +165,7 @@ class NativeMemory:
     jvm_malloc: float  # the JVM's own allocations through glibc's malloc, among the above
     heap_resident: float  # of the committed heap, the pages touched
     arenas_resident: float  # glibc's malloc arenas: the JVM's allocations and the native libraries'
+    by_category: dict[str, float]  # committed, by the account's own categories
 
 
 # Debian's libjemalloc2 (its jeprof is in libjemalloc-dev), and the binary whose symbols jeprof reads.
@@ -201,7 +204,9 @@ def native_memory(pid: int) -> NativeMemory:
     malloc = re.search(r"malloc: (\d+)KB", summary)
     return NativeMemory(committed=committed("Total:"), heap_committed=committed("Java Heap"),
                         jvm_malloc=int(malloc.group(1)) / 1024 if malloc else 0.0,
-                        heap_resident=heap_kb / 1024, arenas_resident=arenas_kb / 1024)
+                        heap_resident=heap_kb / 1024, arenas_resident=arenas_kb / 1024,
+                        by_category={name: round(int(kb) / 1024, 1) for name, kb in re.findall(
+                            r"^-\s+(\S.*?) \(reserved=\d+KB, committed=(\d+)KB\)", summary, re.MULTILINE)})
 
 
 @dataclass
@@ -319,6 +324,7 @@ class Sampler:
             batch_p99_s=round(float(np.percentile(durations, 99)), 2),
             lag_p99_s=round(float(np.percentile(lags, 99)), 2) if lags else 0.0, deletions=len(lags),
             worker_rss_mb={str(pid): round(w[0], 1) for pid, w in workers.items()},
+            driver_nmt_mb=jvm_memory.by_category,
         )
 
 
@@ -388,12 +394,13 @@ def end_state(platform: SoakPlatform, ledger: Ledger) -> dict[str, Any]:
     }
 
 
-def growth_per_hour(late: list[Any], names: tuple[str, ...]) -> dict[str, float]:
+def growth_per_hour(late: list[Any], names: tuple[str, ...],
+                    value: Callable[[Any, str], float] = getattr) -> dict[str, float]:
     """Each measure's least-squares slope per hour over ``late`` (samples or profile readings)."""
     if len(late) < 3:
         return {}
     hours = np.array([s.at_s for s in late]) / 3600
-    return {name: round(float(np.polyfit(hours, np.array([getattr(s, name) for s in late], dtype=float), 1)[0]), 2)
+    return {name: round(float(np.polyfit(hours, np.array([value(s, name) for s in late], dtype=float), 1)[0]), 2)
             for name in names}
 
 
@@ -497,6 +504,10 @@ def conclude(args: argparse.Namespace, samples: list[Sample], started: float, wo
             growth[name] = (slope, float(getattr(late[0], name)))
     print(f"growth per hour after {args.warm:.0f} s: { {name: slope for name, (slope, _) in growth.items()} }",
           flush=True)
+    late = [s for s in samples if s.at_s >= args.warm and s.driver_nmt_mb]
+    if late:
+        by_category = growth_per_hour(late, tuple(late[-1].driver_nmt_mb), lambda s, name: s.driver_nmt_mb.get(name, 0))
+        print(f"the JVM's account by category, growth per hour after {args.warm:.0f} s: {by_category}", flush=True)
     allocator = "jemalloc" if args.jemalloc else (f"MALLOC_ARENA_MAX={args.malloc_arena_max}"
                                                   if args.malloc_arena_max else "")
     plot(samples, profile, args.warm, args.hours, allocator, pool_mb)
