@@ -181,11 +181,9 @@ def native_memory(pid: int) -> NativeMemory:
         return subprocess.run(["jcmd", str(pid), *command], capture_output=True, text=True, timeout=60).stdout
 
     summary = jcmd("VM.native_memory", "summary")
-
-    def committed(label: str) -> float:
-        found = re.search(label + r".*?committed=(\d+)KB", summary)
-        return int(found.group(1)) / 1024 if found else 0.0
-
+    total = re.search(r"Total:.*?committed=(\d+)KB", summary)
+    by_category = {name: round(int(kb) / 1024, 1) for name, kb in re.findall(
+        r"^-\s+(\S.*?) \(reserved=\d+KB, committed=(\d+)KB\)", summary, re.MULTILINE)}
     heap = re.search(r"\[(0x[0-9a-f]+), (0x[0-9a-f]+)\)", jcmd("GC.heap_info"))
     heap_start, heap_end = (int(heap.group(1), 16), int(heap.group(2), 16)) if heap else (0, 0)
     heap_kb = arenas_kb = 0
@@ -202,11 +200,10 @@ def native_memory(pid: int) -> NativeMemory:
             elif name == "[heap]" or (not name and start % ARENA_BYTES == 0 and end - start <= ARENA_BYTES):
                 arenas_kb += kb
     malloc = re.search(r"malloc: (\d+)KB", summary)
-    return NativeMemory(committed=committed("Total:"), heap_committed=committed("Java Heap"),
+    return NativeMemory(committed=int(total.group(1)) / 1024 if total else 0.0,
+                        heap_committed=by_category.get("Java Heap", 0.0),
                         jvm_malloc=int(malloc.group(1)) / 1024 if malloc else 0.0,
-                        heap_resident=heap_kb / 1024, arenas_resident=arenas_kb / 1024,
-                        by_category={name: round(int(kb) / 1024, 1) for name, kb in re.findall(
-                            r"^-\s+(\S.*?) \(reserved=\d+KB, committed=(\d+)KB\)", summary, re.MULTILINE)})
+                        heap_resident=heap_kb / 1024, arenas_resident=arenas_kb / 1024, by_category=by_category)
 
 
 @dataclass

@@ -64,17 +64,20 @@ def known_objects(spark: SparkSession, config: PurgerConfig, batch: int, kinds: 
     the state is read in ``spark`` itself, for a process that ends after its reconcile (``purger
     reconcile``), where what Spark keeps of the read goes with it."""
     if not apart:
-        yield {kind: values.withColumn("known", F.lit(True))
-               for kind, values in _read(spark, config.stream.checkpoint_location, batch, kinds).items()}
+        yield _known(_read(spark, config.stream.checkpoint_location, batch, kinds))
         return
     # One copy at a time: a purger's reconciles run one after the other; one killed leaves its copy here.
     to = f"{config.stream.checkpoint_location}.known"
     _delete(spark, to)
     try:
         copied = _copy(config, batch, kinds, to)
-        yield {kind: spark.read.parquet(f"{to}/{kind}").withColumn("known", F.lit(True)) for kind in copied}
+        yield _known({kind: spark.read.parquet(f"{to}/{kind}") for kind in copied})
     finally:
         _delete(spark, to)
+
+
+def _known(ids: dict[str, DataFrame]) -> dict[str, DataFrame]:
+    return {kind: values.withColumn("known", F.lit(True)) for kind, values in ids.items()}
 
 
 def _read(spark: SparkSession, checkpoint: str, batch: int, kinds: list[str]) -> dict[str, DataFrame]:

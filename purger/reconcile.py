@@ -28,9 +28,9 @@ import json
 import logging
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import asdict
 from datetime import datetime, timezone
-from contextlib import nullcontext
 from functools import partial
 from typing import Any, Iterator
 
