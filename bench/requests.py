@@ -103,13 +103,16 @@ def ended(outcomes: list[Any]) -> str:
     return mine[-1].status if mine else "none"
 
 
-def measure(counts: RequestCounts, decide: Callable[[Candidate], str], case: Case) -> tuple[Counter[str], float, Counter[str]]:
-    """Requests per decision by kind, milliseconds per decision, and the outcomes seen."""
+def measure(counts: RequestCounts, decide: Callable[[Candidate], str], case: Case,
+            task_end: Callable[[], None] = lambda: None) -> tuple[Counter[str], float, Counter[str]]:
+    """Requests per decision by kind, milliseconds per decision, and the outcomes seen. ``task_end`` is timed
+    with the decisions, as a task's end is (the purger's: the blobs left in case, sent together)."""
     counts.taken()
     seen: Counter[str] = Counter()
     started = time.perf_counter()
     for candidate in case.candidates:
         seen[decide(candidate)] += 1
+    task_end()
     elapsed_ms = (time.perf_counter() - started) * 1000
     taken = counts.taken()
     n = len(case.candidates)
@@ -177,12 +180,12 @@ def main() -> None:
     print(f"\n{'kind':<13}{'outcome':<13}{'by':<7}" + "".join(f"{COLUMNS[k]:>7}" for k in REQUEST_KINDS)
           + f"{'Paxos':>7}{'ms':>7}  seen")
     for case in cases:
-        rows = [("purger", lambda c: ended(list(clients.purges[c.kind].purge(c, attempt))), case)]
+        rows = [("purger", lambda c: ended(list(clients.purges[c.kind].purge(c, attempt))), case, clients.flush)]
         if (case.kind, case.outcome) in hand_by:
             mirror = hand_by[(case.kind, case.outcome)]
-            rows.append(("hand", hand.decide(mirror), mirror))
-        for by, decide, measured in rows:
-            per, ms, seen = measure(counts, decide, measured)
+            rows.append(("hand", hand.decide(mirror), mirror, lambda: None))
+        for by, decide, measured, task_end in rows:
+            per, ms, seen = measure(counts, decide, measured, task_end)
             paxos = sum(per[k] for k in PAXOS_ROUNDS)
             print(f"{case.kind:<13}{case.outcome:<13}{by:<7}" + "".join(f"{per[k]:>7.2f}" for k in REQUEST_KINDS)
                   + f"{paxos:>7.2f}{ms:>7.2f}  {dict(seen)}", flush=True)
@@ -192,7 +195,6 @@ def main() -> None:
     counts.detach()
     platform.close()
     objects.close()
-    clients.flush()
 
 
 if __name__ == "__main__":

@@ -172,7 +172,7 @@ def s3_client(config: S3Endpoint, attempts: int = 3, read_timeout_s: float = 30)
     keys = {}
     if config.credentials == "keys":
         keys = {"aws_access_key_id": config.access_key, "aws_secret_access_key": config.secret_key.get_secret_value()}
-    return boto3.client(
+    client = boto3.client(
         "s3",
         endpoint_url=config.endpoint,
         **keys,  # or else boto3's own chain: AWS_* variables, ~/.aws, an instance or pod role
@@ -187,6 +187,20 @@ def s3_client(config: S3Endpoint, attempts: int = 3, read_timeout_s: float = 30)
             response_checksum_validation="when_required",
         ),
     )
+    client.meta.events.register("before-sign.s3.DeleteObjects", _content_md5)
+    return client
+
+
+def _content_md5(request: Any, **_: Any) -> None:
+    """A multi-object delete checksummed by ``Content-MD5``, which S3 and the S3-compatible stores all accept,
+    instead of the CRC32 headers botocore sends since 1.36, which some refuse (S3Proxy: "NotImplemented")."""
+    import base64
+    import hashlib
+
+    for header in [h for h in request.headers if h.lower().startswith("x-amz-checksum-")
+                   or h.lower() == "x-amz-sdk-checksum-algorithm"]:
+        del request.headers[header]
+    request.headers["Content-MD5"] = base64.b64encode(hashlib.md5(request.body).digest()).decode()
 
 
 def kafka_client_options(config: KafkaConfig, client: type) -> dict[str, Any]:

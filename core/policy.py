@@ -263,7 +263,9 @@ class Resources:
 
     # Each policy's handle on its tables: ``tables(policy.table_names())``.
     tables: Callable[[dict[str, str]], Tables]
-    stores: Any  # purger.sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}
+    # purger.sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}; delete_later(key, dcs), sent
+    # by the engine at the task's end
+    stores: Any
     control: Control
     journal: Journal
     retry_ms: int  # when to try again after a store or Cassandra failed

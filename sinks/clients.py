@@ -35,8 +35,11 @@ class Clients:
     purges: dict[str, Purge]  # by kind
     retry_ms: int
     journal: CassandraJournal
+    stores: ObjectStores
 
     def flush(self) -> None:
+        """What the purges left to send: the blobs deleted in case they are left, the control reports."""
+        self.stores.flush()
         self.control.flush()  # the dead letters share its producer
 
 
@@ -69,9 +72,10 @@ def executor_clients(config: PurgerConfig) -> Clients:
             retry_ms = duration_ms(config.stream.retry_interval)
             session = _session(config)
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
+            stores = ObjectStores(config.stores)
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace),
-                                  ObjectStores(config.stores), control, journal, retry_ms, config.stream.dry_run)
+                                  stores, control, journal, retry_ms, config.stream.dry_run)
             purges = {kind: purge for policy in policies.policies for kind, purge in policy.purges(resources).items()}
             _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purges, retry_ms,
-                                 journal)
+                                 journal, stores)
         return _made[key]

@@ -110,5 +110,5 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
         for outcomes in bounded_map(pool, purge_one, map(paced, itertools.chain([first], rows)),
                                     config.stream.delete_concurrency):
             yield from outcomes
-    # The batch commits only after every report is in Kafka.
+    # The batch commits only after every report is in Kafka and the blobs left in case are sent.
     clients.flush()

@@ -3,6 +3,7 @@
 import random
 import threading
 import time
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -179,6 +180,46 @@ def test_payload_blobs_go_from_every_data_centre(platform, config):
     # Deleting again is harmless; an unknown data centre is reported, not raised.
     errors = stores.delete(payload_key(f"p-{m}"), ["dc1", "dc9"])
     assert errors["dc1"] is None and "dc9" in errors["dc9"]
+
+
+def test_blobs_left_go_many_to_a_request_per_data_centre(platform, config, dc2_proxy):
+    """``delete_later``: a data centre's keys go together in one multi-object delete once ``keys_per_request``
+    wait, the rest at the flush; a store that fails, or none configured, gives its keys back."""
+    payloads = [new_id("pay") for _ in range(5)]
+    for p in payloads:
+        platform.enqueue(new_id(), p, dcs=("dc1", "dc2"))
+    stores = ObjectStores(config.stores, keys_per_request=3)
+    sent = Counter()
+    for dc in ("dc1", "dc2"):
+        stores._client(dc).meta.events.register(
+            "before-call.s3", lambda model, dc=dc, **_: sent.update([(dc, model.name)]))
+    for p in payloads:
+        stores.delete_later(payload_key(p), ["dc1", "dc2"])
+    assert [platform.blob_exists(p, "dc1") for p in payloads] == [False, False, False, True, True]
+    assert stores.flush() == {"dc1": [], "dc2": []}
+    assert not any(platform.blob_exists(p, dc) for p in payloads for dc in ("dc1", "dc2"))
+    assert sent == {("dc1", "DeleteObjects"): 2, ("dc2", "DeleteObjects"): 2}
+
+    left = new_id("pay")
+    platform.enqueue(new_id(), left, dcs=("dc1", "dc2"))
+    dc2_proxy.cut()
+    try:
+        stores.delete_later(payload_key(left), ["dc1", "dc2", "dc9"])
+        assert stores.flush() == {"dc1": [], "dc2": [payload_key(left)], "dc9": [payload_key(left)]}
+    finally:
+        dc2_proxy.restore()
+    assert not platform.blob_exists(left, "dc1") and platform.blob_exists(left, "dc2")
+
+
+def test_a_payload_found_gone_has_its_blobs_deleted_again_by_its_tasks_end(platform, config):
+    """The platform removed the row itself, leaving the blobs: the purge finds it gone, and its task leaves
+    nothing behind."""
+    p = unreferenced_payload(platform, config)
+    platform.session.execute(f"DELETE FROM {mailbox(config).payloads_table} WHERE payload_id = %s", (p,))
+    assert platform.blob_exists(p, "dc1") and platform.blob_exists(p, "dc2")
+    [outcome] = purge(config, candidate("payload", p, PAYLOAD))
+    assert outcome["status"] == ALREADY_GONE
+    assert platform.payload_gone(p)
 
 
 # --- the payload protocol, through the sink's own code --------------------------------------

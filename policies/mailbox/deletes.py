@@ -203,13 +203,14 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         return self.tables.applied(self.delete_row, candidate.id)
 
     def leftovers(self, candidate: Candidate) -> list[Dependent]:
-        # The blobs go before the row, so they are usually gone too; deleting again is harmless.
-        dcs = sorted(candidate.hint.get("dcs") or ())
-        return [Dependent(PAYLOAD, candidate.id, partial(self._delete_blob, candidate.id, dc, False), dc=dc)
-                for dc in dcs]
+        # The blobs go before the row, so they are usually gone too; deleting again is harmless, and waits
+        # for the task's end to go with others in one request (a gone payload's id is never stored again).
+        return [Dependent(PAYLOAD, candidate.id, partial(self.resources.stores.delete_later,
+                                                         payload_key(candidate.id), [dc]), dc=dc)
+                for dc in sorted(candidate.hint.get("dcs") or ())]
 
-    def _delete_blob(self, payload_id: str, dc: str, in_row: bool = True) -> str | None:
+    def _delete_blob(self, payload_id: str, dc: str) -> str | None:
         error = self.resources.stores.delete(payload_key(payload_id), [dc])[dc]
-        if error is None and in_row:
+        if error is None:
             self.tables.execute(self.remove_dc, {dc}, payload_id)
         return error
