@@ -1,10 +1,15 @@
 # The two commands of the README: `make demo` and `make test`. Both install what they need first.
 PYTHON ?= python3
 
-.PHONY: install demo test faults faults-full bench bench-10m stack-up stack-down
+.PHONY: install demo test faults faults-full bench bench-10m stack-up stack-down dist
+
+# promtool (Debian's prometheus package) runs the alert rules' tests, tests/test_alert_rules.py.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+APT_INSTALL = DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends
 
 install:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	command -v promtool >/dev/null || $(APT_INSTALL) prometheus || { $(SUDO) apt-get update -qq && $(APT_INSTALL) prometheus; }
 
 # Starts the local stack if needed, runs a demo workload through the purger, prints the report.
 demo: install
@@ -45,3 +50,9 @@ stack-up: install
 
 stack-down:
 	$(PYTHON) -m devstack down
+
+# The release's wheel and sdist in dist/ (python -m build: the sdist, then the wheel built from it).
+dist:
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check build==1.6.1
+	rm -rf dist
+	$(PYTHON) -m build --outdir dist .

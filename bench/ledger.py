@@ -41,19 +41,19 @@ def main() -> None:
     purger_partitions = spark.conf.get(SNAPSHOT_PARTITIONS)
     at = int(time.time() * 1000)
     outcomes = spark.createDataFrame(
-        [("mailbox", "message", f"m{i}", "expired_by_counter", None, "purged", None, at - 5000, at, at, 0, "bench:1")
+        [("mailbox", "message", f"m{i}", "expired_by_counter", None, "purged", None, at - 5000, at, at, 0, "bench:1", None)
          for i in range(args.rows)], OUTCOME_SCHEMA).cache()
     outcomes.count()
     ledger = Ledger(spark, run.config.ledger)
     batch = 0
     for _ in range(args.commits):
-        ledger.append(outcomes, run.run, batch, first_attempt=True)
+        ledger.append(outcomes, run.run, batch, may_hold=False)
         batch += 1
 
     # name -> (session settings for the append, whether it is the batch's first attempt)
     ways: dict[str, tuple[dict[str, str], bool]] = {
         "a batch's first attempt (the purger's)": ({}, True),
-        "a retried batch (the ledger read, then the append)": ({}, False),
+        "a retried batch (a MERGE on the records' ids)": ({}, False),
         f"Delta's idempotent write, txnAppId (before), snapshotPartitions {purger_partitions}":
             ({TXN_APP_ID: run.run}, True),
         "Delta's idempotent write, txnAppId, Delta's default snapshotPartitions (50)":
@@ -67,7 +67,7 @@ def main() -> None:
             if TXN_APP_ID in settings:
                 spark.conf.set(TXN_VERSION, str(batch))
             started = time.perf_counter()
-            ledger.append(outcomes, run.run, batch, first_attempt=first_attempt)
+            ledger.append(outcomes, run.run, batch, may_hold=not first_attempt)
             timings[name].append(time.perf_counter() - started)
             for key in [*settings, TXN_VERSION]:
                 spark.conf.unset(key)

@@ -176,7 +176,7 @@ def main() -> None:
              + policy_cases(objects, run.run, args.objects))
     hand_by = {(c.kind, c.outcome): c for c in mailbox_cases(platform, refs_table, f"{run.run}-hand", args.objects)}
     hand = HandLoop(session, config)
-    attempt = Attempt(retry=False, batch=f"bench/{run.run}")
+    attempt = Attempt(batch=f"bench/{run.run}")
     print(f"\n{'kind':<13}{'outcome':<13}{'by':<7}" + "".join(f"{COLUMNS[k]:>7}" for k in REQUEST_KINDS)
           + f"{'Paxos':>7}{'ms':>7}  seen")
     for case in cases:

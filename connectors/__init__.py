@@ -9,6 +9,7 @@ Example::
     read = read_serially(session, session.prepare("SELECT * FROM mailbox.messages WHERE message_id = ?"))
     s3 = s3_client(config.stores["dc1"])
     consumer = KafkaConsumer(**kafka_client_options(config.kafka, KafkaConsumer))
+    producer = kafka_producer(config.kafka)           # its flush raises NotDelivered for a record Kafka did not take
     reader = spark.read.format("kafka").options(**spark_kafka_options(config.kafka))
 """
 
@@ -17,7 +18,8 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-from typing import TYPE_CHECKING, Any, TypeVar
+import threading
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from purger.core.config import CassandraConfig, CassandraTls, ConfigError, KafkaConfig, S3Endpoint
 from purger.core.policy import Consistency, Tables
@@ -269,14 +271,140 @@ def kafka_client(client: type[_Client], config: KafkaConfig, **options: Any) -> 
         logger.removeHandler(refusals)
 
 
-def kafka_producer(config: KafkaConfig, **options: Any) -> "KafkaProducer":
+def kafka_producer(config: KafkaConfig, **options: Any) -> "CheckedProducer":
+    """A producer on ``config`` (``options`` as for ``kafka_client``) whose flush raises ``NotDelivered`` for
+    a record sent before it that Kafka did not take."""
     from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
 
-    try:
-        return kafka_client(KafkaProducer, config, **options)
-    except KafkaTimeoutError:
-        raise ServerUnavailable(f"Kafka at {config.bootstrap_servers} does not answer") from None
+    def make() -> KafkaProducer:
+        try:
+            return kafka_client(KafkaProducer, config, **options)
+        except KafkaTimeoutError:
+            raise ServerUnavailable(f"Kafka at {config.bootstrap_servers} does not answer") from None
+
+    return CheckedProducer(make, config.bootstrap_servers)
+
+
+class NotDelivered(RuntimeError):
+    """Records sent to Kafka were not delivered; the message names the topics, the address and what follows."""
+
+
+# What follows a failed delivery in a Spark task (the feed's, the purge's): Spark runs the task again.
+TASK_RUNS_AGAIN = "the task fails and runs again"
+
+
+class CheckedProducer:
+    """A kafka-python producer that keeps what it sent until Kafka took it: ``flush`` waits for every record
+    sent before it and raises ``NotDelivered``, one line, if any was not delivered (kafka-python's own flush
+    returns all the same). Safe to share between threads, as the purge's pool shares the control writer.
+
+    A process's producer serves one Spark task at a time (a Python worker runs one at a time), so a flush
+    checks every record still unchecked: those of its own task, and any left by an earlier task that
+    failed before its flush, which then fails this task once more.
+
+    After a failed flush the next send makes a new kafka-python producer: an idempotent one (its default)
+    sends nothing more once Kafka refused a record for good (too large, not allowed), aborting every later
+    batch as a "fatal error", and the task that runs again must not inherit that.
+
+    Example::
+
+        producer = kafka_producer(config.kafka, acks="all", linger_ms=20)
+        producer.send("purger.control", key=b"m1", value=b"{...}")
+        producer.flush(TASK_RUNS_AGAIN)   # NotDelivered: sending to Kafka at ... failed for 1 record of topic ...
+    """
+
+    def __init__(self, make: Callable[[], "KafkaProducer"], address: str) -> None:
+        self._make = make
+        self._address = address
+        self._lock = threading.Lock()
+        self._producer: KafkaProducer | None = make()  # None once a flush failed, until the next send
+        # Records not yet known delivered, by their future, with their topic; a delivered one leaves at once.
+        self._unchecked: dict[Any, str] = {}
+        # Records refused at the send itself: no metadata for the topic in time, too large, no new producer.
+        self._refused: list[tuple[str, Exception]] = []
+
+    def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+             headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> None:
+        from kafka.errors import KafkaError
+
+        try:
+            with self._lock:
+                if self._producer is None:
+                    self._producer = self._make()
+                producer = self._producer
+            future = producer.send(topic, value=value, key=key, headers=headers, partition=partition)
+        except (KafkaError, ServerUnavailable) as error:  # told at the flush, as a record Kafka did not take
+            with self._lock:
+                self._refused.append((topic, error))
+            return
+        with self._lock:
+            self._unchecked[future] = topic
+        future.add_callback(self._delivered, future)
+
+    def _delivered(self, future: Any, _metadata: Any) -> None:
+        with self._lock:
+            self._unchecked.pop(future, None)
+
+    def flush(self, consequence: str | None = None) -> None:
+        """Wait until every record sent before this call is delivered or has failed; ``NotDelivered``, ending
+        with ``consequence`` (what follows for the sender, e.g. ``TASK_RUNS_AGAIN``), if any failed."""
+        from kafka.errors import KafkaError
+
+        with self._lock:
+            producer = self._producer
+            sent, self._unchecked = self._unchecked, {}
+            failed, self._refused = self._refused, []
+        if producer is not None:
+            try:
+                producer.flush()  # what lingers goes now
+            except KafkaError:  # kafka-python's flush gives up on a batch it is splitting: the records tell
+                pass
+        for future, topic in sent.items():
+            try:
+                future.get()
+            except KafkaError as error:
+                failed.append((topic, error))
+        if failed:
+            self._renew(producer)
+            raise NotDelivered(self._explained(failed, consequence))
+
+    def close(self) -> None:
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.close()
+
+    def _renew(self, failed: "KafkaProducer | None") -> None:
+        """The next send's producer a new one; ``failed`` closed, its records all told."""
+        from kafka.errors import KafkaError
+
+        with self._lock:
+            if self._producer is not failed:  # renewed already, by a flush of another thread
+                return
+            self._producer = None
+        if failed is not None:
+            try:
+                failed.close()
+            except KafkaError:  # its flush again, on batches it split: they are told already
+                pass
+
+    def _explained(self, failed: list[tuple[str, Exception]], consequence: str | None) -> str:
+        by_topic: dict[str, list[str]] = {}
+        for topic, error in failed:
+            by_topic.setdefault(topic, []).append(_one_line(error))
+        # Each topic's count and its distinct errors (a broker's refusal is the same for a batch's records).
+        counts = " and ".join(f"{len(errors)} record{'s' if len(errors) > 1 else ''} of topic {topic} "
+                              f"({'; '.join(dict.fromkeys(errors))})" for topic, errors in by_topic.items())
+        return (f"sending to Kafka at {self._address} failed for {counts}: check that the brokers answer and that "
+                "the topic exists and takes such records" + (f"; {consequence}" if consequence else ""))
+
+
+def _one_line(error: Exception) -> str:
+    """An error as ``Name: what it says`` on one line; a broker's refusal, which says nothing, by its description."""
+    said = " ".join(str(arg) for arg in error.args if arg is not None) or getattr(error, "description", "")
+    said = " ".join(said.split())
+    return f"{type(error).__name__}: {said}" if said else type(error).__name__
 
 
 class _RefusalsSeen(logging.Handler):

@@ -109,6 +109,7 @@ class KafkaConfig(_Section):
     max_offsets_per_trigger: int = Field(default=100_000, gt=0)
     # The purger's own topic: clock ticks that advance an idle stream's watermark, and the purge
     # sink's reports back to the stateful stage (rechecks, released payloads). Read from its end.
+    # A dry run's is `<control_topic>.dry-run` (``PurgerConfig.as_dry_run``).
     control_topic: str = "purger.control"
     # Bad input, with the original bytes as the record value and the reason in its headers.
     dead_letter_topic: str = "purger.dead-letter"
@@ -157,9 +158,9 @@ class CassandraConfig(_Section):
     tls: CassandraTls | None = None
     # The data centre whose nodes the purger talks to (the first contact point's when unset).
     local_data_centre: str | None = None
-    # Reads and plain writes. The conditional deletes' check runs at serial_consistency: SERIAL runs the
-    # check across every data centre, so a revival written through another one is never lost;
-    # LOCAL_SERIAL only in the local one (docs/operations.md, "Consistency").
+    # Reads and plain writes. The conditional deletes' check runs at serial_consistency: SERIAL, a majority
+    # of all the replicas, sees a revival written through another data centre at the levels the writer
+    # contract names (docs/policies.md); LOCAL_SERIAL, the local data centre's majority, only local ones.
     consistency: Literal["ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"] = "LOCAL_QUORUM"
     serial_consistency: Literal["SERIAL", "LOCAL_SERIAL"] = "SERIAL"
 
@@ -176,6 +177,16 @@ class S3Endpoint(_Section):
 
 class ObjectStoreConfig(S3Endpoint):
     bucket: str
+
+
+# The suffix of a dry run's own checkpoint and control topic: a dry run shares neither with a real purger.
+DRY_RUN_SUFFIX = ".dry-run"
+
+
+def dry_run_control_topic(control_topic: str) -> str:
+    """The control topic of a dry run of a purger whose control topic is ``control_topic`` (or of that dry
+    run itself)."""
+    return control_topic if control_topic.endswith(DRY_RUN_SUFFIX) else f"{control_topic}{DRY_RUN_SUFFIX}"
 
 
 class StreamConfig(_Section):
@@ -198,7 +209,8 @@ class StreamConfig(_Section):
     # replicas, so one at a time leaves Cassandra idle (BENCHMARKS.md).
     delete_concurrency: int = Field(default=16, gt=0, le=256)
     # Decide and record `would_delete` in the ledger, delete nothing. Uses its own checkpoint
-    # (`<checkpoint>.dry-run`), so a later real run starts its decisions afresh.
+    # (`<checkpoint>.dry-run`), so a later real run starts its decisions afresh, and its own control
+    # topic (``PurgerConfig.as_dry_run``), so that its ticks and reports never reach a real purger.
     dry_run: bool = False
     master: str = "local[2]"
     driver_memory: str = "2g"
@@ -208,7 +220,7 @@ class StreamConfig(_Section):
 
     @property
     def checkpoint_location(self) -> str:
-        return f"{self.checkpoint}.dry-run" if self.dry_run else self.checkpoint
+        return f"{self.checkpoint}{DRY_RUN_SUFFIX}" if self.dry_run else self.checkpoint
 
 
 class LedgerConfig(_Section):
@@ -305,10 +317,25 @@ class PurgerConfig(_Section):
             copy._policy_set = None  # built from the old sections: purger.config.with_policies rebuilds it
         return copy
 
+    def as_dry_run(self) -> "PurgerConfig":
+        """This configuration as a dry run's: ``stream.dry_run`` set, and ``kafka.control_topic`` its own,
+        ``<control_topic>.dry-run``, on which its clock ticks and the sink's reports go and which its query
+        reads; a dry run's configuration is its own dry run."""
+        control_topic = dry_run_control_topic(self.kafka.control_topic)
+        return self.model_copy(update={"stream": self.stream.model_copy(update={"dry_run": True}),
+                                       "kafka": self.kafka.model_copy(update={"control_topic": control_topic})})
+
     @model_validator(mode="after")
     def _at_least_one_store(self) -> "PurgerConfig":
         if not self.stores:
             raise ValueError("stores: configure at least one data centre, e.g. [stores.dc1]")
+        return self
+
+    @model_validator(mode="after")
+    def _a_real_purger_leaves_a_dry_runs_control_topic_alone(self) -> "PurgerConfig":
+        if not self.stream.dry_run and self.kafka.control_topic.endswith(DRY_RUN_SUFFIX):
+            raise ValueError(f"kafka.control_topic: {self.kafka.control_topic} ends in {DRY_RUN_SUFFIX}, as a dry "
+                             "run's control topic does; name a real purger's otherwise")
         return self
 
 
@@ -405,9 +432,10 @@ def parse_settings(raw: dict[str, Any] | None = None) -> PurgerConfig:
     datetime.timedelta(seconds=5)
     """
     try:
-        return PurgerConfig.model_validate(_environment_overrides(dict(raw or {})))
+        config = PurgerConfig.model_validate(_environment_overrides(dict(raw or {})))
     except ValidationError as error:
         raise ConfigError(_explain(error)) from None
+    return config.as_dry_run() if config.stream.dry_run else config
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

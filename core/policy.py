@@ -41,14 +41,14 @@ from dataclasses import dataclass, field
 import hashlib
 import json
 from datetime import date, datetime, timezone
-from typing import Any, Callable, ClassVar, Generic, Iterable, Iterator, Literal, TypeVar
+from typing import Any, Callable, ClassVar, Generator, Generic, Iterable, Iterator, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from purger.core.failpoints import failpoint
 from purger.core.times import format_timestamp, from_epoch_ms, now_ms
 from purger.core.vocabulary import (
-    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, PURGED, SKIPPED, WOULD_DELETE, reason,
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, PURGED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, reason,
 )
 
 __all__ = [
@@ -188,6 +188,9 @@ class Outcome:
     deleted_at_ms: int | None = None
     kind: str | None = None
     id: str | None = None
+    # A deletion recorded from an intent (``Journal``): the batch that meant to delete it, so the record is
+    # the same whichever attempt or batch writes it, and the ledger keeps one. None: this attempt deleted it.
+    intent: str | None = None
 
 
 class Control(ABC):
@@ -203,17 +206,20 @@ class Control(ABC):
 
 
 class Journal(ABC):
-    """What a claimed purge is about to delete, kept before it deletes any: a crash between two deletes
-    loses the outcomes of those made, and the retry, finding them gone, could not tell which they were.
-    Entries are per batch (``Attempt.batch``), so only a retry of the same batch reads one."""
+    """The purger's intents (DELF's restoration log, in spirit): before a purge deletes anything of an
+    object, it keeps what it is about to delete, each item with the batch that means to delete it
+    (``Attempt.batch``). A row found gone is the purger's deletion only if its intent is there: a crash
+    between a delete and its record loses the outcome, never the intent, and a row the platform removed
+    itself has none. Keys are ``Dependent.key`` (the object itself: ``SELF``); an intent replaces the one
+    before it."""
 
     @abstractmethod
-    def keep(self, kind: str, object_id: str, batch: str, rows: set[str]) -> None:
-        """Keep ``rows`` (``Dependent.key`` of each dependent) for ``batch``'s purge of the object."""
+    def intend(self, kind: str, object_id: str, intent: dict[str, str]) -> None:
+        """Keep ``intent`` (key -> the batch that means to delete it) for the object, replacing any before."""
 
     @abstractmethod
-    def kept(self, kind: str, object_id: str, batch: str) -> set[str] | None:
-        """What ``batch`` kept for the object; None if it kept nothing."""
+    def intended(self, kind: str, object_id: str) -> dict[str, str]:
+        """The object's intent (key -> batch); empty when there is none."""
 
 
 Consistency = Literal["configured", "serial", "quorum", "local_quorum"]
@@ -263,8 +269,7 @@ class Resources:
 
     # Each policy's handle on its tables: ``tables(policy.table_names())``.
     tables: Callable[[dict[str, str]], Tables]
-    # purger.sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}; delete_later(key, dcs), sent
-    # by the engine at the task's end
+    # purger.sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}
     stores: Any
     control: Control
     journal: Journal
@@ -272,14 +277,11 @@ class Resources:
     dry_run: bool  # decide and record would_delete; delete nothing
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Attempt:
     """The run of a batch a candidate is purged in."""
 
-    # A retried batch or task: an object found gone was deleted by the attempt that failed, whose
-    # outcomes were lost with it, so it is recorded as purged now.
-    retry: bool
-    # The batch, the same in each of its attempts: ``<query id>/<batch id>``.
+    # The batch, the same in each of its attempts: ``<query id>/<batch id>``; what its intents name.
     batch: str = ""
 
 
@@ -329,9 +331,10 @@ class ObjectPurge(Purge, Generic[R]):
 
     1. reads the row (``read``) at the configured consistency: a decision not to delete (gone, kept, a dry
        run's) deletes nothing, so it costs no Paxos round. A row that carries a claim is read again
-       serially, since the deletes that follow rest on that claim. Gone: ``already_gone``, or on a retried
-       batch ``purged`` (the attempt that failed deleted it) with the dependents that attempt journalled;
-       what may be left of it (``leftovers``) is deleted again, harmlessly.
+       serially, since the deletes that follow rest on that claim. Gone: with the purger's intent to delete
+       it in the journal (``Journal``), the purger deleted it: ``purged`` from the intent, for the row and
+       the dependents it names (what may be left of them, ``leftovers``, deleted again first); without
+       one, ``already_gone`` (another writer removed it).
     2. Not claimed yet (``claimed``): asks the row when it is due (``due``, the policy's rules applied to
        the row). Not due now: ``skipped`` with the policy's reason (``why_kept``) and, unless a dry run, a
        recheck when it will be (no sooner than ``stream.retry_interval`` under the candidate's own rule:
@@ -339,11 +342,12 @@ class ObjectPurge(Purge, Generic[R]):
        each dependent and the object, and no recheck. Then the claim (``claim``, a lightweight
        transaction conditioned on the rule or on what was read, so a stale read only makes it fail); lost
        to a writer: ``skipped`` and a recheck.
-    3. Claimed (now, or by an attempt that crashed; a dry run leaves it to the real run): the dependents
-       (``dependents``) are journalled, then deleted in order, each one's outcome recorded; a store that
-       failed leaves the row for a recheck after ``stream.retry_interval``. Then the row (``delete``, a
-       lightweight transaction: the one step that deletes it). Not applied: the row, read again, says
-       why (gone: another attempt finished it; changed since it was read).
+    3. Claimed (now, or by an attempt that crashed; a dry run leaves it to the real run): the intent to
+       delete the dependents (``dependents``) and the row is journalled, then the dependents are deleted in
+       order, each one's outcome recorded; a store that failed leaves the row for a recheck after
+       ``stream.retry_interval``. Then the row (``delete``, a lightweight transaction: the one step that
+       deletes it). Not applied: the row, read again, says why (gone: another writer removed it; changed
+       since it was read), and the intent no longer names it.
     4. After the row, whoever deleted it: ``released`` (e.g. a message's payload, once nothing refers to
        it).
 
@@ -405,11 +409,18 @@ class ObjectPurge(Purge, Generic[R]):
         it applied."""
 
     def leftovers(self, candidate: Candidate) -> list[Dependent]:
-        """What may be left of an object whose row is gone, deleted again (idempotently, no outcome)."""
+        """What may be left of an object whose row the purger deleted, deleted again (idempotently) before the
+        intent's records: a dependent of ``dependents``, by its ``Dependent.key``, that can be deleted without
+        the row."""
         return []
 
     def released(self, candidate: Candidate, row: R | None) -> None:
         """What follows the row's going, whoever deleted it (``row``: as read before, if it was)."""
+
+    def journalled_as(self, candidate: Candidate) -> tuple[str, str]:
+        """The (kind, id) its intent is kept under in the journal: the candidate's, unless another purge could
+        meet the same pair (an orphan blob of a data centre, beside its payload's own purge)."""
+        return candidate.kind, candidate.id
 
     # --- the protocol ---
 
@@ -419,7 +430,7 @@ class ObjectPurge(Purge, Generic[R]):
         if row is not None and self.claimed(row) and not dry_run:
             row = self.read(candidate, serial=True)
         if row is None:
-            yield from self._gone(candidate, attempt, journalled=True)
+            yield from self._gone(candidate)
             return
         claimed_before = self.claimed(row)
         if not claimed_before:
@@ -442,24 +453,50 @@ class ObjectPurge(Purge, Generic[R]):
         elif dry_run:
             yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
             return
+        found = self.dependents(candidate, row)
+        intent = yield from self._intend(candidate, found, claimed_before, attempt)
         failed = False
-        for outcome in self._delete_dependents(candidate, self.dependents(candidate, row), claimed_before, attempt):
-            failed = failed or outcome.status == ERROR
-            yield outcome
+        for number, dependent in enumerate(found):
+            error = dependent.delete()
+            if error is None:
+                if number == 0:
+                    failpoint(f"after_{candidate.kind}_dependent_delete")
+                yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, dc=dependent.dc, deleted_at_ms=now_ms())
+            else:
+                failed = True
+                yield Outcome(ERROR, error, kind=dependent.kind, id=dependent.id, dc=dependent.dc)
         if failed:
             self._recheck(candidate, Eligibility(candidate.rule, now_ms() + self.resources.retry_ms))
             return
+        failpoint(f"before_{candidate.kind}_delete")
         if not self._deleted(candidate, row):
-            yield from self._not_deleted(candidate, attempt, row)
+            del intent[SELF]  # what gone or changed the row, it was not this delete
+            self.resources.journal.intend(*self.journalled_as(candidate), intent)
+            yield from self._not_deleted(candidate, row)
             return
         failpoint(f"after_{candidate.kind}_delete")
         yield Outcome(PURGED, deleted_at_ms=now_ms())
         self.released(candidate, row)
 
+    def _intend(self, candidate: Candidate, found: list[Dependent], claimed_before: bool, attempt: Attempt
+                ) -> Generator[Outcome, None, dict[str, str]]:
+        """Keep the intent to delete ``found`` and the row, in ``attempt``'s batch, before any of them goes.
+        An attempt that claimed the row before (then crashed, or a store failed) left an intent: what it
+        named and is gone now, it deleted; recorded here under its batch (the ledger keeps one record of
+        each) and kept in the new intent, so a crash of this attempt records them again."""
+        earlier = self.resources.journal.intended(*self.journalled_as(candidate)) if claimed_before else {}
+        now = {d.key for d in found}
+        done = {key: batch for key, batch in earlier.items() if key != SELF and key not in now}
+        yield from _recorded_from_intent(done)
+        intent = {**done, **{key: attempt.batch for key in now}, SELF: attempt.batch}
+        self.resources.journal.intend(*self.journalled_as(candidate), intent)
+        return intent
+
     def _deleted(self, candidate: Candidate, row: R) -> bool:
         """``delete``, settled: a delete that failed may have applied all the same (a timeout, a connection
         lost once it was sent). A serial read, which finishes a Paxos round left in progress, then says:
-        gone, it applied; there, it did not, and its error goes on (the candidate is rechecked)."""
+        gone, it applied; there, it did not, and its error goes on (the candidate is rechecked). A read that
+        fails too leaves it unsettled: the error goes on, and the intent settles it at the recheck."""
         try:
             return self.delete(candidate, row)
         except Exception:
@@ -467,12 +504,13 @@ class ObjectPurge(Purge, Generic[R]):
                 raise
             return True
 
-    def _not_deleted(self, candidate: Candidate, attempt: Attempt, row: R) -> Iterator[Outcome]:
-        """The conditional delete did not apply: the row changed since it was read. Gone: another attempt
-        finished it. A claim on it: another attempt's, still at work. Otherwise a writer changed it."""
+    def _not_deleted(self, candidate: Candidate, row: R) -> Iterator[Outcome]:
+        """The conditional delete did not apply: the row changed since it was read. Gone: another writer
+        removed it in between. A claim on it: another attempt's, still at work. Otherwise a writer changed it."""
         now = self.read(candidate)
         if now is None:
-            yield from self._gone(candidate, attempt, journalled=False, row=row)
+            yield Outcome(ALREADY_GONE, reason(REMOVED_MEANWHILE, "between the purger's check and its delete"))
+            self.released(candidate, row)
         elif self.claimed(now):
             yield self._kept(candidate, Kept(reason(BEING_DELETED, "by another attempt"),
                                              Eligibility(candidate.rule, now_ms())))
@@ -496,51 +534,50 @@ class ObjectPurge(Purge, Generic[R]):
         soonest = now_ms() + (self.resources.retry_ms if at.rule == candidate.rule else 0)
         self.resources.control.recheck(candidate.kind, candidate.id, at.rule, max(at.eligible_at_ms, soonest))
 
-    def _gone(self, candidate: Candidate, attempt: Attempt, journalled: bool, row: R | None = None
-              ) -> Iterator[Outcome]:
-        """The row is gone (``row``: as read before, if it was). In a retried batch the attempt that failed
-        deleted it, and the dependents it journalled, all recorded as purged now; otherwise
-        ``already_gone``. Either way, what may be left of it goes, and what follows its going."""
+    def _gone(self, candidate: Candidate) -> Iterator[Outcome]:
+        """The row is gone. With the purger's intent to delete it, the purger deleted it: an attempt whose
+        outcomes were lost, or a batch whose records the ledger may hold (whether they say ``purged`` or, for
+        a delete a timeout left unsettled, ``error``): ``purged`` from the intent, the same record either way,
+        for the row and the dependents it names, deleted again first in case (``leftovers``). Without one,
+        another writer removed it: ``already_gone``, and what it left (a blob without its row) is the orphan
+        sweep's, which records what it deletes. Either way, what follows the row's going."""
         if self.resources.dry_run:
             yield Outcome(ALREADY_GONE)
             return
-        for leftover in self.leftovers(candidate):
-            leftover.delete()
-        if attempt.retry:
-            if journalled:
-                kept = self.resources.journal.kept(candidate.kind, candidate.id, attempt.batch) or set()
-                yield from _deleted_earlier(kept)
-            yield Outcome(PURGED, EARLIER_ATTEMPT, deleted_at_ms=now_ms())
-        else:
+        intent = self.resources.journal.intended(*self.journalled_as(candidate))
+        if SELF not in intent:
             yield Outcome(ALREADY_GONE)
-        self.released(candidate, row)
+            self.released(candidate, None)
+            return
+        again = {leftover.key: leftover for leftover in self.leftovers(candidate)}
+        failed = False
+        for key, batch in sorted(intent.items()):
+            error = again[key].delete() if key in again else None
+            if error is not None:
+                failed = True
+                kind, object_id, dc = json.loads(key)
+                yield Outcome(ERROR, error, kind=kind, id=object_id, dc=dc)
+        if failed:
+            self._recheck(candidate, Eligibility(candidate.rule, now_ms() + self.resources.retry_ms))
+            return
+        yield from _recorded_from_intent(intent)
+        self.released(candidate, None)
 
-    def _delete_dependents(self, candidate: Candidate, found: list[Dependent], claimed_before: bool,
-                           attempt: Attempt) -> Iterator[Outcome]:
-        """Journal the dependents, then delete them in order. ``claimed_before``: an attempt that failed made
-        the claim; in a retry of its batch, what it journalled and is gone now is recorded as purged by it."""
-        journal = self.resources.journal
-        keys = {d.key for d in found}
-        kept = journal.kept(candidate.kind, candidate.id, attempt.batch) if claimed_before and attempt.retry else None
-        if kept is None:
-            if found:
-                journal.keep(candidate.kind, candidate.id, attempt.batch, keys)
+
+# The object's own key in an intent (``Journal``), beside its dependents' ``Dependent.key``.
+SELF = json.dumps(None)
+
+
+def _recorded_from_intent(intent: dict[str, str]) -> Iterator[Outcome]:
+    """A ``purged`` outcome per deletion an intent names, under the batch that meant it; the object itself last."""
+    for key, batch in sorted(intent.items(), key=lambda item: item[0] == SELF):
+        details = f"found gone after the intent of batch {batch}"
+        if key == SELF:
+            yield Outcome(PURGED, reason(EARLIER_ATTEMPT, details), deleted_at_ms=now_ms(), intent=batch)
         else:
-            yield from _deleted_earlier(kept - keys)
-        for number, dependent in enumerate(found):
-            error = dependent.delete()
-            if error is None:
-                if number == 0:
-                    failpoint(f"after_{candidate.kind}_dependent_delete")
-                yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, dc=dependent.dc, deleted_at_ms=now_ms())
-            else:
-                yield Outcome(ERROR, error, kind=dependent.kind, id=dependent.id, dc=dependent.dc)
-
-
-def _deleted_earlier(keys: set[str]) -> Iterator[Outcome]:
-    for key in sorted(keys):
-        kind, object_id, dc = json.loads(key)
-        yield Outcome(PURGED, EARLIER_ATTEMPT, kind=kind, id=object_id, dc=dc, deleted_at_ms=now_ms())
+            kind, object_id, dc = json.loads(key)
+            yield Outcome(PURGED, reason(EARLIER_ATTEMPT, details), kind=kind, id=object_id, dc=dc,
+                          deleted_at_ms=now_ms(), intent=batch)
 
 
 # The field a scanned row gains when its table has ``Scanned.referenced_by``.

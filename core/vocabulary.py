@@ -35,7 +35,10 @@ RELINKED = "relinked"
 BEING_DELETED = "being deleted"
 PRESENT = "present"
 KEPT_BY_RULE = "kept"
-EARLIER_ATTEMPT = "earlier attempt: found gone on a retry, so deleted by the attempt that failed"
+# A deletion recorded from the purger's intent (``purger.core.policy.Journal``): found gone after the intent.
+EARLIER_ATTEMPT = "earlier attempt"
+# Gone, but not by the purger: another writer removed it between the purger's check and its delete.
+REMOVED_MEANWHILE = "removed meanwhile"
 
 
 def reason(category: str, details: str) -> str:

@@ -15,11 +15,11 @@ retention  ``finished_at`` is before the lower bound of D, which is D minus
            archived by the start of D.
 =========  ===================================================================
 
-The rule is one pure function, ``eligible_on``, read by both halves: the
-stream's deadline is the start of the first day on which it holds
-(``first_eligible_day``, exact in calendar terms: the lower bound never moves
-back from one day to the next), and the purger checks the row with it at
-delete time, for today's date by the wall clock. A unit archived during a day
+The rule is one pure function, ``eligible_on``, read by both halves through
+``first_eligible_day``, the first day on which it holds (exact in calendar
+terms: the lower bound never moves back from one day to the next): the
+stream's deadline is the start of that day, and at delete time the row is due
+once that day has begun by the wall clock. A unit archived during a day
 counts from the next one, as a daily run at 00:00 would see it.
 
 Writer contract (the race between a writer and a purge, as for payloads):
@@ -35,12 +35,15 @@ Writer contract (the race between a writer and a purge, as for payloads):
 - A writer that adds an object to an existing unit writes the object at
   QUORUM, then reads ``purge_started_at`` at SERIAL; set, or the row gone, it
   deletes its object and treats the unit as gone.
-- The purger reads the row at SERIAL, checks it with ``eligible_on``, then
-  claims it: ``UPDATE ... SET purge_started_at = <now> IF purge_started_at =
-  null AND started_at = <seen> AND finished_at = <seen> AND archived_at =
-  <seen>`` (a null bound to ``= ?`` matches a null column). Only then does it
-  delete the objects (their keys read at QUORUM, each deleted by its primary
-  key), and last the row, ``IF purge_started_at = <claimed>``.
+- The purger reads the row at ``cassandra.consistency`` (again at the serial
+  consistency when it already carries a claim), finds it due once its
+  ``first_eligible_day`` has begun by the wall clock, then claims it, which a
+  stale read only makes fail: ``UPDATE ... SET purge_started_at = <now> IF
+  purge_started_at = null AND started_at = <seen> AND finished_at = <seen> AND
+  archived_at = <seen>`` (a null bound to ``= ?`` matches a null column).
+  Only then does it delete the objects (their keys read at QUORUM, each
+  deleted by its primary key), and last the row, ``IF purge_started_at =
+  <claimed>``.
 
 So no object of a unit that the check keeps is ever deleted: objects go only
 after a claim, and a claim applies only to the very row that was checked. A

@@ -85,7 +85,7 @@ Example::
     state = kind.fold(None, [UserEvent("e1", "user_added", 1_000, "u1", "dc1"),
                              UserEvent("e2", "user_removed", 5_000, "u1", "dc1")])
     kind.eligibility(state)   # Eligibility(rule='user_absent', eligible_at_ms=5_000 + 7 days)
-    outcomes = list(policy.purges(resources)["user"].purge(candidate, Attempt(retry=False)))
+    outcomes = list(policy.purges(resources)["user"].purge(candidate, Attempt()))
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@
     purger reconcile [--policy P] [--dry-run]    scan the store: feed back what the stream does not know
     purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
     purger schema [--config F]                   the enabled policies' reference CQL, under the configured names
+    purger --version                             the version
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import typer
 
 from purger.core.config import ConfigError, PurgerConfig
 
+from purger import __version__
 from purger.config import load_config
 from purger.logs import LogLevel, log_to_stderr, set_spark_log_level, spark_level
 
@@ -38,6 +40,19 @@ LogLevelOption = typer.Option(LogLevel.INFO, "--log-level", case_sensitive=False
                                    "or at this level when it is higher.")
 
 
+def _print_version(requested: bool) -> None:
+    if requested:
+        typer.echo(f"purger {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print the version and exit.")) -> None:
+    """The options before any command (the app's help is Typer's, above): --version, eager so that it
+    answers without a command."""
+
+
 def load_or_exit(path: Optional[Path]) -> PurgerConfig:
     try:
         return load_config(path)
@@ -48,7 +63,8 @@ def load_or_exit(path: Optional[Path]) -> PurgerConfig:
 
 @app.command("setup")
 def setup(config_file: Optional[Path] = ConfigOption) -> None:
-    """Create the purger's own topics if missing; check the events topics, tables, columns and buckets."""
+    """Create the purger's own topics if missing; check the events topics, tables, columns and buckets; say
+    which consistency levels the keyspace's replication asks of the platform's writes."""
     from purger.setup import set_up
 
     findings = set_up(load_or_exit(config_file))
@@ -59,6 +75,8 @@ def setup(config_file: Optional[Path] = ConfigOption) -> None:
         typer.echo("nothing to create: the purger's own topics and journal table exist")
     for line in findings.checked:
         typer.echo(f"in place on {line}")
+    for line in findings.replication:
+        typer.echo(line)
 
 
 @app.command("schema")
@@ -153,9 +171,7 @@ DryRunOption = typer.Option(False, "--dry-run", help="Decide and record would_de
 
 
 def _with_dry_run(config: PurgerConfig, dry_run: bool) -> PurgerConfig:
-    if not dry_run:
-        return config
-    return config.model_copy(update={"stream": config.stream.model_copy(update={"dry_run": True})})
+    return config.as_dry_run() if dry_run else config
 
 
 @app.command("run")

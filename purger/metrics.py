@@ -1,63 +1,92 @@
 """The purger's own metrics, for a scraper: a Prometheus endpoint on the driver.
 
-The sink adds each batch's outcomes (``batch_done``); a ``StreamingQueryListener``
-adds what Spark knows of the query (rates, batch duration, watermark, state rows).
+The sink adds each batch's outcomes (``batch_done``); a ``StreamingQueryListener`` adds what Spark knows of
+the query (its start and end, rates, batch duration, watermark, state rows, candidates); each scheduled
+reconcile adds its report (``reconciled``). The alerts of deploy/prometheus/purger-rules.yml read them.
 
     purger_outcomes_total{kind,status}      purged, skipped, errors, dead letters, ...
     purger_purge_lag_seconds                deletion time - eligibility time (histogram)
     purger_deletions_per_second             the last batch's purged objects per second of sink time
+    purger_candidates_total{kind}           candidates, each paced by the cap, purger_max_deletions_per_second
     purger_input_rows_per_second, purger_processed_rows_per_second, purger_batch_duration_seconds,
-    purger_watermark_lag_seconds, purger_state_rows
+    purger_last_batch_timestamp_seconds, purger_watermark_lag_seconds, purger_watermark_timestamp_seconds,
+    purger_state_rows, purger_query_active, purger_query_started_timestamp_seconds
     purger_reconcile_rows_total{policy,table,count}      scanned, known, unknown_fed, overdue_fed
     purger_reconcile_orphans_total{policy,dc,count}      orphans_found, orphans_deleted
-    purger_reconcile_last_run_timestamp_seconds, purger_reconcile_duration_seconds
+    purger_reconcile_last_rows{policy,table,count}, purger_reconcile_last_orphans{policy,dc,count}: the last run's
+    purger_reconcile_last_run_timestamp_seconds, purger_reconcile_duration_seconds, purger_reconcile_interval_seconds
 
 Example::
 
-    metrics = PurgerMetrics()
+    metrics = PurgerMetrics(max_deletions_per_second=1000, reconcile_interval_s=86400)
     metrics.serve(9108)          # http://127.0.0.1:9108/metrics
-    spark.streams.addListener(metrics.listener())
+    spark.streams.addListener(metrics.listener("purger"))
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram, start_http_server
 from pyspark.sql.streaming import StreamingQueryListener
 
-from purger.core.vocabulary import PURGED
+from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED, PURGED
+from purger.reconcile import ALL_DCS
 
 _LAG_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 900, 3600, float("inf"))
+# A reconcile report row's counts: a table's scan (data centre ``ALL_DCS``), a data centre's orphan sweep.
+ROW_COUNTS = ("scanned", "known", "unknown_fed", "overdue_fed")
+ORPHAN_COUNTS = ("orphans_found", "orphans_deleted")
+# streams.candidates observes each kind's candidates as "<kind>_candidates" in the observed metrics "purger".
+_CANDIDATES = "_candidates"
 
 
 class PurgerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, max_deletions_per_second: float, reconcile_interval_s: float) -> None:
         # A registry per instance: several queries (or tests) in one process each keep their own.
         self.registry = CollectorRegistry()
         self.totals: Counter[tuple[str, str]] = Counter()
         r = self.registry
         self.outcomes = PromCounter("purger_outcomes", "Sink outcomes", ["kind", "status"], registry=r)
+        # At 0 from the start: the first dead letters are then an increase, which an alert sees.
+        self.outcomes.labels(DEAD_LETTER, DEAD_LETTERED)
         self.lag = Histogram("purger_purge_lag_seconds", "Deletion time minus eligibility time",
                              buckets=_LAG_BUCKETS, registry=r)
         self.deletions_per_second = Gauge("purger_deletions_per_second",
                                           "Purged objects per second of the last batch's sink time", registry=r)
+        self.candidates = PromCounter("purger_candidates", "Candidates by kind, each paced by the deletion cap",
+                                      ["kind"], registry=r)
+        Gauge("purger_max_deletions_per_second", "stream.max_deletions_per_second: the cap on candidates purged "
+              "per second", registry=r).set(max_deletions_per_second)
         self.input_rate = Gauge("purger_input_rows_per_second", "Spark: input rows per second", registry=r)
         self.processed_rate = Gauge("purger_processed_rows_per_second", "Spark: processed rows per second",
                                     registry=r)
         self.batch_duration = Gauge("purger_batch_duration_seconds", "Spark: the last batch's duration", registry=r)
+        self.last_batch = Gauge("purger_last_batch_timestamp_seconds", "When the last batch finished", registry=r)
         self.watermark_lag = Gauge("purger_watermark_lag_seconds", "Wall clock minus the watermark", registry=r)
+        self.watermark = Gauge("purger_watermark_timestamp_seconds", "The watermark, as of the last batch",
+                               registry=r)
         self.state_rows = Gauge("purger_state_rows", "Objects kept in the state store", registry=r)
+        self.query_active = Gauge("purger_query_active", "1 while the query runs", registry=r)
+        self.query_started_at = Gauge("purger_query_started_timestamp_seconds", "When the query last started",
+                                      registry=r)
         self.reconcile_rows = PromCounter("purger_reconcile_rows", "Reconcile: rows scanned, known to the stream, "
                                           "fed back", ["policy", "table", "count"], registry=r)
         self.reconcile_orphans = PromCounter("purger_reconcile_orphans", "Reconcile: orphan blobs found, deleted",
                                              ["policy", "dc", "count"], registry=r)
+        self.reconcile_last_rows = Gauge("purger_reconcile_last_rows", "The last reconcile's rows scanned, known "
+                                         "to the stream, fed back", ["policy", "table", "count"], registry=r)
+        self.reconcile_last_orphans = Gauge("purger_reconcile_last_orphans", "The last reconcile's orphan blobs "
+                                            "found, deleted", ["policy", "dc", "count"], registry=r)
         self.reconcile_last_run = Gauge("purger_reconcile_last_run_timestamp_seconds",
                                         "When the last reconcile finished", registry=r)
         self.reconcile_duration = Gauge("purger_reconcile_duration_seconds", "The last reconcile's duration",
                                         registry=r)
+        Gauge("purger_reconcile_interval_seconds", "reconcile.interval: 0 when the schedule is off",
+              registry=r).set(reconcile_interval_s)
 
     def batch_done(self, counts: dict[tuple[str, str], int], lags_s: list[float], sink_seconds: float) -> None:
         """One batch's outcome counts by (kind, status), the purge lags of its deletions, and its sink time."""
@@ -70,15 +99,26 @@ class PurgerMetrics:
         self.deletions_per_second.set(purged / sink_seconds if sink_seconds > 0 else 0)
 
     def reconciled(self, rows: list, duration_s: float) -> None:
-        """A reconcile run's report rows (``purger.reconcile.ReportRow``)."""
+        """A reconcile run's report rows (``purger.reconcile.ReportRow``): added to the totals, and the run's
+        counts, zeros included, in place of the previous run's."""
+        last_rows: Counter[tuple[str, str, str]] = Counter()
+        last_orphans: Counter[tuple[str, str, str]] = Counter()
         for row in rows:
-            for count in ("scanned", "known", "unknown_fed", "overdue_fed"):
+            for count in ROW_COUNTS:
                 if getattr(row, count):
                     self.reconcile_rows.labels(row.policy, row.table, count).inc(getattr(row, count))
-            for count in ("orphans_found", "orphans_deleted"):
+                if row.dc == ALL_DCS:
+                    last_rows[(row.policy, row.table, count)] += getattr(row, count)
+            for count in ORPHAN_COUNTS:
                 if getattr(row, count):
                     self.reconcile_orphans.labels(row.policy, row.dc, count).inc(getattr(row, count))
-        self.reconcile_last_run.set(datetime.now(timezone.utc).timestamp())
+                if row.dc != ALL_DCS:
+                    last_orphans[(row.policy, row.dc, count)] += getattr(row, count)
+        for labels, n in last_rows.items():
+            self.reconcile_last_rows.labels(*labels).set(n)
+        for labels, n in last_orphans.items():
+            self.reconcile_last_orphans.labels(*labels).set(n)
+        self.reconcile_last_run.set(time.time())
         self.reconcile_duration.set(duration_s)
 
     def progress(self, progress: dict) -> None:
@@ -86,11 +126,22 @@ class PurgerMetrics:
         self.input_rate.set(progress.get("inputRowsPerSecond") or 0)
         self.processed_rate.set(progress.get("processedRowsPerSecond") or 0)
         self.batch_duration.set((progress.get("batchDuration") or 0) / 1000)
+        self.last_batch.set(_epoch_s(progress["timestamp"]) + (progress.get("batchDuration") or 0) / 1000)
         self.state_rows.set(sum(op.get("numRowsTotal", 0) for op in progress.get("stateOperators", [])))
         watermark = (progress.get("eventTime") or {}).get("watermark")
         if watermark:
-            moment = datetime.strptime(watermark, "%Y-%m-%dT%H:%M:%S.%f%z")
-            self.watermark_lag.set((datetime.now(timezone.utc) - moment).total_seconds())
+            self.watermark.set(_epoch_s(watermark))
+            self.watermark_lag.set(time.time() - _epoch_s(watermark))
+        for name, n in ((progress.get("observedMetrics") or {}).get("purger") or {}).items():
+            if name.endswith(_CANDIDATES):
+                self.candidates.labels(name.removesuffix(_CANDIDATES)).inc(n)
+
+    def query_started(self, started_s: float) -> None:
+        self.query_active.set(1)
+        self.query_started_at.set(started_s)
+
+    def query_ended(self) -> None:
+        self.query_active.set(0)
 
     def serve(self, port: int):
         """Serve ``/metrics`` on ``port``; returns the server (``shutdown()`` stops it)."""
@@ -101,13 +152,22 @@ class PurgerMetrics:
         return _ProgressListener(self, query_name)
 
 
+def _epoch_s(moment: str) -> float:
+    """Seconds since the epoch of a time in Spark's progress and events, e.g. ``2026-11-20T09:12:30.250Z``."""
+    return datetime.strptime(moment, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+
+
 class _ProgressListener(StreamingQueryListener):
     def __init__(self, metrics: PurgerMetrics, query_name: str) -> None:
         self.metrics = metrics
         self.query_name = query_name
+        # The run of the query named ``query_name``: a termination event carries the run, not the name.
+        self.run_id = None
 
     def onQueryStarted(self, event) -> None:
-        pass
+        if event.name == self.query_name:
+            self.run_id = event.runId
+            self.metrics.query_started(_epoch_s(event.timestamp))
 
     def onQueryProgress(self, event) -> None:
         if event.progress.name == self.query_name:
@@ -117,4 +177,5 @@ class _ProgressListener(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event) -> None:
-        pass
+        if event.runId == self.run_id:
+            self.metrics.query_ended()

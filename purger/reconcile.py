@@ -139,10 +139,10 @@ def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scann
 def _feed_task(config: PurgerConfig, dry_run: bool, now: int, overdue_after_ms: int, counters: list[Any],
                rows: Iterator[Any]) -> None:
     """One Spark task of the feed: each scanned row judged (``feed_reason``), those fed back sent to the
-    reconcile topic, keyed by object id, and all delivered before the task ends; its counts added to
-    ``counters`` (scanned, known, unknown, overdue), which Spark applies once per task however often it
-    runs."""
-    from purger.connectors import kafka_producer
+    reconcile topic, keyed by object id, and all delivered before the task ends (a record Kafka did not take
+    fails the task, ``connectors.NotDelivered``, which runs again); its counts added to ``counters``
+    (scanned, known, unknown, overdue) only then, which Spark applies once per task however often it runs."""
+    from purger.connectors import TASK_RUNS_AGAIN, kafka_producer
 
     counts = [0, 0, 0, 0]
     producer = None if dry_run else kafka_producer(config.kafka, acks="all", linger_ms=20)
@@ -157,11 +157,10 @@ def _feed_task(config: PurgerConfig, dry_run: bool, now: int, overdue_after_ms: 
             if reason is not None and producer is not None:
                 for record in row.records:
                     producer.send(config.kafka.reconcile_topic, key=row.id.encode(), value=record.encode())
-                if counts[2] + counts[3] == 1:  # the kill tests' moment: a feed under way, its first row sent
-                    producer.flush()
-                    failpoint("in_reconcile_feed")
         if producer is not None:
-            producer.flush()
+            producer.flush(TASK_RUNS_AGAIN)
+            if counts[2] + counts[3]:  # the kill tests' moment: a task's rows fed back, before it is counted
+                failpoint("in_reconcile_feed")
     finally:
         if producer is not None:
             producer.close()
@@ -205,9 +204,10 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
     return report
 
 
-def next_reconcile_in_s(spark: SparkSession, config: PurgerConfig) -> float:
-    """Seconds until the next scheduled reconcile: ``reconcile.interval`` after the last one recorded at
-    ``ledger.reconcile_path`` finished, so a restart does not start the count again; 0 if none is."""
+def last_reconcile_finished_s(spark: SparkSession, config: PurgerConfig) -> float | None:
+    """When the last reconcile recorded at ``ledger.reconcile_path`` finished, in seconds since the epoch;
+    None if none is. A dry run's reconciles and a real purger's are counted apart: neither puts off the
+    other's."""
     from delta.tables import DeltaTable
 
     from purger.sinks.ledger import use_s3a
@@ -215,13 +215,19 @@ def next_reconcile_in_s(spark: SparkSession, config: PurgerConfig) -> float:
     use_s3a(spark, config.ledger)
     path = config.ledger.reconcile_path
     if not DeltaTable.isDeltaTable(spark, path):
-        return 0.0
-    last = spark.read.format("delta").load(path).agg(F.max("finished")).first()[0]
-    if last is None:
-        return 0.0
+        return None
+    runs = spark.read.format("delta").load(path).where(F.coalesce("dry_run", F.lit(False)) == config.stream.dry_run)
+    last = runs.agg(F.max("finished")).first()[0]
     # PySpark gives a timestamp as a naive datetime in this process's local time, which timestamp() reads.
-    since_s = time.time() - last.timestamp()
-    return max(0.0, config.reconcile.interval.total_seconds() - since_s)
+    return None if last is None else last.timestamp()
+
+
+def next_reconcile_in_s(last_finished_s: float | None, config: PurgerConfig) -> float:
+    """Seconds until the next scheduled reconcile: ``reconcile.interval`` after the last one finished
+    (``last_reconcile_finished_s``), so a restart does not start the count again; 0 if none is recorded."""
+    if last_finished_s is None:
+        return 0.0
+    return max(0.0, config.reconcile.interval.total_seconds() - (time.time() - last_finished_s))
 
 
 def _append(spark: SparkSession, config: PurgerConfig, report: list[ReportRow]) -> None:

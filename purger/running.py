@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from purger.core.config import PurgerConfig
 from purger.known_objects import stop_copies
 from purger.metrics import PurgerMetrics
-from purger.reconcile import next_reconcile_in_s, reconcile
+from purger.reconcile import last_reconcile_finished_s, next_reconcile_in_s, reconcile
 from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
 from purger.core.times import duration_ms
@@ -109,7 +109,7 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     ledger = Ledger(spark, config.ledger)
     ledger.create()
     candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms)
-    metrics = PurgerMetrics()
+    metrics = PurgerMetrics(stream.max_deletions_per_second, config.reconcile.interval.total_seconds())
     listener = metrics.listener(stream.query_name)
     spark.streams.addListener(listener)
     server = metrics.serve(config.metrics.port) if config.metrics.port else None
@@ -132,7 +132,7 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
         reconciling = Every(config.reconcile.interval.total_seconds(), lambda: _reconcile(spark, config, metrics),
                             RECONCILE_JOB_GROUP, lambda: _set_up_thread(spark, RECONCILE_JOB_GROUP, "reconcile"),
                             lambda: _cancel_reconcile(spark),
-                            first_in=lambda: next_reconcile_in_s(spark, config))
+                            first_in=lambda: _first_reconcile_in_s(spark, config, metrics))
     beside = [each for each in (reporting, reconciling) if each is not None]
     return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, beside),
                          reporting, reconciling)
@@ -163,6 +163,15 @@ def _cancel_reconcile(spark: SparkSession) -> None:
 def _reconcile(spark: SparkSession, config: PurgerConfig, metrics: PurgerMetrics) -> None:
     started = time.monotonic()
     metrics.reconciled(reconcile(spark, config), time.monotonic() - started)
+
+
+def _first_reconcile_in_s(spark: SparkSession, config: PurgerConfig, metrics: PurgerMetrics) -> float:
+    """Seconds until the first scheduled reconcile. Meanwhile the last one recorded is the metrics' last
+    run, so that a restart does not look like a reconcile missed (deploy/prometheus/purger-rules.yml)."""
+    finished_s = last_reconcile_finished_s(spark, config)
+    if finished_s is not None:
+        metrics.reconcile_last_run.set(finished_s)
+    return next_reconcile_in_s(finished_s, config)
 
 
 class Every:

@@ -1,17 +1,20 @@
 """``purger setup``: the purger's own topics created, and what it needs of the platform checked.
 
-The purger owns two Kafka topics, the control topic and the dead-letter topic,
+The purger owns three Kafka topics, the control, reconcile and dead-letter topics,
 and one Cassandra table in the platform's keyspace, its journal
 (``sinks.journal``): ``set_up`` creates them when they are missing
-(``own_topics`` says how for the topics). The rest is the platform's and is
-only checked: the events topics, the keyspace,
+(``own_topics`` says how for the topics), and a dry run's control topic
+beside them (``dry_run_control``), which `purger run --dry-run` then finds.
+The rest is the platform's and is only checked: the events topics, the keyspace,
 every enabled policy's tables with the columns it reads
 (``Policy.columns_read``, under the configured table names), and each data
 centre's bucket. Every problem is one line that names what is missing, where
 (address, topic, ``keyspace.table``, column, bucket and endpoint) and what to
 do; a server that does not answer within ``ANSWER_TIMEOUT_S`` is one line
 naming its address. All problems are listed, not only the first. Running it
-again changes nothing.
+again changes nothing. It also reads the keyspace's replication and says at
+which consistency levels the platform's writes are sure to be seen by the
+purger's checks (``replication_lines``, from ``core.writer_contract``).
 
 ``purger run``, ``replay`` and ``submit`` make the same checks before Spark
 starts (``check``), and create nothing: creating is ``setup``'s, so a running
@@ -23,6 +26,7 @@ Example::
     found = set_up(config)     # creates the control and dead-letter topics if missing
     found.created              # ['topic purger.control (kafka.control_topic: 1 partition, kept 30 days) on ...']
     found.problems             # [] when everything is in place
+    found.replication          # ['keyspace mailbox: NetworkTopologyStrategy dc1=1; a platform write at ...']
     check(config).problems     # the same checks; nothing created
 """
 
@@ -32,13 +36,15 @@ import logging
 import re
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterator
 
 from purger.core.times import duration_ms
 from purger.connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
-from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
+from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig, dry_run_control_topic
+from purger.core.writer_contract import (
+    KNOWN_STRATEGIES, SERIAL_LEVELS, Replication, reach, replication_from_schema, seen, seen_from_every_data_centre)
 from purger.output import human_duration
 from purger.sinks.journal import JOURNAL_COLUMNS, create_journal, journal_schema
 
@@ -93,14 +99,23 @@ def own_topics(kafka: KafkaConfig, events_partitions: int = 1) -> list[OwnTopic]
     ]
 
 
+def dry_run_control(kafka: KafkaConfig) -> OwnTopic:
+    """The control topic of a dry run on this configuration (``PurgerConfig.as_dry_run``), shaped as the
+    purger's own: a dry run shares no control topic with a real purger."""
+    control = next(t for t in own_topics(kafka) if t.key == "kafka.control_topic")
+    return replace(control, name=dry_run_control_topic(control.name), key="kafka.control_topic of a dry run")
+
+
 @dataclass
 class Findings:
-    """What ``set_up`` or ``check`` created, what it found in place (a line per server), and each problem
-    as one line."""
+    """What ``set_up`` or ``check`` created, what it found in place (a line per server), each problem as one
+    line, and what the keyspace's replication asks of the platform's writes."""
 
     created: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # The keyspace's replication and the consistency levels it asks of the platform's writes.
+    replication: list[str] = field(default_factory=list)
 
 
 def set_up(config: PurgerConfig, create: bool = True) -> Findings:
@@ -176,6 +191,9 @@ def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
                                          f"platform's: create it there, or correct {key}")
         partitions = [len(t["partitions"]) for t in admin.describe_topics(present)] if present else []
         own = own_topics(kafka, max(partitions, default=1))
+        dry_run = dry_run_control(kafka)
+        if create and dry_run.name != kafka.control_topic:  # only `purger run --dry-run` needs it: not checked
+            own.append(dry_run)
         missing = [t for t in own if t.name not in existing]
         if create:
             _create_topics(admin, missing, where, findings)
@@ -233,11 +251,13 @@ def _cassandra(config: PurgerConfig, create: bool, findings: Findings) -> None:
         return
     try:
         keyspace = _cql_name(cassandra.keyspace)
-        if session.execute("SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
-                           (keyspace,)).one() is None:
+        found = session.execute("SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = %s",
+                                (keyspace,)).one()
+        if found is None:
             findings.problems.append(f"{where}: keyspace {keyspace} does not exist; it is the platform's: create "
                                      "it there, or correct cassandra.keyspace")
             return
+        _replication(config, keyspace, found.replication, _local_data_centre(session), where, findings)
         columns: dict[str, set[str]] = defaultdict(set)
         for row in session.execute("SELECT table_name, column_name FROM system_schema.columns "
                                    "WHERE keyspace_name = %s", (keyspace,)):
@@ -265,6 +285,110 @@ def _cassandra(config: PurgerConfig, create: bool, findings: Findings) -> None:
         findings.problems.append(f"{where}: reading the schema failed ({error}); check that the nodes answer")
     finally:
         session.cluster.shutdown()
+
+
+# --- the keyspace's replication -----------------------------------------------------------------
+
+WRITER_CONTRACT_DOC = "docs/policies.md, the writer contract across data centres"
+
+
+def _local_data_centre(session: Any) -> str:
+    """The data centre the purger's session talks to: cassandra.local_data_centre, or the first contact
+    point's, as the driver's load balancing chose it."""
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT
+
+    return session.get_execution_profile(EXEC_PROFILE_DEFAULT).load_balancing_policy.local_dc
+
+
+def _replication(config: PurgerConfig, keyspace: str, options: dict[str, str], local_dc: str, where: str,
+                 findings: Findings) -> None:
+    """The keyspace's replication and what it asks of the platform's writers, or one problem line when the
+    purger's local data centre holds no replica for its LOCAL_ reads and checks."""
+    cassandra = config.cassandra
+    replication = replication_from_schema(options, local_dc)
+    local_levels = [level for level in (cassandra.consistency, cassandra.serial_consistency)
+                    if level.startswith("LOCAL_")]
+    if replication.strategy in KNOWN_STRATEGIES and local_levels and local_dc not in replication.replicas:
+        elsewhere = ", ".join(sorted(replication.replicas)) or "(none)"
+        findings.problems.append(
+            f"{where}: keyspace {keyspace} ({replication}) has no replica in data centre {local_dc}, where the purger "
+            f"reads at {' and '.join(local_levels)}; replicate the keyspace there, or set "
+            f"cassandra.local_data_centre to one of {elsewhere}")
+        return
+    payload_refs = next((policy.table_names().get("payload_refs", "payload_refs")
+                         for policy in config.policy_set.policies if policy.name == "mailbox"), None)
+    findings.replication.extend(replication_lines(keyspace, replication, cassandra.serial_consistency,
+                                                  cassandra.consistency, local_dc, payload_refs))
+
+
+def replication_lines(keyspace: str, replication: Replication, serial_consistency: str, consistency: str,
+                      local_dc: str, payload_refs: str | None) -> list[str]:
+    """What ``purger setup`` says of the keyspace's replication: the consistency levels at which the
+    platform's writes are sure to be seen by the purger's conditional deletes and claims (at
+    ``serial_consistency``, through ``local_dc``), and, with the mailbox policy's ``payload_refs`` table, by
+    its plain read of the references (at ``consistency``). Pure: ``core.writer_contract``'s arithmetic.
+
+    Example::
+
+        replication_lines("mailbox", Replication("NetworkTopologyStrategy", {"dc1": 3, "dc2": 3}), "SERIAL",
+                          "LOCAL_QUORUM", "dc1", None)
+        # ["keyspace mailbox: NetworkTopologyStrategy dc1=3 dc2=3; a platform write at LOCAL_QUORUM (2 of 6, in
+        #   dc2) is not sure to be seen by the purger's SERIAL checks (any 4 of 6): revivals must be written at
+        #   QUORUM or EACH_QUORUM, or like payload links and users added again as lightweight transactions at
+        #   SERIAL (docs/policies.md, the writer contract across data centres)"]
+    """
+    if replication.strategy not in KNOWN_STRATEGIES:
+        return [f"keyspace {keyspace}: replication class {replication.strategy}, whose placement the purger does "
+                "not know: use NetworkTopologyStrategy to know which platform writes its checks are sure to see "
+                f"({WRITER_CONTRACT_DOC})"]
+
+    def everywhere(levels: tuple[str, ...], read: str) -> list[str]:
+        return [level for level in levels if seen_from_every_data_centre(level, read, replication, local_dc)]
+
+    def writer_missed(read: str) -> str:
+        """A data centre whose LOCAL_QUORUM writes ``read`` may miss, another than the purger's if any; the
+        purger's when ``read`` misses none."""
+        missed = [dc for dc in replication.replicas if not seen("LOCAL_QUORUM", read, replication, dc, local_dc)]
+        return sorted(missed, key=lambda dc: (dc == local_dc, dc))[0] if missed else local_dc
+
+    serial = serial_consistency
+    writer = writer_missed(serial)
+    local_quorum_seen = seen("LOCAL_QUORUM", serial, replication, writer, local_dc)
+    plain = everywhere(("LOCAL_QUORUM", "QUORUM", "EACH_QUORUM"), serial)
+    conditional = everywhere(SERIAL_LEVELS, serial)
+    advice = f"revivals {'may' if local_quorum_seen else 'must'} be written at {_either(plain)}, " + (
+        f"or like payload links and users added again as lightweight transactions at {_either(conditional)}"
+        if conditional else
+        f"and payload links and users added again must run their lightweight transactions through {local_dc}")
+    if not local_quorum_seen and serial == "LOCAL_SERIAL":
+        # A LOCAL_SERIAL check meets every majority of its own data centre.
+        advice += f"; through {local_dc} itself, LOCAL_QUORUM and LOCAL_SERIAL suffice"
+    lines = [f"keyspace {keyspace}: {replication}; a platform write at LOCAL_QUORUM "
+             f"({_reached('LOCAL_QUORUM', replication, writer)}) is {'' if local_quorum_seen else 'not sure to be '}"
+             f"seen by the purger's {serial} checks ({_reached(serial, replication, local_dc)}): {advice} "
+             f"({WRITER_CONTRACT_DOC})"]
+    reference_writer = writer_missed(consistency)
+    if payload_refs is not None and not seen("LOCAL_QUORUM", consistency, replication, reference_writer, local_dc):
+        lines.append(f"payload references ({payload_refs}) are read at {consistency} "
+                     f"({_reached(consistency, replication, local_dc)}): one written at LOCAL_QUORUM "
+                     f"({_reached('LOCAL_QUORUM', replication, reference_writer)}) is not sure to be seen; write "
+                     f"them at {_either(everywhere(('QUORUM', 'EACH_QUORUM', 'ALL'), consistency))} "
+                     f"({WRITER_CONTRACT_DOC})")
+    return lines
+
+
+def _reached(level: str, replication: Replication, dc: str) -> str:
+    """The replicas ``level`` waits for through ``dc``, in words: ``any 4 of 6``, ``2 of 6, in dc2``."""
+    found = reach(level, replication, dc)
+    if found.anywhere is not None:
+        return f"any {found.anywhere} of {replication.total}"
+    if level == "EACH_QUORUM":
+        return f"{sum(found.in_each.values())} of {replication.total}, a majority in each data centre"
+    return f"{found.in_each[dc]} of {replication.total}, in {dc}"
+
+
+def _either(levels: list[str]) -> str:
+    return levels[0] if len(levels) == 1 else ", ".join(levels[:-1]) + f" or {levels[-1]}"
 
 
 # --- the reference schema ------------------------------------------------------------------------
@@ -297,10 +421,14 @@ def policy_schema(config: PurgerConfig) -> dict[str, list[str]]:
 
 def reference_schema(config: PurgerConfig) -> str:
     """``policy_schema`` as one CQL script, a comment before each policy's statements, and the purger's own
-    journal table last (``purger setup`` creates that one)."""
+    journal table last (``purger setup`` creates that one). The keyspace is only named in a comment: its
+    data centres are the platform's, and the configuration does not know them."""
     keyspace, journal = config.cassandra.keyspace, config.cassandra.journal_table
-    parts = [f"-- {name}: the policy's reference tables (cassandra.keyspace, [policies.{name}])\n"
-             + "\n".join(statements) for name, statements in policy_schema(config).items()]
+    parts = [f"-- keyspace {keyspace} (cassandra.keyspace): the platform's, to create first with "
+             "NetworkTopologyStrategy and replicas\n-- in each data centre, whose counts set the consistency levels "
+             f"the platform's writes need\n-- ({WRITER_CONTRACT_DOC}: `purger setup` names them)"]
+    parts += [f"-- {name}: the policy's reference tables (cassandra.keyspace, [policies.{name}])\n"
+              + "\n".join(statements) for name, statements in policy_schema(config).items()]
     parts.append("-- the purger's own journal (cassandra.journal_table): `purger setup` creates it\n"
                  f"{journal_schema(keyspace, journal)};")
     return "\n\n".join(parts)

@@ -38,8 +38,7 @@ class Clients:
     stores: ObjectStores
 
     def flush(self) -> None:
-        """What the purges left to send: the blobs deleted in case they are left, the control reports."""
-        self.stores.flush()
+        """What the purges left to send: the control reports."""
         self.control.flush()  # the dead letters share its producer
 
 

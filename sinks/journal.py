@@ -1,23 +1,23 @@
-"""The purger's journal in Cassandra (``core.policy.Journal``): the dependents a claimed purge is about to
-delete, per batch, so that a retry of the batch records those a crashed attempt deleted; and each batch
-partition's start, so that any second run of it (a task, stage or batch retry) knows it is a retry.
+"""The purger's journal in Cassandra (``core.policy.Journal``): per object, the purger's intent, kept before it
+deletes anything of it (each dependent's key and the row's, with the batch that means to delete it), so that a
+row found gone is recorded as the purger's deletion only when the purger meant it.
 
 One table of the purger's own, in the configured keyspace (``cassandra.journal_table``); ``purger setup``
-creates it. An entry is read only by a retry of the batch that wrote it, so entries expire on their own
-(``default_time_to_live``, 30 days: a batch retried later than that records the dependents its failed
-attempt deleted as nothing, the object itself still as purged).
+creates it. An intent is read when its object is found gone or claimed again, so entries expire on their own
+(``default_time_to_live``, 30 days: an object found gone later than that is recorded ``already_gone``; its
+deletion was recorded by the batch that made it, unless that batch never reached the ledger for 30 days).
 
 Example::
 
     journal = CassandraJournal(session, "mailbox", "purger_journal")
-    journal.keep("user", "u1", "query-1/42", {"virtual_root:u1", "mailbox_permission:u1/inbox"})
-    journal.kept("user", "u1", "query-1/42")   # {'virtual_root:u1', 'mailbox_permission:u1/inbox'}
-    journal.kept("user", "u1", "query-1/43")   # None: another batch's
-    journal.first_start("query-1/42", 3)        # True; False in any later run of partition 3 of that batch
+    journal.intend("user", "u1", {SELF: "query-1/42", '["virtual_root", "u1", null]': "query-1/42"})
+    journal.intended("user", "u1")   # {'null': 'query-1/42', '["virtual_root", "u1", null]': 'query-1/42'}
+    journal.intended("user", "u2")   # {}
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from purger.core.policy import Journal
@@ -29,15 +29,12 @@ CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
   kind        text,
   object_id   text,
   purge_batch text,     -- <query id>/<batch id> of the purge that wrote it
-  rows        set<text>,  -- kind:id of each dependent, as the ledger names them
+  rows        set<text>,  -- the intent: [key, batch] of each deletion it means, as JSON
   PRIMARY KEY ((kind, object_id))
 ) WITH default_time_to_live = %d
 """ % JOURNAL_TTL_S
 
 JOURNAL_COLUMNS = frozenset({"kind", "object_id", "purge_batch", "rows"})
-# The kind of a partition's start in the journal: not an identifier, so no policy's kind of object.
-PARTITION_START = "(partition)"
-PARTITION_START_TTL_S = 24 * 3600
 
 
 def journal_schema(keyspace: str, table: str) -> str:
@@ -56,22 +53,35 @@ class CassandraJournal(Journal):
         name = f"{keyspace}.{table}"
         self.insert = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch, rows) VALUES (?, ?, ?, ?)")
         self.select = session.prepare(f"SELECT purge_batch, rows FROM {name} WHERE kind = ? AND object_id = ?")
-        # A start matters to the runs of its batch: the task and stage retries within minutes, a batch retry
-        # at the next start (which the driver's attempt marker knows as well); a day, not the journal's 30.
-        self.start = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch) VALUES (?, ?, ?) "
-                                     f"IF NOT EXISTS USING TTL {PARTITION_START_TTL_S}")
+        self.add = session.prepare(f"UPDATE {name} SET rows = rows + ? WHERE kind = ? AND object_id = ?")
+        self.take = session.prepare(f"UPDATE {name} SET rows = rows - ? WHERE kind = ? AND object_id = ?")
 
-    def keep(self, kind: str, object_id: str, batch: str, rows: set[str]) -> None:
-        self.session.execute(self.insert, (kind, object_id, batch, rows))
+    def intend(self, kind: str, object_id: str, intent: dict[str, str]) -> None:
+        latest = max(intent.values(), default="")
+        entries = {json.dumps([key, batch]) for key, batch in intent.items()}
+        self.session.execute(self.insert, (kind, object_id, latest, entries))
 
-    def kept(self, kind: str, object_id: str, batch: str) -> set[str] | None:
+    # A set of names kept in one row, added to and taken from without a read: the orphan sweep's notes
+    # (``sinks.orphans``: the sweeps under way, and the blobs each is about to delete).
+
+    def note(self, kind: str, object_id: str, names: set[str]) -> None:
+        self.session.execute(self.add, (names, kind, object_id))
+
+    def unnote(self, kind: str, object_id: str, names: set[str]) -> None:
+        self.session.execute(self.take, (names, kind, object_id))
+
+    def noted(self, kind: str, object_id: str) -> set[str]:
         found = self.session.execute(self.select, (kind, object_id)).one()
-        if found is None or found.purge_batch != batch:
-            return None
-        return set(found.rows or ())
+        return set(found.rows or ()) if found else set()
 
-    def first_start(self, batch: str, partition: int) -> bool:
-        """Note that partition ``partition`` of ``batch`` starts purging; False when a run of it started before.
-        Spark runs a partition again after a task failed, an executor was lost (a stage retry, whose task
-        attempts count from 0 again) or the batch failed: what that run finds gone, the one before deleted."""
-        return self.session.execute(self.start, (PARTITION_START, f"{batch}/{partition}", batch)).was_applied
+    def intended(self, kind: str, object_id: str) -> dict[str, str]:
+        found = self.session.execute(self.select, (kind, object_id)).one()
+        if found is None:
+            return {}
+        intent = {}
+        for entry in found.rows or ():
+            item = json.loads(entry)
+            # An entry of a purger before intents: a dependent's key alone, under the row's batch.
+            key, batch = (item if len(item) == 2 else (entry, found.purge_batch))
+            intent[key] = batch
+        return intent

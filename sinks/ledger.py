@@ -5,11 +5,17 @@ The ledger has one record per outcome of the purge sink: every deletion
 batch id), and every decision not to delete (``skipped`` with the reason,
 ``already_gone``, ``error``, ``dead_lettered``, and a dry run's
 ``would_delete``). A batch's records go in one Delta transaction and carry the
-query's id and the batch id; a batch retried after its ledger write finds its
-records there and adds nothing. A batch's first attempt (the sink knows it from
-its attempt markers) has nothing to look for: it appends without reading the
-table's state, which is what Delta's own idempotent writes (``txnAppId``) would
-rebuild at every commit.
+query's id and the batch id.
+
+Each record has a ``record_id``, the same every time the same thing is recorded:
+for a deletion, its policy, kind, id, data centre and the batch that meant it
+(the intent's, ``core.policy.Journal``), so a deletion recorded by the attempt
+that made it and again from its intent (a retried batch, a later batch finding
+it gone) is one record; for a decision not to delete, its batch and status. A
+write that may meet records already there (a retried batch, or records from an
+intent) is a ``MERGE`` on ``record_id`` that inserts only the new ones; any
+other (a batch's first attempt deleting afresh) appends without reading the
+table.
 
 The report has one row per day, policy, object kind and data centre (``all`` for the
 Cassandra rows), computed from that day's ledger records, so its figures are
@@ -22,14 +28,14 @@ Paths are local directories or ``s3a://bucket/path`` (with ``ledger.s3``).
 Example::
 
     ledger = Ledger(spark, config.ledger)
-    ledger.append(outcomes, query_id, batch_id, first_attempt=True)
+    ledger.append(outcomes, query_id, batch_id, may_hold=False)
     ledger.records().where("status = 'purged'").count()
     Report(spark, config.ledger, config.policy_set).refresh(date(2026, 11, 21))
 """
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 from delta.exceptions import (
@@ -45,6 +51,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ra
 from purger.core.config import LedgerConfig
 from purger.core.policy_set import PolicySet
 from purger.core.vocabulary import PURGED, SKIPPED, STATUSES
+from purger.sinks.journal import JOURNAL_TTL_S
 
 # Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.
 _CONFLICTS = (ConcurrentAppendException, ConcurrentDeleteReadException, ConcurrentWriteException,
@@ -61,6 +68,13 @@ def lag_seconds(eligible_at_ms: Any, deleted_at_ms: Any) -> Any:
 
 def _timestamp(ms_column: str) -> Column:
     return F.timestamp_millis(F.col(ms_column))
+
+
+def _record_id(query_id: str, batch_id: int) -> Column:
+    """What makes a record the same record whenever it is written (the module's docstring): a deletion's
+    identity is the batch that meant it, a decision's the batch that made it."""
+    batch = F.coalesce(F.col("intent"), F.lit(f"{query_id}/{batch_id}"))
+    return F.sha2(F.to_json(F.array("policy", "kind", "id", F.coalesce("dc", F.lit("")), "status", batch)), 256)
 
 
 def use_s3a(spark: SparkSession, ledger: LedgerConfig) -> None:
@@ -91,42 +105,57 @@ class Ledger:
         self.path = ledger.path
         use_s3a(spark, ledger)
 
-    def append(self, outcomes: DataFrame, query_id: str, batch_id: int, first_attempt: bool = False) -> None:
-        """Add a batch's outcomes (``sinks.purge.OUTCOME_SCHEMA``), once per (query, batch): unless
-        ``first_attempt`` says no earlier attempt of the batch can have written them, a batch already
-        in the ledger adds nothing.
+    def append(self, outcomes: DataFrame, query_id: str, batch_id: int, may_hold: bool = True) -> None:
+        """Add a batch's outcomes (``sinks.purge.OUTCOME_SCHEMA``), each record once by its ``record_id``;
+        ``may_hold``: some may be there already (a retry, records from an intent), so only the new go in.
 
         >>> Ledger(spark, config.ledger).append(outcomes, query.id, 7)   # a second call adds nothing
         """
-        if not first_attempt and self.holds(query_id, batch_id):
-            return
         records = outcomes.select(
+            _record_id(query_id, batch_id).alias("record_id"),
             "policy", "kind", "id", "rule", "dc", "status", "reason",
             _timestamp("eligible_at_ms").alias("eligible_at"),
             _timestamp("decided_at_ms").alias("decided_at"),
             _timestamp("deleted_at_ms").alias("deleted_at"),
             lag_seconds(F.col("eligible_at_ms"), F.col("deleted_at_ms")).alias("lag_s"),
-            # The batch that writes them, which ``holds`` looks for.
             F.lit(batch_id).cast(outcomes.schema["batch_id"].dataType).alias("batch_id"),
             F.lit(query_id).alias("query_id"),
             "worker",
             F.to_date(_timestamp("decided_at_ms")).alias("date"),
         )
+        if may_hold and self.exists():
+            self._merge(records.dropDuplicates(["record_id"]))
+            return
         (
             records.write.format("delta").mode("append").partitionBy("date")
-            # A ledger written before the policy column existed takes it on.
+            # A ledger written before the policy or record_id column existed takes it on.
             .option("mergeSchema", "true")
             .save(self.path)
         )
 
+    @retry(retry=retry_if_exception_type(_CONFLICTS), stop=stop_after_attempt(5), wait=wait_random(0.2, 2),
+           reraise=True)
+    def _merge(self, records: DataFrame) -> None:
+        """Insert the records whose ``record_id`` is not in the ledger. A deletion's records are at most
+        ``JOURNAL_TTL_S`` apart (an intent lives that long), so only those days' partitions are read. It
+        reads what it writes into, so an append committed meanwhile (the stream's batch beside a reconcile's
+        sweep) makes it conflict: redone, as the report's refresh is."""
+        since = (datetime.now(timezone.utc) - timedelta(seconds=JOURNAL_TTL_S + 2 * 86_400)).date()
+        (
+            DeltaTable.forPath(self.spark, self.path).alias("ledger")
+            .merge(records.alias("new"), f"ledger.date >= '{since.isoformat()}' AND ledger.record_id = new.record_id")
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
+
     def create(self) -> None:
-        """Make the table if it is not there, as ``append`` makes it: an append of no records. The purger
-        does it before its first batch, which then does not pay for it and for a new JVM's first Delta
-        write (seconds, BENCHMARKS.md)."""
-        if not self.exists():
+        """Make the table if it is not there, or give a ledger of an earlier version its new columns, as
+        ``append`` does: an append of no records. The purger does it before its first batch, which then
+        does not pay for it and for a new JVM's first Delta write (seconds, BENCHMARKS.md)."""
+        if not self.exists() or "record_id" not in self.records().columns:
             from purger.sinks.purge import OUTCOME_SCHEMA
 
-            self.append(self.spark.createDataFrame([], OUTCOME_SCHEMA), "", -1, first_attempt=True)
+            self.append(self.spark.createDataFrame([], OUTCOME_SCHEMA), "", -1, may_hold=False)
 
     def holds(self, query_id: str, batch_id: int) -> bool:
         """Whether the batch's records are in the ledger (a Delta commit holds all of them or none).

@@ -20,7 +20,9 @@ For each ``Blobs`` of the policy and each data centre, one Spark job:
 5. **Record** every decision, one ledger record each (rule ``orphan``, its data centre), in one write
    per data centre named ``reconcile-<run id>-<policy>.<table>-<dc>``, batch 0: a data centre whose
    write is in the ledger already is not swept again by a run of the same id, so a re-run adds nothing
-   twice.
+   twice. A sweep notes itself in the journal as under way, and each blob it is about to delete; the
+   next sweep of the same bucket records the deletions of one that never reached its ledger write (a
+   purger stopped, a job failed): each noted blob that is gone, from the sweep's intent.
 
 Example::
 
@@ -35,13 +37,14 @@ import os
 import socket
 import string
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from typing import Any, Iterable, Iterator
 
-from pyspark import StorageLevel, TaskContext
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -50,16 +53,19 @@ from purger.connectors import CassandraTables, s3_client
 from purger.connectors.token_ranges import scan_plan, scan_ranges
 from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
-from purger.core.policy import Blobs, Policy
+from purger.core.policy import (
+    Attempt, Blobs, Candidate, Control, Eligibility, ObjectPurge, Outcome, Policy, Resources,
+)
 from purger.core.reconcile import ReportRow
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import (
-    ALREADY_GONE, EARLIER_ATTEMPT, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, reason,
+    EARLIER_ATTEMPT, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, WOULD_DELETE, reason,
 )
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
 from purger.sinks.purge import OUTCOME_SCHEMA
+from purger.sinks.sink import outcome_storage
 from purger.sinks.throttle import Pacer, bounded_map, per_task_rate
 
 log = logging.getLogger(__name__)
@@ -92,6 +98,12 @@ class Sweep:
     query_id: str
 
 
+# The journal's notes of the sweeps (``CassandraJournal.note``): per bucket, the sweeps under way; per sweep,
+# the blobs it is about to delete. Not identifiers, so no policy's kind of object.
+OPEN_SWEEPS = "(orphan sweeps)"
+SWEEP_DELETES = "(orphan sweep)"
+
+
 def ledger_query_id(run_id: str, policy: str, table: str, dc: str) -> str:
     """The name of a run's ledger write for one data centre of a policy's blobs table (batch 0)."""
     return f"reconcile-{run_id}-{policy}.{table}-{dc}"
@@ -101,7 +113,6 @@ def ledger_query_id(run_id: str, policy: str, table: str, dc: str) -> str:
 
 _lock = threading.Lock()
 _s3: dict[tuple[str, str], Any] = {}
-_row_reads: dict[tuple[str, str, str], tuple[CassandraTables, Any]] = {}
 
 
 def _store(config: PurgerConfig, dc: str) -> Any:
@@ -112,17 +123,25 @@ def _store(config: PurgerConfig, dc: str) -> Any:
         return _s3[config.key, dc]
 
 
-def _row_read(config: PurgerConfig, blobs: Blobs, table: str) -> tuple[CassandraTables, Any]:
-    """The table handle and the serial read of a blob's row, prepared once per process and configuration."""
-    key = (config.key, table, blobs.id_column)
+# A process's purges of the sweeps it decides for, newest last: a run's sweeps, a few runs at the most.
+_purges: dict[tuple[str, Sweep], "OrphanBlobPurge"] = {}
+_PURGES_KEPT = 16
+
+
+def _orphan_purge(config: PurgerConfig, sweep: Sweep) -> "OrphanBlobPurge":
+    """This process's purge of a sweep's blobs, its statements prepared once."""
+    store = _store(config, sweep.dc)
     session = executor_session(config)
     with _lock:
-        if key not in _row_reads:
-            tables = CassandraTables(session, config.cassandra.keyspace, {blobs.table: table})
-            statement = tables.prepare(
-                f"SELECT {blobs.id_column} FROM {{{blobs.table}}} WHERE {blobs.id_column} = ? LIMIT 1", "serial")
-            _row_reads[key] = (tables, statement)
-        return _row_reads[key]
+        key = (config.key, sweep)
+        if key not in _purges:
+            journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
+            resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace), None, _NoRecheck(),
+                                  journal, duration_ms(config.stream.retry_interval), sweep.dry_run)
+            _purges[key] = OrphanBlobPurge(resources, store, config.stores[sweep.dc].bucket, sweep)
+            while len(_purges) > _PURGES_KEPT:
+                del _purges[next(iter(_purges))]
+        return _purges[key]
 
 
 def _worker() -> str:
@@ -239,56 +258,101 @@ def _row_ids(spark: SparkSession, config: PurgerConfig, policy: Policy, blobs: B
 # --- 4. the decision, blob by blob ------------------------------------------------------------------------
 
 
-def decide(config: PurgerConfig, sweep: Sweep, object_id: str, listed_ms: int, etag: str | None,
-           retry: bool = False) -> tuple:
-    """The decision on one blob the listing found without a row, old enough, as an ``OUTCOME_SCHEMA``
-    tuple: the row read again at the serial consistency, then the blob's ``HEAD``, then the delete.
-    ``retry``: the task is a retry, so a blob found gone was deleted by the attempt that failed."""
-    blobs = sweep.blobs
-    key = blobs.prefix + object_id
+@dataclass(frozen=True)
+class Blob:
+    """What the double-check reads of an orphan blob: whether its table's row appeared since the scan, and the
+    blob's own age and version (its ``HEAD``)."""
 
-    def outcome(status: str, why: str | None = None, deleted_at_ms: int | None = None) -> tuple:
-        return (sweep.policy, blobs.kind, object_id, ORPHAN, sweep.dc, status, why, listed_ms + sweep.grace_ms,
-                now_ms(), deleted_at_ms, 0, _worker())
+    row_present: bool
+    modified_ms: int
+    etag: str | None
+
+
+class OrphanBlobPurge(ObjectPurge[Blob]):
+    """An orphan blob of one data centre, deleted through the engine's one protocol (``ObjectPurge``): read
+    (the row again at the serial consistency, then the blob's ``HEAD``), due?, dry run, the intent in the
+    journal, delete. Its check comes just before its delete, as a ``deletes_first`` kind's conditional delete
+    would (S3 has none): the re-read of the row first and the ``HEAD`` last, so an upload (its blob first,
+    then its row) that starts after the listing is caught by one of the two, whichever the moment."""
+
+    deletes_first = True
+
+    def __init__(self, resources: Resources, store: Any, bucket: str, sweep: Sweep) -> None:
+        blobs = sweep.blobs
+        super().__init__(resources, {blobs.table: sweep.table})
+        self.sweep = sweep
+        self.store, self.bucket = store, bucket
+        self.read_row = self.tables.prepare(
+            f"SELECT {blobs.id_column} FROM {{{blobs.table}}} WHERE {blobs.id_column} = ? LIMIT 1", "serial")
+
+    def read(self, candidate: Candidate, serial: bool = False) -> Blob | None:
+        if not serial:
+            failpoint("before_orphan_delete")
+        row_present = self.tables.one(self.read_row, candidate.id) is not None
+        head = _head(self.store, self.bucket, self.sweep.blobs.prefix + candidate.id)
+        return None if head is None else Blob(row_present, epoch_ms(head["LastModified"]), head.get("ETag"))
+
+    def due(self, candidate: Candidate, row: Blob) -> Eligibility | None:
+        if row.row_present or self._rewritten(candidate, row):
+            return None
+        return Eligibility(ORPHAN, row.modified_ms + self.sweep.grace_ms)
+
+    def why_kept(self, candidate: Candidate, row: Blob, due: Eligibility | None) -> str:
+        if row.row_present:
+            return reason(PRESENT, f"its {self.sweep.table} row was written since the scan")
+        modified = format_epoch_ms(row.modified_ms)
+        if self._rewritten(candidate, row):
+            return reason(NOT_YET_DUE, f"rewritten at {modified}, since the listing")
+        return reason(NOT_YET_DUE, f"last modified at {modified}, within orphan_grace")
+
+    def delete(self, candidate: Candidate, row: Blob) -> bool:
+        self.resources.journal.note(SWEEP_DELETES, self.sweep.query_id, {candidate.id})
+        self.store.delete_object(Bucket=self.bucket, Key=self.sweep.blobs.prefix + candidate.id)
+        return True
+
+    def journalled_as(self, candidate: Candidate) -> tuple[str, str]:
+        # Not a kind of object: an orphan blob's intent never meets its payload's own purge's.
+        return f"{ORPHAN} {candidate.kind}", f"{self.sweep.dc}/{candidate.id}"
+
+    @staticmethod
+    def _rewritten(candidate: Candidate, row: Blob) -> bool:
+        listed_etag = candidate.hint.get("etag")
+        return row.modified_ms > candidate.hint["listed_ms"] or bool(listed_etag and row.etag
+                                                                     and row.etag != listed_etag)
+
+
+class _NoRecheck(Control):
+    """An orphan blob kept is looked at again by the next sweep, not by the stream."""
+
+    def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
+        pass
+
+    def report(self, event_type: str, object_id: str, event_time_ms: int, **fields: Any) -> None:
+        raise AssertionError("an orphan blob's purge reports nothing")
+
+
+def decide(config: PurgerConfig, sweep: Sweep, object_id: str, listed_ms: int, etag: str | None) -> tuple:
+    """The decision on one blob the listing found without a row, old enough, by ``OrphanBlobPurge``: its
+    ``OUTCOME_SCHEMA`` tuple, one record. A blob found gone is this sweep's deletion when its intent is in the
+    journal (a task run again), another writer's otherwise."""
+    candidate = Candidate(sweep.blobs.kind, object_id, ORPHAN, listed_ms + sweep.grace_ms,
+                          {"listed_ms": listed_ms, "etag": etag})
+
+    def record(o: Outcome) -> tuple:
+        return (sweep.policy, sweep.blobs.kind, object_id, ORPHAN, sweep.dc, o.status, o.reason,
+                candidate.eligible_at_ms, now_ms(), o.deleted_at_ms, 0, _worker(), o.intent)
 
     try:
-        from botocore.exceptions import ClientError
-
-        client, bucket = _store(config, sweep.dc), config.stores[sweep.dc].bucket
-        tables, read_row = _row_read(config, blobs, sweep.table)
-        failpoint("before_orphan_delete")
-        if tables.one(read_row, object_id) is not None:
-            return outcome(SKIPPED, reason(PRESENT, f"its {sweep.table} row was written since the scan"))
-        try:
-            head = client.head_object(Bucket=bucket, Key=key)
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
-                raise
-            if retry and not sweep.dry_run:
-                return outcome(PURGED, EARLIER_ATTEMPT, now_ms())
-            return outcome(ALREADY_GONE)
-        modified = epoch_ms(head["LastModified"])
-        if modified > listed_ms or (etag and head.get("ETag") and head["ETag"] != etag):
-            return outcome(SKIPPED, reason(NOT_YET_DUE, f"rewritten at {format_epoch_ms(modified)}, since the "
-                                                        "listing"))
-        if modified > now_ms() - sweep.grace_ms:
-            return outcome(SKIPPED, reason(NOT_YET_DUE, f"last modified at {format_epoch_ms(modified)}, within "
-                                                        "orphan_grace"))
-        if sweep.dry_run:
-            return outcome(WOULD_DELETE)
-        client.delete_object(Bucket=bucket, Key=key)
-        return outcome(PURGED, deleted_at_ms=now_ms())
+        purge = _orphan_purge(config, sweep)
+        [decided] = purge.purge(candidate, Attempt(batch=f"{sweep.query_id}/0"))  # no dependents: one outcome
+        return record(decided)
     except Exception as error:  # a store or Cassandra that failed: this blob only, the next run tries again
-        log.warning("orphan blob %s in %s: %s", key, sweep.dc, error)
-        return outcome(ERROR, f"{type(error).__name__}: {error}")
+        log.warning("orphan blob %s in %s: %s", sweep.blobs.prefix + object_id, sweep.dc, error)
+        return record(Outcome(ERROR, f"{type(error).__name__}: {error}"))
 
 
 def _decide_task(config: PurgerConfig, sweep: Sweep, rate: float, rows: Iterable[Any]) -> Iterator[tuple]:
     """One Spark task: its blobs decided, ``stream.delete_concurrency`` at a time, paced at ``rate``."""
-    task = TaskContext.get()
-    # Any second run of the partition (a task or stage retry) is a retry: what it finds gone, the first deleted.
-    journal = CassandraJournal(executor_session(config), config.cassandra.keyspace, config.cassandra.journal_table)
-    retry = not sweep.dry_run and not journal.first_start(sweep.query_id, task.partitionId() if task else 0)
     pacer = Pacer(rate)
 
     def paced(row: Any) -> Any:
@@ -297,7 +361,7 @@ def _decide_task(config: PurgerConfig, sweep: Sweep, rate: float, rows: Iterable
 
     concurrency = config.stream.delete_concurrency
     with ThreadPoolExecutor(concurrency, thread_name_prefix="orphans") as pool:
-        yield from bounded_map(pool, lambda row: decide(config, sweep, row.id, row.last_modified_ms, row.etag, retry),
+        yield from bounded_map(pool, lambda row: decide(config, sweep, row.id, row.last_modified_ms, row.etag),
                                map(paced, rows), concurrency)
 
 
@@ -346,17 +410,29 @@ def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, policy: Po
     rate = per_task_rate(config.stream.max_deletions_per_second, tasks, cores)
     description = f"reconcile {policy.name}: orphan blobs of {table} in {dc}"
     spark.sparkContext.setJobDescription(description)
+    journal = CassandraJournal(executor_session(config), config.cassandra.keyspace, config.cassandra.journal_table)
+    bucket = f"{policy.name}.{table}/{dc}/{config.stores[dc].bucket}"
     try:
-        # Computed once and kept: computing the outcomes again would delete again.
+        if not dry_run:
+            _record_stopped_sweeps(spark, config, ledger, journal, sweep, bucket)
+            journal.note(OPEN_SWEEPS, bucket, {query_id})
+        # Computed once and kept (in two executors on a cluster): computing the outcomes again would delete again.
         outcomes = spark.createDataFrame(
             orphans.repartition(tasks).rdd.mapPartitions(partial(_decide_task, config, sweep, rate)),
             OUTCOME_SCHEMA,
-        ).localCheckpoint(eager=True)
-        by_status = {r["status"]: r["count"] for r in outcomes.groupBy("status").count().collect()}
+        ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
+        counted = outcomes.groupBy("status", F.col("intent").isNotNull().alias("from_intent")).count().collect()
+        by_status = Counter()
+        for counts in counted:
+            by_status[counts["status"]] += counts["count"]
         if by_status:
             spark.sparkContext.setJobDescription(f"{description}: ledger")
-            ledger.append(outcomes, query_id, 0, first_attempt=True)
+            failpoint("before_orphan_ledger_write")
+            # Only a task run again finds its blobs gone after their intents: records the ledger may hold.
+            ledger.append(outcomes, query_id, 0, may_hold=any(counts["from_intent"] for counts in counted))
         outcomes.unpersist()
+        if not dry_run:
+            journal.unnote(OPEN_SWEEPS, bucket, {query_id})
     finally:
         spark.sparkContext.setJobDescription(None)
     row.scanned = listed.value
@@ -366,6 +442,39 @@ def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, policy: Po
              policy.name, table, dc, row.scanned, blobs.prefix, row.orphans_found, row.orphans_deleted,
              "would be deleted (dry run)" if dry_run else "deleted",
              ", ".join(f"{count} {status}" for status, count in sorted(by_status.items())) or "no decision")
+
+
+def _record_stopped_sweeps(spark: SparkSession, config: PurgerConfig, ledger: Ledger, journal: CassandraJournal,
+                           sweep: Sweep, bucket: str) -> None:
+    """The deletions of earlier sweeps of ``bucket`` that never reached their ledger write (a purger stopped
+    mid-sweep, a job failed): each blob such a sweep noted and that is gone now, recorded under that sweep,
+    from its intent (the same record as its own, had it been written; the ledger keeps one)."""
+    store, prefix = _store(config, sweep.dc), sweep.blobs.prefix
+    for earlier in sorted(journal.noted(OPEN_SWEEPS, bucket) - {sweep.query_id}):
+        if not ledger.holds(earlier, 0):
+            gone = [blob for blob in sorted(journal.noted(SWEEP_DELETES, earlier))
+                    if _head(store, config.stores[sweep.dc].bucket, prefix + blob) is None]
+            at, intent = now_ms(), f"{earlier}/0"
+            said = reason(EARLIER_ATTEMPT, f"found gone after the intent of {intent}")
+            records = [(sweep.policy, sweep.blobs.kind, blob, ORPHAN, sweep.dc, PURGED, said, None, at, at, 0,
+                        _worker(), intent) for blob in gone]
+            if records:
+                ledger.append(spark.createDataFrame(records, OUTCOME_SCHEMA), earlier, 0)
+            log.warning("orphan blobs of %s in %s: sweep %s stopped before its ledger write; %d of its deletions "
+                        "recorded now", sweep.table, sweep.dc, earlier, len(records))
+        journal.unnote(OPEN_SWEEPS, bucket, {earlier})
+
+
+def _head(store: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """The blob's ``HEAD``; None when it is gone."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return store.head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+            raise
+        return None
 
 
 def _from_ledger(ledger: Ledger, query_id: str, row: ReportRow) -> None:

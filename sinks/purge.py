@@ -24,7 +24,6 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 
-from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -52,30 +51,26 @@ OUTCOME_SCHEMA = StructType(
         StructField("deleted_at_ms", LongType()),
         StructField("batch_id", LongType(), False),
         StructField("worker", StringType(), False),  # host:pid of the executor process that did it
+        # A deletion recorded from the purger's intent: the batch that meant it (``core.policy.Outcome.intent``).
+        StructField("intent", StringType()),
     ]
 )
 
 
 def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: int,
-                    deletions_per_second: float | None = None, batch_retried: bool = False,
-                    query_id: str = "") -> Iterator[tuple]:
+                    deletions_per_second: float | None = None, query_id: str = "") -> Iterator[tuple]:
     """Purge one partition's candidates and dead-letter its bad records; yield ``OUTCOME_SCHEMA`` tuples.
 
     Deletions are paced at ``deletions_per_second`` (this task's share of the cap; the whole cap if None).
-    In a second run of the partition (a retried batch, task or stage), an object found gone was deleted by
-    the run that failed, whose outcomes were lost with it: it is recorded as purged then.
+    A second run of the partition (a retried batch, task or stage) may find its records in the ledger already:
+    the ledger keeps one of each (``sinks.ledger``).
     """
     rows = iter(candidates)
     first = next(rows, None)
     if first is None:  # nothing to purge: no clients, no mark
         return
-    task = TaskContext.get()
-    batch = f"{query_id}/{batch_id}"
     clients = executor_clients(config)
-    # The driver knows a retried batch; the journal knows any partition run before, stage retries included.
-    retried = batch_retried or (not config.stream.dry_run
-                                and not clients.journal.first_start(batch, task.partitionId() if task else 0))
-    attempt = Attempt(retry=retried, batch=batch)
+    attempt = Attempt(batch=f"{query_id}/{batch_id}")
     policies = config.policy_set
     pacer = Pacer(deletions_per_second or config.stream.max_deletions_per_second)
     worker = f"{socket.gethostname()}:{os.getpid()}"
@@ -83,7 +78,7 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     def purge_one(row: Row) -> list[tuple]:
         def record(o: Outcome, policy: str = ENGINE) -> tuple:
             return (policy, o.kind or row.kind, o.id or row.id, row.rule, o.dc, o.status, o.reason,
-                    row.eligible_at_ms, now_ms(), o.deleted_at_ms, batch_id, worker)
+                    row.eligible_at_ms, now_ms(), o.deleted_at_ms, batch_id, worker, o.intent)
 
         if row.kind == DEAD_LETTER:
             clients.dead_letters.send(row.key, row.value, row.reason, row.topic, row.partition, row.offset)

@@ -77,32 +77,36 @@ def batch_summary(batch_id: int, counts: dict[tuple[str, str], int], lags_s: lis
 
 class OutcomeTally(AccumulatorParam):
     """Outcome rows (``OUTCOME_SCHEMA`` tuples) counted by (kind, status), with the purge lag of each
-    deletion: added up by each task of the purge job, summed on the driver. Spark merges a task's
-    additions once, from its successful attempt only."""
+    deletion and the number recorded from an intent (which the ledger may hold already): added up by each
+    task of the purge job, summed on the driver. Spark merges a task's additions once, from its successful
+    attempt only."""
 
-    KIND, STATUS, ELIGIBLE_AT, DELETED_AT = (OUTCOME_SCHEMA.fieldNames().index(name)
-                                             for name in ("kind", "status", "eligible_at_ms", "deleted_at_ms"))
+    KIND, STATUS, ELIGIBLE_AT, DELETED_AT, INTENT = (
+        OUTCOME_SCHEMA.fieldNames().index(name)
+        for name in ("kind", "status", "eligible_at_ms", "deleted_at_ms", "intent"))
 
-    def zero(self, value: Any = None) -> tuple[Counter[tuple[str, str]], list[float]]:
-        return Counter(), []
+    def zero(self, value: Any = None) -> tuple[Counter[tuple[str, str]], list[float], list[int]]:
+        return Counter(), [], [0]
 
-    def addInPlace(self, total: Any, more: Any) -> tuple[Counter[tuple[str, str]], list[float]]:
+    def addInPlace(self, total: Any, more: Any) -> tuple[Counter[tuple[str, str]], list[float], list[int]]:
         total[0].update(more[0])
         total[1].extend(more[1])
+        total[2][0] += more[2][0]
         return total
 
     @classmethod
     def counted(cls, outcomes: Iterator[tuple], tally: Accumulator) -> Iterator[tuple]:
         """Pass ``outcomes`` on, then add their counts and lags to ``tally``. A deletion without both
         times (a policy that does not say when it deleted) is counted and has no lag."""
-        counts, lags_s = cls().zero()
+        counts, lags_s, from_intent = cls().zero()
         for outcome in outcomes:
             counts[(outcome[cls.KIND], outcome[cls.STATUS])] += 1
             eligible_at, deleted_at = outcome[cls.ELIGIBLE_AT], outcome[cls.DELETED_AT]
             if outcome[cls.STATUS] == PURGED and eligible_at is not None and deleted_at is not None:
                 lags_s.append(lag_seconds(eligible_at, deleted_at))
+            from_intent[0] += outcome[cls.INTENT] is not None
             yield outcome
-        tally.add((counts, lags_s))
+        tally.add((counts, lags_s, from_intent))
 
 
 @contextmanager
@@ -235,23 +239,22 @@ class PurgeSink:
             with job_description(spark, f"batch {batch_id}: purge candidates"):
                 outcomes = spark.createDataFrame(
                     candidates.rdd.mapPartitions(lambda rows: OutcomeTally.counted(
-                        purge_partition(rows, config, batch_id, rate, retried, query_id), tally)),
+                        purge_partition(rows, config, batch_id, rate, query_id), tally)),
                     OUTCOME_SCHEMA,
                 ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
-            by_kind_and_status, lags_s = tally.value
+            by_kind_and_status, lags_s, (from_intent,) = tally.value
             try:
                 if by_kind_and_status:
                     with job_description(spark, f"batch {batch_id}: ledger"):
                         failpoint("before_ledger_write")
-                        self.ledger.append(outcomes, self.query_id, batch_id, first_attempt=not retried)
+                        self.ledger.append(outcomes, self.query_id, batch_id, may_hold=retried or from_intent > 0)
                         failpoint("after_ledger_write")
                 break
             except Exception as error:
                 if run == PURGE_RUNS or "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" not in str(error):
                     raise
                 # Every copy of some outcomes went with the executors that held them. Purging the batch
-                # again is a retry (its partitions' starts are in the journal): what it finds gone, it
-                # records as the first run's.
+                # again is a retry: what it finds gone, it records from the first run's intents.
                 log.warning("batch %d: outcomes lost with their executors before the ledger had them; purging "
                             "the batch again (run %d of %d)", batch_id, run + 1, PURGE_RUNS)
                 retried = True

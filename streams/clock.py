@@ -7,6 +7,9 @@ watermark delay, so deadlines fire on time even when no event arrives. During
 a backlog or a replay no tick is sent: no deadline fires before the purger has
 read what happened up to now, so it decides with everything it can know.
 
+A tick that Kafka does not take (the send or its flush fails) is logged and
+not tried again: the next one, an interval later, stands for it.
+
 Example::
 
     clock = Clock(config.kafka, interval_s=5).start(query)
@@ -16,13 +19,16 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from pyspark.sql.streaming import StreamingQuery
 
 from purger.core.config import KafkaConfig
-from purger.connectors import kafka_producer
+from purger.connectors import NotDelivered, kafka_producer
 from purger.streams.control import tick
+
+log = logging.getLogger(__name__)
 
 
 def caught_up(query: StreamingQuery) -> bool:
@@ -52,7 +58,10 @@ class Clock:
                 while not self._stopped.wait(self.interval_s) and query.isActive:
                     if caught_up(query):
                         producer.send(self.kafka.control_topic, tick())
-                        producer.flush()
+                        try:
+                            producer.flush(consequence=f"the next tick goes in {self.interval_s:g} s")
+                        except NotDelivered as error:  # the clock keeps running: the watermark waits, no more
+                            log.warning("clock tick not delivered: %s", error)
             finally:
                 producer.close()
 

@@ -17,8 +17,10 @@ Here the protocol is written (``ControlWriter``, ``tick``), validated
 ``streams.processor`` call these. Control events are accepted from the control
 topic only, so a producer on the events topics cannot steer the purger. They
 are keyed like the objects they name and idempotent: a retried batch that sends
-them twice changes nothing. Each is flushed before the batch ends, so a
-committed batch never loses one.
+them twice changes nothing. Each is delivered before the batch ends: the
+task's flush waits for them, and fails the task, which runs again, if Kafka did
+not take one (``connectors.CheckedProducer``); a committed batch never loses
+one.
 
 Example::
 
@@ -34,14 +36,16 @@ import uuid
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from purger.connectors import TASK_RUNS_AGAIN
 from purger.core.policy import Control, EventField
 from purger.core.policy_set import PolicySet
 from purger.core.times import format_epoch_ms, format_timestamp
 from purger.core.vocabulary import CLOCK
 
 if TYPE_CHECKING:
-    from kafka import KafkaProducer
     from pyspark.sql import Column
+
+    from purger.connectors import CheckedProducer
 
 RECHECK = "recheck"
 # The engine's control event types; each policy may add its own (``EventType.control``).
@@ -60,7 +64,7 @@ class ControlWriter(Control):
     """The sink's reports, on the control topic. ``fields`` ending in ``_ms`` are written as the events'
     timestamps without that suffix (``observed_at_ms`` -> ``observed_at``)."""
 
-    def __init__(self, producer: "KafkaProducer", topic: str, policies: PolicySet) -> None:
+    def __init__(self, producer: "CheckedProducer", topic: str, policies: PolicySet) -> None:
         self.producer = producer
         self.topic = topic
         self.policies = policies
@@ -81,7 +85,9 @@ class ControlWriter(Control):
                                **written})
 
     def flush(self) -> None:
-        self.producer.flush()
+        """Wait until every report sent before it is delivered; ``connectors.NotDelivered`` if one was not,
+        which fails the sink's task."""
+        self.producer.flush(TASK_RUNS_AGAIN)
 
 
 def control_types(policies: PolicySet) -> list[str]:

@@ -222,6 +222,6 @@ def test_executors_killed_while_deleting_lose_nothing_and_record_each_deletion_o
                                                                  for dc in (None, "dc1", "dc2")}
         missing = expected - set(records)
         doubled = {key: n for key, n in records.items() if n > 1}
-        assert (wrongly_deleted, left(), sorted(missing), doubled) == ([], 0, [], {})
+        assert (wrongly_deleted, left(), sorted(missing, key=str), doubled) == ([], 0, [], {})
     finally:
         platform.close()

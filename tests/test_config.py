@@ -5,6 +5,7 @@ import pytest
 
 from purger.core.config import ConfigError, parse_duration
 
+from purger.cli import _with_dry_run
 from purger.config import build_config, load_config
 from tests.support.configs import mailbox
 
@@ -112,6 +113,29 @@ def test_a_dry_run_has_a_checkpoint_of_its_own():
     config = build_config({"stream": {"checkpoint": "cp", "dry_run": True}})
     assert config.stream.checkpoint_location == "cp.dry-run"
     assert build_config({"stream": {"checkpoint": "cp"}}).stream.checkpoint_location == "cp"
+
+
+def test_a_dry_run_has_a_control_topic_of_its_own():
+    """SPEC 9.5: its ticks and reports go where the real purger does not read, from the file or the flag."""
+    real = build_config({"kafka": {"control_topic": "ops.control"}})
+    assert real.kafka.control_topic == "ops.control"
+    from_file = build_config({"kafka": {"control_topic": "ops.control"}, "stream": {"dry_run": True}})
+    assert from_file.kafka.control_topic == "ops.control.dry-run"
+    from_flag = _with_dry_run(real, True)  # `purger run --dry-run`, `purger replay --dry-run`
+    assert (from_flag.stream.dry_run, from_flag.kafka.control_topic) == (True, "ops.control.dry-run")
+    assert from_flag.policy_set is real.policy_set
+    # A dry run's configuration is its own dry run, written to a file and read back included.
+    assert from_file.as_dry_run().kafka.control_topic == "ops.control.dry-run"
+    assert _with_dry_run(from_file, True).kafka.control_topic == "ops.control.dry-run"
+    assert build_config({"kafka": {"control_topic": "ops.control.dry-run"},
+                         "stream": {"dry_run": True}}).kafka.control_topic == "ops.control.dry-run"
+    assert _with_dry_run(real, False) is real
+
+
+def test_a_real_purger_on_a_dry_runs_control_topic_is_refused():
+    with pytest.raises(ConfigError, match=r"kafka.control_topic: ops.control.dry-run ends in .dry-run, as a dry "
+                                          r"run's control topic does; name a real purger's otherwise"):
+        build_config({"kafka": {"control_topic": "ops.control.dry-run"}})
 
 
 def test_operations_keys_are_checked():

@@ -1,7 +1,8 @@
 """The engine's purge protocol (``purger.core.policy.ObjectPurge``) on a claimed object's dependents: whatever
-attempts of a batch crash, and wherever, each deleted row is recorded once by the attempt whose outcomes reach
-the ledger. Plain Python: sets stand in for the rows and the journal (``purger.sinks.journal`` is tested on
-Cassandra through the policies' crash tests)."""
+attempts of a batch crash, and wherever, and whoever else removes the row, each row the purger deleted has one
+``purged`` record in the ledger and nothing else has one. Plain Python: sets stand in for the rows and the
+journal, a dict keyed as ``sinks.ledger`` keys records for the ledger (``purger.sinks.journal`` and the ledger
+are tested on the real servers through the policies' crash tests and tests/test_ledger_paths.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from purger.core.policy import (
     Attempt, Candidate, Control, Dependent, Eligibility, Journal, ObjectPurge, Outcome, Resources,
 )
-from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
+from purger.core.vocabulary import ALREADY_GONE, PURGED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, category
 
 CANDIDATE = Candidate("thing", "t1", "rule", 0)
 
@@ -28,14 +29,28 @@ class Crash(Exception):
 
 class MemoryJournal(Journal):
     def __init__(self) -> None:
-        self.entries: dict[tuple[str, str], tuple[str, set[str]]] = {}
+        self.entries: dict[tuple[str, str], dict[str, str]] = {}
 
-    def keep(self, kind: str, object_id: str, batch: str, rows: set[str]) -> None:
-        self.entries[(kind, object_id)] = (batch, set(rows))
+    def intend(self, kind: str, object_id: str, intent: dict[str, str]) -> None:
+        self.entries[(kind, object_id)] = dict(intent)
 
-    def kept(self, kind: str, object_id: str, batch: str) -> set[str] | None:
-        found = self.entries.get((kind, object_id))
-        return set(found[1]) if found and found[0] == batch else None
+    def intended(self, kind: str, object_id: str) -> dict[str, str]:
+        return dict(self.entries.get((kind, object_id), {}))
+
+
+class MemoryLedger:
+    """Records by the identity ``sinks.ledger`` gives them: a deletion by the batch that meant it, a decision
+    by its batch; a record already there is not written again."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple, Outcome] = {}
+
+    def write(self, outcomes: list[Outcome], batch: str) -> None:
+        for o in outcomes:
+            self.records.setdefault((o.kind, o.id, o.dc, o.status, o.intent or batch), o)
+
+    def purged(self) -> Counter:
+        return Counter((o.kind, o.id) for o in self.records.values() if o.status == PURGED)
 
 
 class RecordedControl(Control):
@@ -57,6 +72,8 @@ class Thing:
         self.present, self.claimed, self.due_at_ms = True, False, due_at_ms
         # The row's delete times out: "after" it applied, "before" it did; None: it answers.
         self.delete_times_out: str | None = None
+        self.removed_meanwhile = False  # another writer removes the row between the check and the delete
+        self.reads_fail = False  # the next read times out
         self.failing: set[str] = set()  # dependent rows whose store fails now
 
 
@@ -70,6 +87,9 @@ class ThingPurge(ObjectPurge[Thing]):
         self.thing = thing
 
     def read(self, candidate: Candidate, serial: bool = False) -> Thing | None:
+        if self.thing.reads_fail:
+            self.thing.reads_fail = False
+            raise TimeoutError("the read timed out")
         return self.thing if self.thing.present else None
 
     def claimed(self, row: Thing) -> bool:
@@ -98,18 +118,23 @@ class ThingPurge(ObjectPurge[Thing]):
     def delete(self, candidate: Candidate, row: Thing) -> bool:
         if row.delete_times_out == "before":
             raise TimeoutError("the conditional delete timed out before it applied")
+        if row.removed_meanwhile:  # another writer got there between the check and the delete
+            row.present = False
+            return False
         row.present = False
-        if row.delete_times_out == "after":
+        if row.delete_times_out in ("after", "after, and the read fails"):
+            if row.delete_times_out == "after, and the read fails":
+                row.reads_fail = True
             raise TimeoutError("the conditional delete timed out once it had applied")
         return True
 
 
-def purge(thing: Thing, journal: Journal, batch: str, retry: bool, crash_after: int | None) -> list[Outcome] | None:
+def purge(thing: Thing, journal: Journal, batch: str, crash_after: int | None = None) -> list[Outcome] | None:
     """One attempt; after ``crash_after`` deletes (the object's own included) it crashes: a kill, whose
     outcomes are lost."""
     outcomes: list[Outcome] = []
     try:
-        for outcome in ThingPurge(thing, journal).purge(CANDIDATE, Attempt(retry, batch=batch)):
+        for outcome in ThingPurge(thing, journal).purge(CANDIDATE, Attempt(batch=batch)):
             outcomes.append(outcome)
             if crash_after is not None and len(outcomes) > crash_after:
                 raise Crash()
@@ -121,37 +146,62 @@ def purge(thing: Thing, journal: Journal, batch: str, retry: bool, crash_after: 
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 5), crashes=st.lists(st.integers(0, 6), max_size=4))
 def test_every_deleted_row_is_recorded_once_whatever_the_crashes(n, crashes):
-    thing, journal, ledger, attempt = Thing(n), MemoryJournal(), None, 0
-    while ledger is None:  # the batch runs again until an attempt ends; its outcomes go to the ledger
-        ledger = purge(thing, journal, "q/7", retry=attempt > 0,
-                       crash_after=crashes[attempt] if attempt < len(crashes) else None)
+    thing, journal, ledger, outcomes, attempt = Thing(n), MemoryJournal(), MemoryLedger(), None, 0
+    while outcomes is None:  # the batch runs again until an attempt ends; its outcomes go to the ledger
+        outcomes = purge(thing, journal, "q/7", crash_after=crashes[attempt] if attempt < len(crashes) else None)
         attempt += 1
+    ledger.write(outcomes, "q/7")
     assert thing.rows == set() and not thing.present
-    assert sorted(o.id for o in ledger if o.kind == "row") == [f"r{i}" for i in range(n)]
-    assert [o for o in ledger if o.kind is None] == ledger[-1:], "the object itself, once, last"
-    assert all(o.status == PURGED for o in ledger)
+    assert ledger.purged() == Counter({("row", f"r{i}"): 1 for i in range(n)} | {(None, None): 1})
+    assert [o for o in outcomes if o.kind is None] == outcomes[-1:], "the object itself, once, last"
+    assert all(o.status == PURGED for o in outcomes)
 
 
-def test_a_later_batch_finds_the_object_gone_and_records_nothing_again():
-    """Not a retry of the batch that deleted it: that batch's outcomes reached the ledger."""
-    thing, journal = Thing(3), MemoryJournal()
-    assert purge(thing, journal, "q/7", retry=False, crash_after=None) is not None
-    assert [o.status for o in purge(thing, journal, "q/8", retry=False, crash_after=None)] == [ALREADY_GONE]
-    # A retry of another batch does not take this batch's journal for its own.
-    [outcome] = purge(thing, journal, "q/9", retry=True, crash_after=None)
-    assert (outcome.status, outcome.reason, outcome.kind) == (PURGED, EARLIER_ATTEMPT, None)
+def test_a_later_batch_or_a_replay_finds_the_object_gone_and_records_nothing_new():
+    """The deletion, recorded by the batch that made it, is recorded again from its intent by a batch that
+    finds the object gone (a recheck, a reconcile's feed, a replay into a fresh checkpoint): the same records,
+    which the ledger keeps once. (A later batch cannot take the earlier batch's records for granted: it may have
+    recorded an ``error`` for a delete a timeout left unsettled.)"""
+    thing, journal, ledger = Thing(3), MemoryJournal(), MemoryLedger()
+    ledger.write(purge(thing, journal, "q/7"), "q/7")
+    for batch in ("q/8", "replay/0"):
+        again = purge(thing, journal, batch)
+        assert {o.intent for o in again} == {"q/7"} and all(o.status == PURGED for o in again)
+        ledger.write(again, batch)
+    assert ledger.purged() == Counter({("row", "r0"): 1, ("row", "r1"): 1, ("row", "r2"): 1, (None, None): 1})
+
+
+def test_a_row_another_writer_removed_is_already_gone_in_any_batch_or_attempt():
+    """No intent: the purger did not delete it, so nothing is ``purged``, whichever attempt finds it gone."""
+    thing, journal = Thing(2), MemoryJournal()
+    thing.present = False
+    for batch in ("q/7", "q/7", "q/8"):
+        assert [(o.status, o.kind) for o in purge(thing, journal, batch)] == [(ALREADY_GONE, None)]
+
+
+def test_a_row_removed_between_the_check_and_the_delete_is_already_gone_and_stays_so():
+    """The conditional delete does not apply, the row is gone: another writer's deletion. Its dependents were
+    the purger's; the row is not, now or when a later batch finds it gone."""
+    thing, journal, ledger = Thing(1), MemoryJournal(), MemoryLedger()
+    thing.removed_meanwhile = True
+    outcomes = purge(thing, journal, "q/7")
+    assert [(o.status, o.kind) for o in outcomes] == [(PURGED, "row"), (ALREADY_GONE, None)]
+    assert category(outcomes[-1].reason) == REMOVED_MEANWHILE
+    ledger.write(outcomes, "q/7")
+    ledger.write(purge(thing, journal, "q/8"), "q/8")
+    assert ledger.purged() == Counter({("row", "r0"): 1})
 
 
 def test_a_dry_run_deletes_nothing_and_sends_no_recheck():
     thing = Thing(2)
     dry = ThingPurge(thing, MemoryJournal(), dry_run=True)
-    outcomes = list(dry.purge(CANDIDATE, Attempt(False)))
+    outcomes = list(dry.purge(CANDIDATE, Attempt()))
     assert [(o.status, o.kind, o.id) for o in outcomes] == [(WOULD_DELETE, "row", "r0"), (WOULD_DELETE, "row", "r1"),
                                                            (WOULD_DELETE, None, None)]
     assert thing.rows == {"r0", "r1"} and thing.present and not thing.claimed
     later = Thing(2, due_at_ms=2**62)
     dry = ThingPurge(later, MemoryJournal(), dry_run=True)
-    [kept] = dry.purge(CANDIDATE, Attempt(False))
+    [kept] = dry.purge(CANDIDATE, Attempt())
     assert kept.status == SKIPPED and dry.control.rechecks == []
 
 
@@ -160,23 +210,37 @@ def test_a_recheck_under_the_candidates_rule_is_no_sooner_than_the_retry_interva
     now = int(time.time() * 1000)
     thing = Thing(1, due_at_ms=now + 10)
     real = ThingPurge(thing, MemoryJournal())
-    [kept] = real.purge(CANDIDATE, Attempt(False))
+    [kept] = real.purge(CANDIDATE, Attempt())
     [(_, _, rule, at_ms)] = real.control.rechecks
     assert kept.status == SKIPPED and rule == "rule" and at_ms >= now + 1_000
 
 
 def test_a_delete_whose_outcome_a_timeout_hid_is_settled_by_a_serial_read():
-    """Applied all the same: purged, recorded now (no later batch would know it). Not applied: the error goes
-    on, and the row with it, for the sink to record and recheck."""
+    """Applied all the same: purged, recorded now. Not applied: the error goes on, and the row with it, for
+    the sink to record and recheck."""
     applied = Thing(1)
     applied.delete_times_out = "after"
-    outcomes = list(ThingPurge(applied, MemoryJournal()).purge(CANDIDATE, Attempt(False, batch="q/7")))
+    outcomes = list(ThingPurge(applied, MemoryJournal()).purge(CANDIDATE, Attempt(batch="q/7")))
     assert [(o.status, o.kind) for o in outcomes] == [(PURGED, "row"), (PURGED, None)] and not applied.present
     not_applied = Thing(0)
     not_applied.delete_times_out = "before"
     with pytest.raises(TimeoutError):
-        list(ThingPurge(not_applied, MemoryJournal()).purge(CANDIDATE, Attempt(False, batch="q/7")))
+        list(ThingPurge(not_applied, MemoryJournal()).purge(CANDIDATE, Attempt(batch="q/7")))
     assert not_applied.present
+
+
+def test_a_delete_a_timeout_hid_and_a_failed_read_left_unsettled_ends_purged_at_the_recheck():
+    """The serial read fails too: the error goes on (the sink records ``error`` and rechecks). The recheck
+    finds the row gone with the purger's intent: ``purged``, never left as an error."""
+    thing, journal, ledger = Thing(1), MemoryJournal(), MemoryLedger()
+    thing.delete_times_out = "after, and the read fails"
+    first: list[Outcome] = []
+    with pytest.raises(TimeoutError):
+        for outcome in ThingPurge(thing, journal).purge(CANDIDATE, Attempt(batch="q/7")):
+            first.append(outcome)
+    ledger.write(first, "q/7")
+    ledger.write(purge(thing, journal, "q/8"), "q/8")
+    assert ledger.purged() == Counter({("row", "r0"): 1, (None, None): 1})
 
 
 @settings(max_examples=300, deadline=None)
@@ -185,16 +249,14 @@ def test_a_delete_whose_outcome_a_timeout_hid_is_settled_by_a_serial_read():
 def test_every_deleted_row_is_recorded_once_across_store_failures_rechecks_and_crashes(n, failing, crashes):
     """A store failing leaves the object claimed for a recheck in a later batch; any attempt of any batch may
     crash. The ledger gets the outcomes of each batch's attempt that ended."""
-    thing, journal, ledger, crash = Thing(n), MemoryJournal(), [], iter(crashes)
+    thing, journal, ledger, crash = Thing(n), MemoryJournal(), MemoryLedger(), iter(crashes)
     for batch in range(len(failing) + 1):
         thing.failing = {f"r{i}" for i in failing[batch]} if batch < len(failing) else set()
-        outcomes, attempt = None, 0
+        outcomes = None
         while outcomes is None:
-            outcomes = purge(thing, journal, f"q/{batch}", retry=attempt > 0, crash_after=next(crash, None))
-            attempt += 1
-        ledger.extend(outcomes)
+            outcomes = purge(thing, journal, f"q/{batch}", crash_after=next(crash, None))
+        ledger.write(outcomes, f"q/{batch}")
         if not thing.present:
             break
     assert thing.rows == set() and not thing.present
-    purged = Counter((o.kind, o.id) for o in ledger if o.status == PURGED)
-    assert purged == Counter({("row", f"r{i}"): 1 for i in range(n)} | {(None, None): 1}), ledger
+    assert ledger.purged() == Counter({("row", f"r{i}"): 1 for i in range(n)} | {(None, None): 1}), ledger.records

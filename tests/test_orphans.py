@@ -17,11 +17,14 @@ import pytest
 from purger.connectors import cassandra_session, s3_client
 from purger.core.config import LedgerConfig, ReconcileConfig
 from purger.core.failpoints import injected
+from purger.core.policy import SELF
 from purger.core.times import duration_ms, epoch_ms, now_ms
 from purger.core.vocabulary import (
     ALREADY_GONE, EARLIER_ATTEMPT, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, category,
 )
 from purger.sinks.ledger import Ledger
+from purger.sinks.clients import executor_session
+from purger.sinks.journal import CassandraJournal
 from purger.sinks.orphans import MAX_CHARACTER, Sweep, decide, ledger_query_id, list_shard, reconcile_orphans
 
 pytestmark = pytest.mark.integration
@@ -230,6 +233,37 @@ def outcome(values: tuple) -> dict:
     return dict(zip(OUTCOME_SCHEMA.names, values))
 
 
+class Stopped(Exception):
+    """The purger stopped between a sweep's deletes and its ledger write."""
+
+
+def test_a_sweep_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, orphans_config, stores):
+    """Its blobs are deleted and its records lost with it; the next sweep of the bucket finds the sweep's notes
+    and records each of those deletions, once, under the stopped sweep (compared with the blobs the test put
+    and finds gone, not with the purger's counts)."""
+    uid = uuid.uuid4().hex[:8]
+    orphans = [f"s{uid}", f"t{uid}"]
+    for orphan in orphans:
+        stores.put(PREFIX + orphan, "dc1")
+    past_grace()
+    policy = mailbox_policy(orphans_config)
+
+    def stop(name):
+        if name == "before_orphan_ledger_write":
+            raise Stopped(name)
+
+    stopped = uuid.uuid4().hex[:12]
+    with injected(stop), pytest.raises(Stopped):
+        reconcile_orphans(spark, orphans_config, policy, stopped, dry_run=False)
+    assert not any(stores.exists(PREFIX + orphan, "dc1") for orphan in orphans)
+    assert records(spark, orphans_config) == []
+    for _ in range(2):  # the second run has nothing left to record
+        reconcile_orphans(spark, orphans_config, policy, uuid.uuid4().hex[:12], dry_run=False)
+    found = [(r.id, r.dc, r.status, r.query_id) for r in records(spark, orphans_config) if r.status == PURGED]
+    assert sorted(found) == [(orphan, "dc1", PURGED, ledger_query_id(stopped, "mailbox", "payloads", "dc1"))
+                             for orphan in orphans]
+
+
 def test_a_row_written_just_before_the_delete_keeps_the_blob(orphans_config, stores, payloads):
     """The failpoint is where an upload's row lands between the anti-join and the delete: the serial re-read
     sees it. (Spark's Python workers are other processes, so the decision runs here, on the real servers.)"""
@@ -247,7 +281,7 @@ def test_a_row_written_just_before_the_delete_keeps_the_blob(orphans_config, sto
     with injected(upload_lands):
         kept = outcome(decide(orphans_config, sweep(orphans_config), racing, *listed(stores, racing)))
         gone = outcome(decide(orphans_config, sweep(orphans_config), alone, *listed(stores, alone)))
-    assert reached == ["before_orphan_delete"] * 2
+    assert [name for name in reached if "orphan" in name] == ["before_orphan_delete"] * 2
     assert (kept["status"], category(kept["reason"])) == (SKIPPED, PRESENT)
     assert (kept["kind"], kept["id"], kept["rule"], kept["dc"]) == ("payload", racing, ORPHAN, "dc1")
     assert stores.exists(PREFIX + racing, "dc1")
@@ -280,11 +314,17 @@ def test_a_blob_rewritten_or_young_at_the_recheck_is_kept_and_a_gone_one_is_said
     assert result["status"] == WOULD_DELETE and result["deleted_at_ms"] is None
     assert stores.exists(PREFIX + dry, "dc1")
 
-    # Gone meanwhile: already gone; in a retried task, deleted by the attempt that failed.
+    # Gone meanwhile: already gone (another writer deleted it). Found gone after the sweep's intent (a task run
+    # again after it deleted the blob): purged, under the intent's run.
     result = outcome(decide(orphans_config, sweep(orphans_config), gone, now_ms() - 60_000, None))
     assert result["status"] == ALREADY_GONE
-    result = outcome(decide(orphans_config, sweep(orphans_config), gone, now_ms() - 60_000, None, retry=True))
-    assert (result["status"], result["reason"]) == (PURGED, EARLIER_ATTEMPT)
+    again = sweep(orphans_config)
+    journal = CassandraJournal(executor_session(orphans_config), orphans_config.cassandra.keyspace,
+                               orphans_config.cassandra.journal_table)
+    journal.intend(f"{ORPHAN} payload", f"dc1/{gone}", {SELF: f"{again.query_id}/0"})
+    result = outcome(decide(orphans_config, again, gone, now_ms() - 60_000, None))
+    assert (result["status"], category(result["reason"]), result["intent"]) == (
+        PURGED, EARLIER_ATTEMPT, f"{again.query_id}/0")
 
 
 def test_the_shards_list_every_key_under_the_prefix_exactly_once_and_none_outside(stores):

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration  # Spark (a JVM), though no server
 
 def outcome(kind: str, status: str, eligible_at_ms: int | None, deleted_at_ms: int | None) -> tuple:
     """An ``OUTCOME_SCHEMA`` tuple."""
-    return ("mailbox", kind, "x", "rule", None, status, None, eligible_at_ms, 0, deleted_at_ms, 7, "host:1")
+    return ("mailbox", kind, "x", "rule", None, status, None, eligible_at_ms, 0, deleted_at_ms, 7, "host:1", None)
 
 
 def test_the_purge_jobs_tasks_count_every_outcome_and_the_lag_of_each_deletion(spark):
@@ -27,13 +27,15 @@ def test_the_purge_jobs_tasks_count_every_outcome_and_the_lag_of_each_deletion(s
         outcome("message", ERROR, 1_000, None),
         # A policy that does not say when it deleted: counted, with no lag (as the ledger's lag_s is null).
         outcome("message", PURGED, 1_000, None),
+        # A deletion recorded from the purger's intent (the ledger may hold it already): counted apart too.
+        outcome("message", PURGED, 1_000, 4_000)[:-1] + ("q/6",),
     ]
     tally = spark.sparkContext.accumulator(OutcomeTally().zero(), OutcomeTally())
     passed_on = (spark.sparkContext.parallelize(outcomes, 3)
                  .mapPartitions(lambda rows: OutcomeTally.counted(rows, tally)).collect())
 
     assert passed_on == outcomes
-    counts, lags_s = tally.value
-    assert counts == Counter({("message", PURGED): 3, ("payload", PURGED): 1, ("message", SKIPPED): 1,
+    counts, lags_s, (from_intent,) = tally.value
+    assert counts == Counter({("message", PURGED): 4, ("payload", PURGED): 1, ("message", SKIPPED): 1,
                               ("payload", ALREADY_GONE): 1, ("message", ERROR): 1})
-    assert sorted(lags_s) == [0.25, 2.5, 10.0]
+    assert sorted(lags_s) == [0.25, 2.5, 3.0, 10.0] and from_intent == 1

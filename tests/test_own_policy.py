@@ -27,7 +27,7 @@ from purger.config import build_config, with_policies
 from purger.core.policy import Attempt, Candidate, Eligibility  # noqa: E402
 from purger.core.times import epoch_ms, now_ms  # noqa: E402
 from purger.core.vocabulary import (  # noqa: E402
-    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE,
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, category,
 )
 from purger.policies import PolicyError, load_policy  # noqa: E402
 from purger.running import start_purger  # noqa: E402
@@ -148,14 +148,14 @@ def platform(cfg):
 
 @pytest.fixture
 def purge(cfg, platform):
-    """purge(client_id, retry=False, dry_run=False) -> (outcomes, rechecks), by the policy's purger alone."""
+    """purge(client_id, dry_run=False, batch="q/1") -> (outcomes, rechecks), by the policy's purger alone."""
     policy = load_policy("push_clients", SECTION)
 
-    def run(client_id, retry=False, dry_run=False):
+    def run(client_id, dry_run=False, batch="q/1"):
         control = RecordingControl("push_clients")
         purger = policy.purges(resources(platform.session, cfg.cassandra.keyspace, control, dry_run))[PUSH_CLIENT]
         outcomes = list(purger.purge(Candidate(PUSH_CLIENT, client_id, INACTIVE, eligible_at_ms=0),
-                                     Attempt(retry=retry)))
+                                     Attempt(batch=batch)))
         return outcomes, control.rechecks
 
     return run
@@ -169,7 +169,7 @@ def raced(purger, client, n, writer):
 
     def purge_it():
         start.wait()
-        result["outcomes"] = list(purger.purge(Candidate(PUSH_CLIENT, client, INACTIVE, 0), Attempt(False)))
+        result["outcomes"] = list(purger.purge(Candidate(PUSH_CLIENT, client, INACTIVE, 0), Attempt()))
 
     thread = threading.Thread(target=purge_it)
     thread.start()
@@ -201,14 +201,16 @@ def test_the_purger_claims_then_deletes_messages_then_the_router(platform, purge
     assert [(o.status, o.kind, o.id) for o in outcomes] == [
         *((PURGED, PUSH_MESSAGE, f"{client}/m{i}") for i in range(3)), (PURGED, None, None)]
     assert rechecks == [] and platform.router(client) is None and platform.messages(client) == {}
-    # Gone: already gone, or on a retry of the batch deleted by the attempt that failed, with the messages
-    # that attempt kept in the journal.
-    assert [o.status for o in purge(client)[0]] == [ALREADY_GONE]
-    again, _ = purge(client, retry=True)
-    assert [(o.status, o.kind, o.id, o.reason) for o in again] == [
-        *((PURGED, PUSH_MESSAGE, f"{client}/m{i}", EARLIER_ATTEMPT) for i in range(3)),
-        (PURGED, None, None, EARLIER_ATTEMPT)]
-    assert [o.status for o in purge(client, retry=True, dry_run=True)[0]] == [ALREADY_GONE]
+    # Found gone again (an attempt whose outcomes were lost, a later batch, a replay): recorded from the
+    # purger's intent, under the batch that meant each deletion, so the ledger keeps the same records once.
+    # A dry run: gone.
+    again, _ = purge(client, batch="q/2")
+    assert [(o.status, o.kind, o.id, category(o.reason), o.intent) for o in again] == [
+        *((PURGED, PUSH_MESSAGE, f"{client}/m{i}", EARLIER_ATTEMPT, "q/1") for i in range(3)),
+        (PURGED, None, None, EARLIER_ATTEMPT, "q/1")]
+    assert [o.status for o in purge(client, dry_run=True)[0]] == [ALREADY_GONE]
+    # A client the platform removed itself: no intent, so already gone.
+    assert [o.status for o in purge(f"gone-{uuid.uuid4().hex[:8]}")[0]] == [ALREADY_GONE]
 
 
 @integration
@@ -237,7 +239,7 @@ def test_a_claimed_row_is_finished_by_the_next_attempt_and_a_dry_run_leaves_it(p
     assert (outcome.status, outcome.reason) == (SKIPPED, f"{BEING_DELETED}: by a real run")
     # A message stored while a purge holds the row is refused and removed again: none is left without a router.
     assert platform.send_message(client, "late", b"x") is False and "late" not in platform.messages(client)
-    outcomes, _ = purge(client, retry=True)
+    outcomes, _ = purge(client)
     assert [o.status for o in outcomes] == [PURGED] * 4 and platform.router(client) is None
 
 

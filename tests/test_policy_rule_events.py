@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from purger.core.policy import Attempt, Candidate, Eligibility
 from purger.core.times import epoch_ms, now_ms, parse_timestamp
-from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE
+from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE, category
 from purger.policies import PolicyError, load_policy
 from purger.policies.rule_events import (
     COMPLETE, FAILED, KIND, PROCESSING, RULE_EVENT_STATUS, STATUSES, UNPROCESSED, RuleEventsPolicy, StatusEvent,
@@ -128,14 +128,14 @@ def platform(config, keyspace, topic):
 
 @pytest.fixture
 def purge(keyspace):
-    """purge(id, rule, retry=False, dry_run=False) -> (outcomes, rechecks), with the default periods."""
+    """purge(id, rule, dry_run=False, batch="q/1") -> (outcomes, rechecks), with the default periods."""
     session, name = keyspace
     policy = load_policy("rule_events", {"enabled": True})
 
-    def run(rule_event_id, rule, retry=False, dry_run=False):
+    def run(rule_event_id, rule, dry_run=False, batch="q/1"):
         control = RecordingControl("rule_events")
         purger = policy.purges(resources(session, name, control, dry_run))[KIND]
-        outcomes = list(purger.purge(Candidate(KIND, rule_event_id, rule, eligible_at_ms=0), Attempt(retry=retry)))
+        outcomes = list(purger.purge(Candidate(KIND, rule_event_id, rule, eligible_at_ms=0), Attempt(batch=batch)))
         return outcomes, control.rechecks
 
     return run
@@ -201,13 +201,19 @@ def test_a_row_due_under_another_rule_is_rechecked_at_once_and_then_purged(platf
 
 
 @pytest.mark.integration
-def test_a_gone_row_is_already_gone_or_on_a_retry_purged_by_the_earlier_attempt(purge):
+def test_a_gone_row_is_already_gone_unless_the_purger_meant_to_delete_it(platform, purge):
+    """No intent (the platform removed it): already gone, in any batch. The purger's own deletion found gone
+    again (a retry whose first attempt's outcomes were lost, a later batch, a replay): purged, from its intent,
+    under the batch that meant it, so the ledger keeps one record."""
     (outcome,), rechecks = purge(new_id(), rule_name(COMPLETE))
     assert outcome.status == ALREADY_GONE and rechecks == []
+    old = new_id()
+    platform.raise_event(old, "m1", "route", COMPLETE, at=ago(8 * DAY))
+    assert [o.status for o in purge(old, rule_name(COMPLETE))[0]] == [PURGED]
     before = now_ms()
-    (outcome,), rechecks = purge(new_id(), rule_name(COMPLETE), retry=True)
-    assert (outcome.status, outcome.reason) == (PURGED, EARLIER_ATTEMPT) and outcome.deleted_at_ms >= before
-    assert rechecks == []
+    (outcome,), rechecks = purge(old, rule_name(COMPLETE), batch="q/2")
+    assert (outcome.status, category(outcome.reason), outcome.intent) == (PURGED, EARLIER_ATTEMPT, "q/1")
+    assert outcome.deleted_at_ms >= before and rechecks == []
 
 
 @pytest.mark.integration
@@ -218,7 +224,7 @@ def test_a_dry_run_deletes_nothing(platform, purge):
     assert [o.status for o in purge(old, rule_name(COMPLETE), dry_run=True)[0]] == [WOULD_DELETE]
     (outcome,), rechecks = purge(fresh, rule_name(COMPLETE), dry_run=True)
     assert outcome.status == SKIPPED and outcome.reason.startswith("not yet due: ") and rechecks == []
-    assert [o.status for o in purge(gone, rule_name(COMPLETE), retry=True, dry_run=True)[0]] == [ALREADY_GONE]
+    assert [o.status for o in purge(gone, rule_name(COMPLETE), dry_run=True)[0]] == [ALREADY_GONE]
     assert platform.row(old) is not None and platform.row(fresh) is not None
 
 

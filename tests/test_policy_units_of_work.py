@@ -14,7 +14,7 @@ from purger.core.failpoints import injected
 from purger.core.policy import Attempt, Candidate, Eligibility
 from purger.core.times import now_ms, parse_timestamp
 from purger.core.vocabulary import (
-    ALREADY_GONE, EARLIER_ATTEMPT, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, category,
+    EARLIER_ATTEMPT, KEPT_BY_RULE, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, category,
 )
 from purger.policies import PolicyError, load_policy
 from purger.policies.units_of_work import (
@@ -235,7 +235,7 @@ def test_the_nine_examples_moved_to_today_are_purged_or_kept_whole(store, number
     row = today_example(example.row)
     write(platform, uow, row)
     control = RecordingControl("units_of_work")
-    outcomes = list(purger_for(store, control, **example.settings).purge(candidate(uow), Attempt(retry=False)))
+    outcomes = list(purger_for(store, control, **example.settings).purge(candidate(uow), Attempt()))
     if example.purged:
         assert [(o.status, o.kind) for o in outcomes] == [(PURGED, UOW_OBJECT)] * 3 + [(PURGED, None)]
         assert sorted(o.id for o in outcomes[:3]) == [f"{uow}/MDS/o1", f"{uow}/PDS/o2", f"{uow}/SUMMARY/o0"]
@@ -256,7 +256,7 @@ def test_a_dry_run_deletes_nothing(store):
     write(platform, "dry", dict(journey_type="PAYMENT", started_at=years_ago(3), finished_at=years_ago(3, -1),
                                 archived_at=None), children=4)
     purger = purger_for(store, RecordingControl("units_of_work"), dry_run=True)
-    outcomes = list(purger.purge(candidate("dry"), Attempt(False)))
+    outcomes = list(purger.purge(candidate("dry"), Attempt()))
     assert [(o.status, o.kind) for o in outcomes] == [(WOULD_DELETE, UOW_OBJECT)] * 4 + [(WOULD_DELETE, None)]
     assert len({o.id for o in outcomes[:4]}) == 4 and all(o.id.startswith("dry/") for o in outcomes[:4])
     unit, children = platform.rows("dry")
@@ -265,7 +265,7 @@ def test_a_dry_run_deletes_nothing(store):
     write(platform, "dry-later", dict(journey_type="PAYMENT", started_at=years_ago(1), finished_at=years_ago(1, -1),
                                       archived_at=None), children=2)
     control = RecordingControl("units_of_work")
-    [kept] = purger_for(store, control, dry_run=True).purge(candidate("dry-later"), Attempt(False))
+    [kept] = purger_for(store, control, dry_run=True).purge(candidate("dry-later"), Attempt())
     assert kept.status == SKIPPED and category(kept.reason) == NOT_YET_DUE and control.rechecks == []
 
 
@@ -276,24 +276,25 @@ def test_a_crash_after_the_first_child_is_finished_by_the_retry_and_writers_keep
                                   archived_at=None), children=5)
     purger = purger_for(store, RecordingControl("units_of_work"))
     with pytest.raises(Crash), injected(crash_at("after_unit_of_work_dependent_delete")):
-        list(purger.purge(candidate("crash"), Attempt(retry=False, batch="q/1")))
+        list(purger.purge(candidate("crash"), Attempt(batch="q/1")))
     unit, children = platform.rows("crash")
     assert unit["purge_started_at"] is not None and children == 4
     # Claimed: a writer is refused, and treats the unit as gone.
     assert not platform.archive("crash", datetime.now(UTC))
     assert platform.rows("crash")[0]["archived_at"] is None
-    outcomes = list(purger.purge(candidate("crash"), Attempt(retry=True, batch="q/1")))
+    outcomes = list(purger.purge(candidate("crash"), Attempt(batch="q/1")))
     # The first child went with the crashed attempt; the journal kept its key, so the retry records it.
-    assert [(o.status, o.kind, o.reason) for o in outcomes] == [(PURGED, UOW_OBJECT, EARLIER_ATTEMPT)] + \
+    assert [(o.status, o.kind, o.reason and category(o.reason)) for o in outcomes] == [(PURGED, UOW_OBJECT, EARLIER_ATTEMPT)] + \
         [(PURGED, UOW_OBJECT, None)] * 4 + [(PURGED, None, None)]
     assert len({o.id for o in outcomes}) == 6
     assert platform.rows("crash") == (None, 0)
-    # Found gone in another retry of the batch (its last attempt's outcomes lost too): the unit and every
-    # object the batch's journal kept, by the attempt that failed; in a later batch, already gone.
-    again = list(purger.purge(candidate("crash"), Attempt(retry=True, batch="q/1")))
-    assert {(o.status, o.kind, o.id, o.reason) for o in again} == {
-        (PURGED, o.kind, o.id, EARLIER_ATTEMPT) for o in outcomes}
-    assert [o.status for o in purger.purge(candidate("crash"), Attempt(retry=False, batch="q/2"))] == [ALREADY_GONE]
+    # Found gone in another retry of the batch (its last attempt's outcomes lost too) or in a later batch: the
+    # unit and every object its intent named, recorded from the intent under the batch that meant them (the
+    # same records, which the ledger keeps once).
+    for batch in ("q/1", "q/2"):
+        again = list(purger.purge(candidate("crash"), Attempt(batch=batch)))
+        assert {(o.status, o.kind, o.id, category(o.reason), o.intent) for o in again} == {
+            (PURGED, o.kind, o.id, EARLIER_ATTEMPT, "q/1") for o in outcomes}
     assert not platform.finish("crash", datetime.now(UTC)) and platform.rows("crash") == (None, 0)
 
 
@@ -311,14 +312,14 @@ def test_a_writer_finishing_the_unit_between_the_check_and_the_claim_keeps_it_wh
 
     before = now_ms()
     with injected(writer_lands):
-        [kept] = purger.purge(candidate("race"), Attempt(retry=False))
+        [kept] = purger.purge(candidate("race"), Attempt())
     assert (kept.status, kept.reason) == (SKIPPED, f"{KEPT_BY_RULE}: changed while being purged")
     [(_, _, _, recheck_at)] = control.rechecks
     assert recheck_at >= before + 2000
     unit, children = platform.rows("race")
     assert unit["purge_started_at"] is None and children == 3
     # Looked at again: finished just now, so due in two years.
-    [later] = purger.purge(candidate("race"), Attempt(retry=False))
+    [later] = purger.purge(candidate("race"), Attempt())
     assert later.status == SKIPPED and category(later.reason) == NOT_YET_DUE
 
 

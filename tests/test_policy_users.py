@@ -23,7 +23,7 @@ from purger.core.failpoints import injected
 from purger.core.policy import Attempt, Candidate, Eligibility
 from purger.core.times import epoch_ms, now_ms, parse_timestamp
 from purger.core.vocabulary import (
-    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE,
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, category,
 )
 from purger.policies import PolicyError, load_policy
 from purger.policies.users import (
@@ -173,13 +173,13 @@ def purger(keyspace, grace="1h", dry_run=False):
 
 @pytest.fixture
 def purge(keyspace):
-    """purge(user_id, retry=False, dry_run=False) -> (outcomes, rechecks), with a grace of an hour."""
+    """purge(user_id, dry_run=False, batch="q/1") -> (outcomes, rechecks), with a grace of an hour."""
 
-    def run(user_id, retry=False, dry_run=False, failpoint=lambda name: None):
+    def run(user_id, dry_run=False, failpoint=lambda name: None, batch="q/1"):
         users, control = purger(keyspace, dry_run=dry_run)
         with injected(failpoint):
             outcomes = list(users.purge(Candidate(USER, user_id, USER_ABSENT, eligible_at_ms=0),
-                                        Attempt(retry=retry)))
+                                        Attempt(batch=batch)))
         return outcomes, control.rechecks
 
     return run
@@ -256,7 +256,7 @@ def test_a_dry_run_deletes_nothing(platform, purge):
                                  (WOULD_DELETE, MAILBOX_PERMISSION, f"{user_id}/inbox"),
                                  (WOULD_DELETE, VIRTUAL_ROOT, user_id), (WOULD_DELETE, None, None)]
     assert intact(platform.rows(user_id)) and rechecks == []
-    assert deleted(purge(new_user(), retry=True, dry_run=True)[0]) == [(ALREADY_GONE, None, None)]
+    assert deleted(purge(new_user(), dry_run=True)[0]) == [(ALREADY_GONE, None, None)]
     # Not yet due: kept, as in a real run, but a dry run sends no recheck (the engine's protocol, every policy).
     recent = absent_user(platform, removed_ago=timedelta(minutes=10))
     (outcome,), rechecks = purge(recent, dry_run=True)
@@ -264,13 +264,18 @@ def test_a_dry_run_deletes_nothing(platform, purge):
 
 
 @pytest.mark.integration
-def test_a_gone_user_is_already_gone_or_on_a_retry_purged_by_the_earlier_attempt(purge):
+def test_a_gone_user_is_already_gone_unless_the_purger_meant_to_delete_it(platform, purge):
+    """No intent (removed by another writer): already gone. The purger's own deletion found gone again: purged,
+    from its intent, each row under the batch that meant it."""
     (outcome,), rechecks = purge(new_user())
     assert outcome.status == ALREADY_GONE and rechecks == []
+    user_id = absent_user(platform)
+    first, _ = purge(user_id)
     before = now_ms()
-    (outcome,), rechecks = purge(new_user(), retry=True)
-    assert (outcome.status, outcome.reason) == (PURGED, EARLIER_ATTEMPT) and outcome.deleted_at_ms >= before
-    assert rechecks == []
+    again, rechecks = purge(user_id, batch="q/2")
+    assert [(o.status, o.kind, o.id) for o in again] == [(o.status, o.kind, o.id) for o in first]
+    assert {(category(o.reason), o.intent) for o in again} == {(EARLIER_ATTEMPT, "q/1")}
+    assert all(o.deleted_at_ms >= before for o in again) and rechecks == []
 
 
 class Crash(Exception):
@@ -291,21 +296,24 @@ def test_a_purge_that_crashed_after_claiming_the_user_is_finished_by_the_retry(p
     assert rows["user"]["state"] == PURGING and set(rows["permissions"]) == {"inbox"}
     (outcome,), _ = purge(user_id, dry_run=True)
     assert (outcome.status, outcome.reason) == (SKIPPED, f"{BEING_DELETED}: by a real run")
-    outcomes, rechecks = purge(user_id, retry=True)
+    outcomes, rechecks = purge(user_id)
     # The first permission row went with the crashed attempt, whose outcome was lost with it: the
     # journal kept its key, so the retry records it, by the earlier attempt.
     assert deleted(outcomes) == [(PURGED, MAILBOX_PERMISSION, f"{user_id}/archive"),
                                  (PURGED, MAILBOX_PERMISSION, f"{user_id}/inbox"), (PURGED, VIRTUAL_ROOT, user_id),
                                  (PURGED, None, None)]
-    assert [o.reason for o in outcomes] == [EARLIER_ATTEMPT, None, None, None]
+    assert [o.reason and category(o.reason) for o in outcomes] == [EARLIER_ATTEMPT, None, None, None]
     assert platform.rows(user_id) == GONE and rechecks == []
-    # Not on a retried batch, a row found gone was recorded by the attempt that deleted it.
+    # Finished by a later batch instead (its recheck): the crashed attempt's row is recorded the same way,
+    # under the batch that meant it, so the record is the one that batch would have written.
     user_id = absent_user(platform)
     with pytest.raises(Crash, match="after_user_dependent_delete"):
         purge(user_id, failpoint=crash)
-    outcomes, _ = purge(user_id)
-    assert deleted(outcomes) == [(PURGED, MAILBOX_PERMISSION, f"{user_id}/inbox"), (PURGED, VIRTUAL_ROOT, user_id),
+    outcomes, _ = purge(user_id, batch="q/2")
+    assert deleted(outcomes) == [(PURGED, MAILBOX_PERMISSION, f"{user_id}/archive"),
+                                 (PURGED, MAILBOX_PERMISSION, f"{user_id}/inbox"), (PURGED, VIRTUAL_ROOT, user_id),
                                  (PURGED, None, None)]
+    assert [o.intent for o in outcomes] == ["q/1", None, None, None]
 
 
 @pytest.mark.integration
@@ -349,7 +357,7 @@ def test_a_user_added_back_while_being_purged_never_loses_a_row(keyspace, platfo
         def purge():
             gate.wait()
             time.sleep(random.random() * 0.004)
-            result["purge"] = list(users.purge(Candidate(USER, user_id, USER_ABSENT, 0), Attempt(retry=False)))
+            result["purge"] = list(users.purge(Candidate(USER, user_id, USER_ABSENT, 0), Attempt()))
 
         def add_back():
             gate.wait()

@@ -347,7 +347,7 @@ def purged_now(table: Table, sample: Sample) -> bool:
     candidate = Candidate(scanned.kind, str(sample.row[scanned.id_column]), "", 0)
     if purge.claimed(purge.read(candidate)):
         return True
-    return [outcome.status for outcome in purge.purge(candidate, Attempt(retry=False))][-1] == WOULD_DELETE
+    return [outcome.status for outcome in purge.purge(candidate, Attempt())][-1] == WOULD_DELETE
 
 
 def holds(rule: Rule, row: dict[str, Any]) -> bool:

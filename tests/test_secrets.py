@@ -213,7 +213,7 @@ def test_the_aws_credential_chain_reaches_the_stores_and_the_s3a_ledger(spark, c
         ledger = Ledger(spark, ledger_config)
         at = int(time.time() * 1000)
         ledger.append(spark.createDataFrame(
-            [("mailbox", "message", "m1", "deleted", None, "purged", None, at, at, at, 0, "host:1")], OUTCOME_SCHEMA),
+            [("mailbox", "message", "m1", "deleted", None, "purged", None, at, at, at, 0, "host:1", None)], OUTCOME_SCHEMA),
             "aws-chain", 0)
         assert ledger.records().count() == 1
     finally:

@@ -72,6 +72,8 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
             f"on Kafka {bootstrap}",
             f"created topic test.{run}.setup.reconcile (kafka.reconcile_topic: 2 partitions, kept 7 days) "
             f"on Kafka {bootstrap}",
+            f"created topic test.{run}.setup.control.dry-run (kafka.control_topic of a dry run: 1 partition, "
+            f"kept 30 days) on Kafka {bootstrap}",
             f"created table {keyspace}.journal_{run} (cassandra.journal_table, the purger's journal) "
             f"on Cassandra {cassandra_address(config)}",
         ]
@@ -92,7 +94,8 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
                f"topic {own.kafka.control_topic}, topic {own.kafka.dead_letter_topic}, " \
                f"topic {own.kafka.reconcile_topic}" in again.stdout
     finally:
-        admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic])
+        admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic,
+                             f"{own.kafka.control_topic}.dry-run"])
         admin.close()
         session = cassandra_session(config.cassandra)
         session.execute(f"DROP TABLE IF EXISTS {keyspace}.journal_{run}")
@@ -147,6 +150,40 @@ def test_a_column_that_does_not_exist_is_one_line(config, tmp_path):
         f"Cassandra {cassandra_address(config)}: column {keyspace}.messages.deleted does not exist (policy mailbox "
         f"reads it); add it as in the policy's reference schema (ALTER TABLE {keyspace}.messages ADD deleted ...; "
         "`purger schema` shows the reference CQL)"]
+
+
+def test_setup_says_what_the_keyspaces_replication_asks_of_the_platforms_writes(config, tmp_path):
+    """The local stack's replication (one replica in its one data centre), then three replicas there (a factor
+    above the nodes is only warned of, and setup reads the schema only), then SimpleStrategy."""
+    writer_contract = "(docs/policies.md, the writer contract across data centres)"
+    with policy_keyspace(MailboxPolicy, "test_replication", config.cassandra) as (session, keyspace):
+        dc = session.execute("SELECT data_center FROM system.local").one().data_center
+        own = variant(config, cassandra={"keyspace": keyspace})
+
+        def replicate(replication: str) -> None:
+            session.execute(f"ALTER KEYSPACE {keyspace} WITH replication = {replication}", timeout=60)
+
+        one = setup(own, tmp_path)
+        assert one.exit_code == 0, one.output
+        assert one.stdout.splitlines()[-1] == (
+            f"keyspace {keyspace}: NetworkTopologyStrategy {dc}=1; a platform write at LOCAL_QUORUM (1 of 1, in {dc}) "
+            "is seen by the purger's SERIAL checks (any 1 of 1): revivals may be written at LOCAL_QUORUM, QUORUM or "
+            "EACH_QUORUM, or like payload links and users added again as lightweight transactions at SERIAL or "
+            f"LOCAL_SERIAL {writer_contract}")
+
+        replicate(f"{{'class': 'NetworkTopologyStrategy', '{dc}': 3}}")
+        three = setup(own, tmp_path)
+        assert three.exit_code == 0, three.output
+        assert three.stdout.splitlines()[-1].startswith(
+            f"keyspace {keyspace}: NetworkTopologyStrategy {dc}=3; a platform write at LOCAL_QUORUM (2 of 3, in {dc}) "
+            "is seen by the purger's SERIAL checks (any 2 of 3)")
+
+        replicate("{'class': 'SimpleStrategy', 'replication_factor': 2}")
+        simple = setup(own, tmp_path)
+        assert simple.exit_code == 0, simple.output
+        assert simple.stdout.splitlines()[-1].startswith(
+            f"keyspace {keyspace}: SimpleStrategy replication_factor=2; a platform write at LOCAL_QUORUM (2 of 2, in "
+            f"{dc}) is seen by the purger's SERIAL checks (any 2 of 2)")
 
 
 def test_a_keyspace_that_does_not_exist_is_one_line_not_one_per_table(config, tmp_path):

@@ -3,18 +3,18 @@
 import random
 import threading
 import time
-from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from purger.connectors import cassandra_session
 from purger.connectors.request_counts import PAXOS_ROUNDS, RequestCounts
-from purger.core.policy import Attempt, Candidate
+from purger.core.policy import SELF, Attempt, Candidate, Dependent
 from purger.core.times import now_ms
-from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, ERROR, PURGED, SKIPPED, WOULD_DELETE
+from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, ERROR, PURGED, SKIPPED, WOULD_DELETE, category
 from purger.policies.mailbox.deletes import DELETING, payload_key
 from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD
+from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
 from purger.sinks.purge import purge_partition
 from tests.support.configs import mailbox
@@ -69,8 +69,10 @@ def test_an_eligible_row_is_deleted_once(platform, deleter, config, rule):
     # Its payload, referred to by no other message, is released.
     assert [(event, payload) for event, payload, *_ in control.reports if payload == f"p-{m}"] == \
         [("payload_released", f"p-{m}")]
-    # A later batch finds the row gone and says so, rather than skipping it.
-    assert purge_message(purge, m, rule, payload_id=f"p-{m}").status == ALREADY_GONE
+    # A later batch finds the row gone: the purger's own deletion, recorded again from its intent under the
+    # batch that meant it (the same record, which the ledger keeps once).
+    again = purge_message(purge, m, rule, payload_id=f"p-{m}", batch="q/2")
+    assert (again.status, category(again.reason), again.intent) == (PURGED, EARLIER_ATTEMPT, "q/1")
 
 
 @pytest.mark.parametrize("rule", list(REVIVE))
@@ -141,11 +143,12 @@ def test_a_decision_not_to_delete_takes_no_paxos_round_and_a_deleted_message_one
         counts.taken()
 
         def decided(purge, kind, object_id, rule, hint):
-            *_, outcome = purge.purge(Candidate(kind, object_id, rule, now_ms(), hint), Attempt(retry=False))
+            *_, outcome = purge.purge(Candidate(kind, object_id, rule, now_ms(), hint), Attempt())
             taken = counts.taken()
             return outcome.status, sum(taken[k] for k in PAXOS_ROUNDS)
 
-        for m, expected in ((due, (PURGED, 1)), (due, (ALREADY_GONE, 0)), (later, (SKIPPED, 0)), (live, (SKIPPED, 0))):
+        # Found gone again after its purge: recorded from the purger's intent, with no Paxos round either.
+        for m, expected in ((due, (PURGED, 1)), (due, (PURGED, 0)), (later, (SKIPPED, 0)), (live, (SKIPPED, 0))):
             assert decided(messages, "message", m, EXPIRED_BY_COUNTER, {"payload_id": f"p-{m}"}) == expected, m
         assert decided(payloads, "payload", f"p-{live}", PAYLOAD, {}) == (SKIPPED, 0)  # referenced
         assert decided(payloads, "payload", new_id("pay"), PAYLOAD, {}) == (ALREADY_GONE, 0)
@@ -155,19 +158,19 @@ def test_a_decision_not_to_delete_takes_no_paxos_round_and_a_deleted_message_one
 
 
 def test_a_partition_run_again_in_its_batch_records_what_the_first_run_deleted(platform, config):
-    """However Spark runs a partition again (a task, a stage or the batch retried), its start is in the journal:
-    the second run records the message the first deleted as purged by it, not as already gone."""
+    """However Spark runs a partition again (a task, a stage or the batch retried), the second run records the
+    message the first deleted from its intent, as the same record; so does a later batch."""
     m = new_id()
     counter_case(platform, mailbox(config), m)
     query = new_id("query")
     runs = [[(o[1], o[5], o[6]) for o in purge_partition([candidate("message", m, EXPIRED_BY_COUNTER,
                                                                     payload_id=f"p-{m}")], config, 7, query_id=query)]
             for _ in range(2)]
-    assert runs == [[("message", PURGED, None)], [("message", PURGED, EARLIER_ATTEMPT)]]
-    # Another batch of the same query is a first run again: the row is gone, already.
+    assert [[(kind, status, why and category(why)) for kind, status, why in run] for run in runs] == [
+        [("message", PURGED, None)], [("message", PURGED, EARLIER_ATTEMPT)]]
     [outcome] = purge_partition([candidate("message", m, EXPIRED_BY_COUNTER, payload_id=f"p-{m}")], config, 8,
                                 query_id=query)
-    assert outcome[5] == ALREADY_GONE
+    assert (outcome[5], outcome[-1]) == (PURGED, f"{query}/7")
 
 
 def test_payload_blobs_go_from_every_data_centre(platform, config):
@@ -182,44 +185,28 @@ def test_payload_blobs_go_from_every_data_centre(platform, config):
     assert errors["dc1"] is None and "dc9" in errors["dc9"]
 
 
-def test_blobs_left_go_many_to_a_request_per_data_centre(platform, config, dc2_proxy):
-    """``delete_later``: a data centre's keys go together in one multi-object delete once ``keys_per_request``
-    wait, the rest at the flush; a store that fails, or none configured, gives its keys back."""
-    payloads = [new_id("pay") for _ in range(5)]
-    for p in payloads:
-        platform.enqueue(new_id(), p, dcs=("dc1", "dc2"))
-    stores = ObjectStores(config.stores, keys_per_request=3)
-    sent = Counter()
-    for dc in ("dc1", "dc2"):
-        stores._client(dc).meta.events.register(
-            "before-call.s3", lambda model, dc=dc, **_: sent.update([(dc, model.name)]))
-    for p in payloads:
-        stores.delete_later(payload_key(p), ["dc1", "dc2"])
-    assert [platform.blob_exists(p, "dc1") for p in payloads] == [False, False, False, True, True]
-    assert stores.flush() == {"dc1": [], "dc2": []}
-    assert not any(platform.blob_exists(p, dc) for p in payloads for dc in ("dc1", "dc2"))
-    assert sent == {("dc1", "DeleteObjects"): 2, ("dc2", "DeleteObjects"): 2}
-
-    left = new_id("pay")
-    platform.enqueue(new_id(), left, dcs=("dc1", "dc2"))
-    dc2_proxy.cut()
-    try:
-        stores.delete_later(payload_key(left), ["dc1", "dc2", "dc9"])
-        assert stores.flush() == {"dc1": [], "dc2": [payload_key(left)], "dc9": [payload_key(left)]}
-    finally:
-        dc2_proxy.restore()
-    assert not platform.blob_exists(left, "dc1") and platform.blob_exists(left, "dc2")
-
-
-def test_a_payload_found_gone_has_its_blobs_deleted_again_by_its_tasks_end(platform, config):
-    """The platform removed the row itself, leaving the blobs: the purge finds it gone, and its task leaves
-    nothing behind."""
+def test_a_payload_found_gone_is_the_purgers_deletion_only_with_its_intent(platform, config):
+    """The platform removed the row itself, leaving the blobs: already gone, nothing recorded as purged, and the
+    blobs left to the orphan sweep (which records what it deletes). A payload the purger meant to delete, found
+    gone with its blobs left (another writer removed the row after the intent): the blobs deleted again, and
+    every deletion of the intent recorded, under the batch that meant it."""
+    table = mailbox(config).payloads_table
     p = unreferenced_payload(platform, config)
-    platform.session.execute(f"DELETE FROM {mailbox(config).payloads_table} WHERE payload_id = %s", (p,))
-    assert platform.blob_exists(p, "dc1") and platform.blob_exists(p, "dc2")
+    platform.session.execute(f"DELETE FROM {table} WHERE payload_id = %s", (p,))
     [outcome] = purge(config, candidate("payload", p, PAYLOAD))
     assert outcome["status"] == ALREADY_GONE
-    assert platform.payload_gone(p)
+    assert platform.blob_exists(p, "dc1") and platform.blob_exists(p, "dc2")
+
+    meant = unreferenced_payload(platform, config)
+    journal = CassandraJournal(platform.session, config.cassandra.keyspace, config.cassandra.journal_table)
+    journal.intend("payload", meant, {Dependent("payload", meant, print, dc).key: "q/1" for dc in ("dc1", "dc2")}
+                   | {SELF: "q/1"})
+    platform.session.execute(f"DELETE FROM {table} WHERE payload_id = %s", (meant,))
+    outcomes = purge(config, candidate("payload", meant, PAYLOAD))
+    assert [(o["dc"], o["status"], category(o["reason"]), o["intent"]) for o in outcomes] == [
+        ("dc1", PURGED, EARLIER_ATTEMPT, "q/1"), ("dc2", PURGED, EARLIER_ATTEMPT, "q/1"),
+        (None, PURGED, EARLIER_ATTEMPT, "q/1")]
+    assert platform.payload_gone(meant)
 
 
 # --- the payload protocol, through the sink's own code --------------------------------------
@@ -270,11 +257,13 @@ def test_one_data_centre_failing_does_not_hold_the_others_back(platform, config,
     row = platform.payload_row(p)
     assert row["state"] == DELETING and row["dcs"] == {"dc2"}
     assert not platform.blob_exists(p, "dc1") and platform.blob_exists(p, "dc2")
-    # The retry finishes dc2 only, then the row.
+    # The retry, a batch of its own, finishes dc2 only, then the row; dc1's deletion is recorded again from the
+    # intent, under the first batch: the same record, which the ledger keeps once.
     outcomes = purge(config, candidate("payload", p, PAYLOAD))
-    assert [(o["dc"], o["status"]) for o in outcomes] == [("dc2", PURGED), (None, PURGED)]
+    assert [(o["dc"], o["status"], o["intent"] is not None) for o in outcomes] == [
+        ("dc1", PURGED, True), ("dc2", PURGED, False), (None, PURGED, False)]
     assert platform.payload_row(p) is None and not platform.blob_exists(p, "dc2")
-    assert purge(config, candidate("payload", p, PAYLOAD))[0]["status"] == ALREADY_GONE
+    assert {o["status"] for o in purge(config, candidate("payload", p, PAYLOAD))} == {PURGED}  # from the intent
 
 
 def test_writers_linking_to_payloads_being_purged_never_lose_a_referenced_payload(platform, config):

@@ -17,8 +17,8 @@ row's ``dcs``, and the row last. One store failing does not hold the others
 back; the failed ones are retried after ``retry_interval``.
 
 Dependents go before the record that leads to them, so a crash anywhere is
-finished by the retry of the batch: a row found already gone still has its
-reference, blobs and payload row seen to, all idempotently.
+finished by the retry of the batch: a row the purger meant to delete and finds
+gone still has its reference, blobs and payload row seen to, all idempotently.
 
 Both run in the engine's one protocol (``purger.core.policy.ObjectPurge``): a
 message's conditional delete is its claim (``deletes_first``); a payload is
@@ -27,7 +27,7 @@ claimed, its blobs are its dependents (one per data centre), its row goes last.
 Example::
 
     purges = MailboxPolicy(MailboxSettings()).purges(resources)
-    list(purges["message"].purge(Candidate("message", "m1", "expired_by_counter", 0), Attempt(retry=False)))
+    list(purges["message"].purge(Candidate("message", "m1", "expired_by_counter", 0), Attempt()))
 """
 
 from __future__ import annotations
@@ -203,11 +203,12 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         return self.tables.applied(self.delete_row, candidate.id)
 
     def leftovers(self, candidate: Candidate) -> list[Dependent]:
-        # The blobs go before the row, so they are usually gone too; deleting again is harmless, and waits
-        # for the task's end to go with others in one request (a gone payload's id is never stored again).
-        return [Dependent(PAYLOAD, candidate.id, partial(self.resources.stores.delete_later,
-                                                         payload_key(candidate.id), [dc]), dc=dc)
+        # The blobs go before the row, so they are usually gone too; deleting again is harmless.
+        return [Dependent(PAYLOAD, candidate.id, partial(self._delete_left_blob, candidate.id, dc), dc=dc)
                 for dc in sorted(candidate.hint.get("dcs") or ())]
+
+    def _delete_left_blob(self, payload_id: str, dc: str) -> str | None:
+        return self.resources.stores.delete(payload_key(payload_id), [dc])[dc]
 
     def _delete_blob(self, payload_id: str, dc: str) -> str | None:
         error = self.resources.stores.delete(payload_key(payload_id), [dc])[dc]

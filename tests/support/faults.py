@@ -1,14 +1,18 @@
-"""Fault injection in front of a real server: a TCP proxy that can be cut and restored.
+"""Fault injection in front of a real server: a TCP proxy that can be cut and restored, or hold the server's
+answers.
 
 The server behind it is the real one; the proxy only decides whether bytes get
 through, so a client sees exactly what it would see when a data centre's
-endpoint goes away (connections refused mid-way or reset).
+endpoint goes away (connections refused mid-way or reset), or when a request
+reaches the server and its answer is late (a timeout whose request applied).
 
 Example::
 
     proxy = TcpProxy("127.0.0.1", 9000).start()   # proxy.port forwards to 9000
     proxy.cut()        # new and open connections fail
     proxy.restore()
+    proxy.hold()       # requests still reach the server; its answers wait
+    proxy.release()    # the answers held go, in order
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ class TcpProxy:
         self.broken = threading.Event()
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._holding = False
+        self._held: list[tuple[socket.socket, bytes]] = []  # the server's answers, in order, while holding
 
     def start(self) -> "TcpProxy":
         threading.Thread(target=self._accept, name="tcp-proxy", daemon=True).start()
@@ -41,6 +47,20 @@ class TcpProxy:
 
     def restore(self) -> None:
         self.broken.clear()
+
+    def hold(self) -> None:
+        with self._lock:
+            self._holding = True
+
+    def release(self) -> None:
+        with self._lock:
+            self._holding = False
+            held, self._held = self._held, []
+            for sink, data in held:
+                try:
+                    sink.sendall(data)
+                except OSError:
+                    pass
 
     def _accept(self) -> None:
         while True:
@@ -60,12 +80,17 @@ class TcpProxy:
                     server.close()
                     continue
                 self._open.update((client, server))
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+            for source, sink, answers in ((client, server, False), (server, client, True)):
+                threading.Thread(target=self._pipe, args=(source, sink, answers), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
         try:
             while data := source.recv(65536):
+                if answers:
+                    with self._lock:
+                        if self._holding:
+                            self._held.append((sink, data))
+                            continue
                 sink.sendall(data)
         except OSError:
             pass

@@ -26,7 +26,7 @@ from purger.sinks.objects import ObjectStores
 from simulation.mailbox import Platform
 from simulation.policy_objects import PolicyObject, PolicyObjects, ledger_rows
 from purger.sinks.ledger import Ledger
-from purger.sinks.purge import purge_partition
+from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition
 from tests.support.configs import mailbox
 from tests.support.waits import ago, wait_for
 
@@ -67,17 +67,17 @@ def message_purge(session: Any, config: PurgerConfig, dry_run: bool = False) -> 
 
 
 def purge_message(purge: MessagePurge, message_id: str, rule: str, payload_id: str | None = None,
-                  retry: bool = False) -> Outcome:
+                  batch: str = "q/1") -> Outcome:
     """The message's own outcome of one purge (``payload_id``: the stream's hint; None, as after a replay
     from a timestamp, makes the purge ask the row)."""
     hint = {"payload_id": payload_id, "inline": False, "dcs": ["dc1", "dc2"]} if payload_id else {}
-    [outcome] = purge.purge(Candidate(MESSAGE, message_id, rule, now_ms(), hint), Attempt(retry=retry))
+    [outcome] = purge.purge(Candidate(MESSAGE, message_id, rule, now_ms(), hint), Attempt(batch=batch))
     return outcome
 
 
 def purge(config, *candidates):
     """The candidates purged by the sink's own code, as one batch of a query of its own (so never a retry)."""
-    return [dict(zip(("policy", "kind", "id", "rule", "dc", "status", "reason"), o))
+    return [dict(zip(OUTCOME_SCHEMA.names, o))
             for o in purge_partition(list(candidates), config, batch_id=0, query_id=new_id("query"))]
 
 

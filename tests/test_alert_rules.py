@@ -1,0 +1,171 @@
+"""The Prometheus rules shipped in deploy/prometheus/, and the metrics they read.
+
+promtool checks ``purger-rules.yml`` and runs its unit tests (``purger-rules.test.yml``: for each alert,
+series for which it fires and series for which it stays quiet); each alert has its annotations and a
+runbook section in docs/operations.md; and every metric a rule reads is one ``PurgerMetrics`` exports,
+set where the purger learns its value. promtool is Debian's ``prometheus`` package, which ``make install``
+installs: without it these tests fail rather than skip. No server, no JVM.
+
+Example::
+
+    python -m pytest tests/test_alert_rules.py
+    cd deploy/prometheus && promtool test rules purger-rules.test.yml
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from pyspark.sql.streaming.listener import QueryStartedEvent, QueryTerminatedEvent
+
+from purger.core.reconcile import ReportRow
+from purger.metrics import PurgerMetrics
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES_DIR = ROOT / "deploy" / "prometheus"
+RULES = RULES_DIR / "purger-rules.yml"
+RULE_TESTS = RULES_DIR / "purger-rules.test.yml"
+OPERATIONS = ROOT / "docs" / "operations.md"
+
+
+def run_promtool(*args: str) -> subprocess.CompletedProcess:
+    """promtool in deploy/prometheus/; the calling test fails (not skips) when it is not installed."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not on PATH: `make install` installs it (Debian's prometheus package; "
+                    "or `apt-get install prometheus`)")
+    return subprocess.run([promtool, *args], cwd=RULES_DIR, capture_output=True, text=True, timeout=120)
+
+
+def alerts() -> dict[str, str]:
+    """Each alerting rule's text, by alert name."""
+    blocks = re.split(r"^      - (?=alert: |record: )", RULES.read_text(), flags=re.M)
+    return {re.match(r"alert: (\w+)", block).group(1): block for block in blocks if block.startswith("alert: ")}
+
+
+def test_promtool_finds_the_rules_valid():
+    checked = run_promtool("check", "rules", RULES.name)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS" in checked.stdout
+
+
+def test_each_alert_fires_and_stays_quiet_as_its_unit_tests_expect():
+    tested = run_promtool("test", "rules", RULE_TESTS.name)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_each_alert_has_its_annotations_a_runbook_section_and_tests_both_ways():
+    sections = set(re.findall(r"^### (\w+)$", OPERATIONS.read_text().split("\n## Alerts and their runbooks\n")[1]
+                              .split("\n## ")[0], flags=re.M))
+    rule_tests = RULE_TESTS.read_text()
+    fires = set(re.findall(r"alertname: (\w+)\n\s+exp_alerts:\n", rule_tests))
+    quiet = set(re.findall(r"alertname: (\w+)\n\s+exp_alerts: \[\]", rule_tests))
+    assert alerts(), RULES
+    for name, block in alerts().items():
+        for annotation in ("summary", "description"):
+            assert re.search(rf"^\s+{annotation}: \S", block, flags=re.M), (name, annotation)
+        assert f"runbook_url: docs/operations.md#{name.lower()}\n" in block, name
+        assert name in sections, f"docs/operations.md has no section ### {name}"
+        assert name in fires and name in quiet, f"{name}: no unit test where it fires, or none where it does not"
+    assert sections == set(alerts()), "a runbook section without its alert"
+
+
+def spark_time(moment: datetime) -> str:
+    """A time as Spark's progress and listener events write it."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+BATCH_STARTED = datetime(2026, 11, 20, 9, 12, 30, 250000, tzinfo=timezone.utc)
+WATERMARK = datetime(2026, 11, 20, 9, 12, 28, tzinfo=timezone.utc)
+
+
+def progress(message_candidates: int, payload_candidates: int) -> dict:
+    """A batch's ``StreamingQueryProgress`` as JSON, with the purger's observed metrics."""
+    return {
+        "timestamp": spark_time(BATCH_STARTED), "batchDuration": 1500, "inputRowsPerSecond": 40.0,
+        "processedRowsPerSecond": 35.0, "eventTime": {"watermark": spark_time(WATERMARK)},
+        "stateOperators": [{"numRowsTotal": 120}],
+        "observedMetrics": {"purger": {"message_candidates": message_candidates,
+                                       "payload_candidates": payload_candidates, "dead_lettered": 2},
+                            "purger.input": {"ignored": 0}},
+    }
+
+
+def test_a_batch_tells_when_it_finished_the_watermark_and_its_candidates():
+    metrics = PurgerMetrics(max_deletions_per_second=500, reconcile_interval_s=86400)
+    sample = metrics.registry.get_sample_value
+    metrics.progress(progress(3, 1))
+    metrics.progress(progress(2, 0))
+    assert sample("purger_last_batch_timestamp_seconds") == BATCH_STARTED.timestamp() + 1.5
+    assert sample("purger_watermark_timestamp_seconds") == WATERMARK.timestamp()
+    assert sample("purger_candidates_total", {"kind": "message"}) == 5
+    assert sample("purger_candidates_total", {"kind": "payload"}) == 1
+    assert sample("purger_candidates_total", {"kind": "dead_lettered"}) is None  # no candidates: bad records
+    assert sample("purger_max_deletions_per_second") == 500
+    assert sample("purger_reconcile_interval_seconds") == 86400
+    # At 0 from the start, so that the first dead letters are an increase the alert sees.
+    assert sample("purger_outcomes_total", {"kind": "dead_letter", "status": "dead_lettered"}) == 0
+
+
+def test_the_listener_follows_the_start_and_end_of_its_own_query_only():
+    metrics = PurgerMetrics(max_deletions_per_second=1000, reconcile_interval_s=0)
+    sample = metrics.registry.get_sample_value
+    listener = metrics.listener("purger")
+    ours, other = (uuid.uuid4(), uuid.uuid4()), (uuid.uuid4(), uuid.uuid4())
+    assert sample("purger_query_active") == 0
+    listener.onQueryStarted(QueryStartedEvent(*other, "another", spark_time(WATERMARK), set()))
+    assert sample("purger_query_active") == 0
+    listener.onQueryStarted(QueryStartedEvent(*ours, "purger", spark_time(BATCH_STARTED), set()))
+    assert sample("purger_query_active") == 1
+    assert sample("purger_query_started_timestamp_seconds") == BATCH_STARTED.timestamp()
+    listener.onQueryTerminated(QueryTerminatedEvent(*other, None, None))
+    assert sample("purger_query_active") == 1
+    listener.onQueryTerminated(QueryTerminatedEvent(*ours, "failed", None))
+    assert sample("purger_query_active") == 0
+
+
+def report_row(table: str, dc: str, **counts: int) -> ReportRow:
+    return ReportRow("run-1", "mailbox", table, dc, datetime.now(timezone.utc), **counts).finish()
+
+
+def test_a_reconcile_replaces_the_last_runs_counts_and_adds_to_the_totals():
+    metrics = PurgerMetrics(max_deletions_per_second=1000, reconcile_interval_s=86400)
+    sample = metrics.registry.get_sample_value
+    first = [report_row("messages", "all", scanned=50, known=40, unknown_fed=6, overdue_fed=4),
+             report_row("payloads", "all", scanned=20, known=20),
+             report_row("payloads", "dc1", orphans_found=7, orphans_deleted=7),
+             report_row("payloads", "dc2", orphans_found=1)]
+    metrics.reconciled(first, 12.0)
+    last_rows = {"policy": "mailbox", "table": "messages"}
+    assert sample("purger_reconcile_last_rows", {**last_rows, "count": "overdue_fed"}) == 4
+    assert sample("purger_reconcile_last_rows", {**last_rows, "count": "unknown_fed"}) == 6
+    assert sample("purger_reconcile_last_rows", {"policy": "mailbox", "table": "payloads", "count": "overdue_fed"}) == 0
+    assert sample("purger_reconcile_last_orphans", {"policy": "mailbox", "dc": "dc1", "count": "orphans_found"}) == 7
+    assert sample("purger_reconcile_last_orphans", {"policy": "mailbox", "dc": "dc2", "count": "orphans_deleted"}) == 0
+    assert sample("purger_reconcile_last_orphans", {"policy": "mailbox", "dc": "all", "count": "orphans_found"}) is None
+    assert sample("purger_reconcile_last_run_timestamp_seconds") > 0
+    metrics.reconciled([report_row("messages", "all", scanned=50, known=50)], 3.0)
+    assert sample("purger_reconcile_last_rows", {**last_rows, "count": "overdue_fed"}) == 0
+    assert sample("purger_reconcile_rows_total", {**last_rows, "count": "overdue_fed"}) == 4
+    assert sample("purger_reconcile_duration_seconds") == 3.0
+
+
+def test_every_metric_the_rules_read_is_exported():
+    metrics = PurgerMetrics(max_deletions_per_second=1000, reconcile_interval_s=86400)
+    listener = metrics.listener("purger")
+    listener.onQueryStarted(QueryStartedEvent(uuid.uuid4(), uuid.uuid4(), "purger", spark_time(BATCH_STARTED), set()))
+    metrics.batch_done({("message", "purged"): 3, ("message", "error"): 1}, [2.0, 3.5, 4.0], 1.0)
+    metrics.progress(progress(3, 1))
+    metrics.reconciled([report_row("messages", "all", scanned=5, known=5),
+                        report_row("payloads", "dc1", orphans_found=1)], 1.0)
+    exported = {sample.name for family in metrics.registry.collect() for sample in family.samples}
+    # A rule's own series (level:metric:operations) are recorded, not scraped.
+    read = set(re.findall(r"(?<![\w:])purger_\w+(?![\w:])", RULES.read_text()))
+    assert read, RULES
+    assert read <= exported, sorted(read - exported)
