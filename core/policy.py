@@ -487,7 +487,7 @@ class ObjectPurge(Purge, Generic[R]):
         earlier = self.resources.journal.intended(*self.journalled_as(candidate)) if claimed_before else {}
         now = {d.key for d in found}
         done = {key: batch for key, batch in earlier.items() if key != SELF and key not in now}
-        yield from _recorded_from_intent(done)
+        yield from recorded_from_intent(done)
         intent = {**done, **{key: attempt.batch for key in now}, SELF: attempt.batch}
         self.resources.journal.intend(*self.journalled_as(candidate), intent)
         return intent
@@ -551,7 +551,7 @@ class ObjectPurge(Purge, Generic[R]):
             return
         again = {leftover.key: leftover for leftover in self.leftovers(candidate)}
         failed = False
-        for key, batch in sorted(intent.items()):
+        for key in sorted(intent):
             error = again[key].delete() if key in again else None
             if error is not None:
                 failed = True
@@ -560,7 +560,7 @@ class ObjectPurge(Purge, Generic[R]):
         if failed:
             self._recheck(candidate, Eligibility(candidate.rule, now_ms() + self.resources.retry_ms))
             return
-        yield from _recorded_from_intent(intent)
+        yield from recorded_from_intent(intent)
         self.released(candidate, None)
 
 
@@ -568,7 +568,7 @@ class ObjectPurge(Purge, Generic[R]):
 SELF = json.dumps(None)
 
 
-def _recorded_from_intent(intent: dict[str, str]) -> Iterator[Outcome]:
+def recorded_from_intent(intent: dict[str, str]) -> Iterator[Outcome]:
     """A ``purged`` outcome per deletion an intent names, under the batch that meant it; the object itself last."""
     for key, batch in sorted(intent.items(), key=lambda item: item[0] == SELF):
         details = f"found gone after the intent of batch {batch}"

@@ -54,12 +54,13 @@ from purger.connectors.token_ranges import scan_plan, scan_ranges
 from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.policy import (
-    Attempt, Blobs, Candidate, Control, Eligibility, ObjectPurge, Outcome, Policy, Resources,
+    SELF, Attempt, Blobs, Candidate, Control, Eligibility, ObjectPurge, Outcome, Policy, Resources,
+    recorded_from_intent,
 )
 from purger.core.reconcile import ReportRow
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import (
-    EARLIER_ATTEMPT, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, WOULD_DELETE, reason,
+    ERROR, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, WOULD_DELETE, reason,
 )
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
@@ -338,10 +339,7 @@ def decide(config: PurgerConfig, sweep: Sweep, object_id: str, listed_ms: int, e
     candidate = Candidate(sweep.blobs.kind, object_id, ORPHAN, listed_ms + sweep.grace_ms,
                           {"listed_ms": listed_ms, "etag": etag})
 
-    def record(o: Outcome) -> tuple:
-        return (sweep.policy, sweep.blobs.kind, object_id, ORPHAN, sweep.dc, o.status, o.reason,
-                candidate.eligible_at_ms, now_ms(), o.deleted_at_ms, 0, _worker(), o.intent)
-
+    record = partial(_outcome_row, sweep, object_id, candidate.eligible_at_ms)
     try:
         purge = _orphan_purge(config, sweep)
         [decided] = purge.purge(candidate, Attempt(batch=f"{sweep.query_id}/0"))  # no dependents: one outcome
@@ -349,6 +347,12 @@ def decide(config: PurgerConfig, sweep: Sweep, object_id: str, listed_ms: int, e
     except Exception as error:  # a store or Cassandra that failed: this blob only, the next run tries again
         log.warning("orphan blob %s in %s: %s", sweep.blobs.prefix + object_id, sweep.dc, error)
         return record(Outcome(ERROR, f"{type(error).__name__}: {error}"))
+
+
+def _outcome_row(sweep: Sweep, object_id: str, eligible_at_ms: int | None, outcome: Outcome) -> tuple:
+    """An orphan blob's outcome as an ``OUTCOME_SCHEMA`` tuple (batch 0 of the sweep's ledger write)."""
+    return (sweep.policy, sweep.blobs.kind, object_id, ORPHAN, sweep.dc, outcome.status, outcome.reason,
+            eligible_at_ms, now_ms(), outcome.deleted_at_ms, 0, _worker(), outcome.intent)
 
 
 def _decide_task(config: PurgerConfig, sweep: Sweep, rate: float, rows: Iterable[Any]) -> Iterator[tuple]:
@@ -411,18 +415,18 @@ def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, policy: Po
     description = f"reconcile {policy.name}: orphan blobs of {table} in {dc}"
     spark.sparkContext.setJobDescription(description)
     journal = CassandraJournal(executor_session(config), config.cassandra.keyspace, config.cassandra.journal_table)
-    bucket = f"{policy.name}.{table}/{dc}/{config.stores[dc].bucket}"
+    sweeps_key = f"{policy.name}.{table}/{dc}/{config.stores[dc].bucket}"  # the sweeps of this bucket
     try:
         if not dry_run:
-            _record_stopped_sweeps(spark, config, ledger, journal, sweep, bucket)
-            journal.note(OPEN_SWEEPS, bucket, {query_id})
+            _record_stopped_sweeps(spark, config, ledger, journal, sweep, sweeps_key)
+            journal.note(OPEN_SWEEPS, sweeps_key, {query_id})
         # Computed once and kept (in two executors on a cluster): computing the outcomes again would delete again.
         outcomes = spark.createDataFrame(
             orphans.repartition(tasks).rdd.mapPartitions(partial(_decide_task, config, sweep, rate)),
             OUTCOME_SCHEMA,
         ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
         counted = outcomes.groupBy("status", F.col("intent").isNotNull().alias("from_intent")).count().collect()
-        by_status = Counter()
+        by_status: Counter[str] = Counter()
         for counts in counted:
             by_status[counts["status"]] += counts["count"]
         if by_status:
@@ -432,7 +436,7 @@ def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, policy: Po
             ledger.append(outcomes, query_id, 0, may_hold=any(counts["from_intent"] for counts in counted))
         outcomes.unpersist()
         if not dry_run:
-            journal.unnote(OPEN_SWEEPS, bucket, {query_id})
+            journal.unnote(OPEN_SWEEPS, sweeps_key, {query_id})
     finally:
         spark.sparkContext.setJobDescription(None)
     row.scanned = listed.value
@@ -445,24 +449,22 @@ def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, policy: Po
 
 
 def _record_stopped_sweeps(spark: SparkSession, config: PurgerConfig, ledger: Ledger, journal: CassandraJournal,
-                           sweep: Sweep, bucket: str) -> None:
-    """The deletions of earlier sweeps of ``bucket`` that never reached their ledger write (a purger stopped
-    mid-sweep, a job failed): each blob such a sweep noted and that is gone now, recorded under that sweep,
-    from its intent (the same record as its own, had it been written; the ledger keeps one)."""
+                           sweep: Sweep, sweeps_key: str) -> None:
+    """The deletions of earlier sweeps of a bucket (``sweeps_key``) that never reached their ledger write (a
+    purger stopped mid-sweep, a job failed): each blob such a sweep noted and that is gone now, recorded under
+    that sweep, from its intent (the same record as its own, had it been written; the ledger keeps one)."""
     store, prefix = _store(config, sweep.dc), sweep.blobs.prefix
-    for earlier in sorted(journal.noted(OPEN_SWEEPS, bucket) - {sweep.query_id}):
+    for earlier in sorted(journal.noted(OPEN_SWEEPS, sweeps_key) - {sweep.query_id}):
         if not ledger.holds(earlier, 0):
             gone = [blob for blob in sorted(journal.noted(SWEEP_DELETES, earlier))
                     if _head(store, config.stores[sweep.dc].bucket, prefix + blob) is None]
-            at, intent = now_ms(), f"{earlier}/0"
-            said = reason(EARLIER_ATTEMPT, f"found gone after the intent of {intent}")
-            records = [(sweep.policy, sweep.blobs.kind, blob, ORPHAN, sweep.dc, PURGED, said, None, at, at, 0,
-                        _worker(), intent) for blob in gone]
+            records = [_outcome_row(sweep, blob, None, outcome) for blob in gone
+                       for outcome in recorded_from_intent({SELF: f"{earlier}/0"})]
             if records:
                 ledger.append(spark.createDataFrame(records, OUTCOME_SCHEMA), earlier, 0)
             log.warning("orphan blobs of %s in %s: sweep %s stopped before its ledger write; %d of its deletions "
                         "recorded now", sweep.table, sweep.dc, earlier, len(records))
-        journal.unnote(OPEN_SWEEPS, bucket, {earlier})
+        journal.unnote(OPEN_SWEEPS, sweeps_key, {earlier})
 
 
 def _head(store: Any, bucket: str, key: str) -> dict[str, Any] | None:
