@@ -133,7 +133,7 @@ def plain_driver_scan(config: PurgerConfig, threads: int, ranges: int) -> tuple[
     scanned = next(s for s in policy.scanned if s.table == "messages")
     session = cassandra_session(config.cassandra, config.cassandra.keyspace)
     select = session.prepare(
-        f"SELECT {', '.join(scanned.columns)} FROM {policy.settings.messages_table} "
+        f"SELECT {', '.join(scanned.selected)} FROM {policy.settings.messages_table} "
         f"WHERE token({scanned.id_column}) > ? AND token({scanned.id_column}) <= ?")
     select.fetch_size = config.reconcile.page_size
     step = (MAX_TOKEN - MIN_TOKEN) // ranges
@@ -175,7 +175,7 @@ def spark_scan_alone(spark: SparkSession, config: PurgerConfig) -> tuple[int, fl
 
     def count(task_ranges: Iterator[tuple[int, int]]) -> Iterator[int]:
         session = executor_session(config)
-        yield sum(1 for _ in scan_ranges(session, config.cassandra.keyspace, table, key, list(scanned.columns),
+        yield sum(1 for _ in scan_ranges(session, config.cassandra.keyspace, table, key, list(scanned.selected),
                                          list(task_ranges), settings.consistency, settings.page_size))
 
     started = time.perf_counter()

@@ -50,7 +50,7 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
     from cassandra import ConsistencyLevel, InvalidRequest
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
-    from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
+    from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 
     auth = None
     if config.username:
@@ -63,7 +63,12 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
         ssl_context=_tls_context(config.tls, address) if config.tls else None,
         execution_profiles={
             EXEC_PROFILE_DEFAULT: ExecutionProfile(
-                load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=config.local_data_centre),
+                # Each request to a replica of its partition in the local data centre (a bound prepared
+                # statement carries its partition key), sparing a lightweight transaction or a read the
+                # coordinator's extra hop; the replicas shuffled, so that a hot partition's requests spread
+                # over all of them rather than loading the first.
+                load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=config.local_data_centre),
+                                                       shuffle_replicas=True),
                 consistency_level=ConsistencyLevel.name_to_value[config.consistency],
                 serial_consistency_level=ConsistencyLevel.name_to_value[config.serial_consistency],
                 request_timeout=30,

@@ -3,8 +3,8 @@
 No Spark 4 build of the Cassandra connector exists, so the scan is the connector's idea done by hand:
 the driver's token map gives the ring; each range between two nodes' tokens is split into equal
 sub-ranges, enough for every task to take several; a task reads its sub-ranges one after the other
-with ``token(key) > ? AND token(key) <= ?``, page by page. Murmur3 tokens only (Cassandra's default
-partitioner since 1.2).
+with ``token(key) > ? AND token(key) <= ?``, page by page, each page sent to a replica of its range.
+Murmur3 tokens only (Cassandra's default partitioner since 1.2).
 
 Example::
 
@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import random
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -24,7 +25,8 @@ from purger.connectors import cassandra_session
 from purger.core.config import CassandraConfig
 
 if TYPE_CHECKING:
-    from cassandra.cluster import Session
+    from cassandra.cluster import ResultSet, Session
+    from cassandra.pool import Host
 
 MIN_TOKEN = -(2**63)
 MAX_TOKEN = 2**63 - 1
@@ -100,21 +102,62 @@ def scan_ranges(session: "Session", keyspace: str, table: str, key: list[str], c
     if referenced_by is None:
         select = prepared(f"SELECT {', '.join(columns)} FROM {keyspace}.{table}")
         for start, end in ranges:
-            result = session.execute(select, (start, end))
-            names = result.column_names
-            for row in result:  # the session's rows are named tuples
-                yield dict(zip(names, row))
+            for page in _pages(session, keyspace, select, start, end):
+                names = page.column_names
+                for row in page.current_rows:  # the session's rows are named tuples
+                    yield dict(zip(names, row))
         return
     select = prepared(f"SELECT {token} AS scan_token, {', '.join(columns)} FROM {keyspace}.{table}")
     referring = prepared(f"SELECT DISTINCT {token} AS scan_token, {', '.join(key)} FROM {keyspace}.{referenced_by}")
     for start, end in ranges:
-        result = session.execute(select, (start, end))
-        names = result.column_names[1:]
-        references = _KeysByToken(session.execute(referring, (start, end)))
-        for scan_token, *values in result:
-            row = dict(zip(names, values))
-            row["referenced"] = tuple(row[column] for column in key) in references.at(scan_token)
-            yield row
+        references = _KeysByToken(row for page in _pages(session, keyspace, referring, start, end)
+                                  for row in page.current_rows)
+        for page in _pages(session, keyspace, select, start, end):
+            names = page.column_names[1:]
+            for scan_token, *values in page.current_rows:
+                row = dict(zip(names, values))
+                row["referenced"] = tuple(row[column] for column in key) in references.at(scan_token)
+                yield row
+
+
+def _pages(session: "Session", keyspace: str, statement: Any, start: int, end: int) -> Iterator["ResultSet"]:
+    """The pages of ``statement`` over the range ``(start, end]``, one request each, sent to a replica of the
+    range. A statement bound to token bounds has no partition key for the session's token-aware policy to
+    route by, and cassandra-driver 3.30 takes no token in its place, so the replica is named to the request
+    (``host``); that disables the driver's failover to another node, so when the replica stops answering, the
+    rest of the range goes through the load-balancing policy, from the page it had reached."""
+    from cassandra.cluster import NoHostAvailable
+
+    replica = _local_replica(session, keyspace, end)
+    paging_state = None
+    while True:
+        try:
+            page = session.execute(statement, (start, end), paging_state=paging_state, host=replica)
+        except NoHostAvailable:
+            if replica is None:
+                raise
+            replica = None
+            continue
+        yield page
+        paging_state = page.paging_state
+        if paging_state is None:
+            return
+
+
+def _local_replica(session: "Session", keyspace: str, end: int) -> "Host | None":
+    """A replica of the range ending at ``end`` that is up and in the session's local data centre, drawn at
+    random so that a scan spreads over the replicas; None when there is none (the session's policy then
+    picks a node). A range of ``split_ring`` crosses no node's token, so its replicas are those of its end."""
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT
+    from cassandra.policies import HostDistance
+
+    token_map = session.cluster.metadata.token_map
+    if token_map is None:
+        return None
+    policy = session.get_execution_profile(EXEC_PROFILE_DEFAULT).load_balancing_policy
+    local = [host for host in token_map.get_replicas(keyspace, token_map.token_class(end))
+             if host.is_up and policy.distance(host) == HostDistance.LOCAL]
+    return random.choice(local) if local else None
 
 
 class _KeysByToken:

@@ -111,7 +111,8 @@ class KafkaConfig(_Section):
     # sink's reports back to the stateful stage (rechecks, released payloads). Read from its end.
     # A dry run's is `<control_topic>.dry-run` (``PurgerConfig.as_dry_run``).
     control_topic: str = "purger.control"
-    # Bad input, with the original bytes as the record value and the reason in its headers.
+    # Bad input, with the original bytes as the record value and the reason in its headers. A dry run's is
+    # `<dead_letter_topic>.dry-run`, so that the platform's operators see each bad record once.
     dead_letter_topic: str = "purger.dead-letter"
     # The purger's own topic of rows re-expressed as events by `purger reconcile`, read by the stream beside
     # the events topics (docs/reconciliation.md); only the purger writes it.
@@ -121,6 +122,12 @@ class KafkaConfig(_Section):
     def written_by_purger(self) -> list[str]:
         """The topics only the purger writes: their records may carry its control types."""
         return [self.control_topic, self.reconcile_topic]
+
+    def as_dry_run(self) -> "KafkaConfig":
+        """A dry run's: its own control and dead-letter topics (``dry_run_name``). It reads the same events and
+        reconcile topics, and writes to neither (a dry run's reconcile feeds nothing back)."""
+        return self.model_copy(update={key: dry_run_name(getattr(self, key), f"kafka.{key}")
+                                       for key in ("control_topic", "dead_letter_topic")})
 
     @model_validator(mode="after")
     def _properties_leave_security_alone(self) -> "KafkaConfig":
@@ -179,14 +186,33 @@ class ObjectStoreConfig(S3Endpoint):
     bucket: str
 
 
-# The suffix of a dry run's own checkpoint and control topic: a dry run shares neither with a real purger.
+# The suffix of a dry run's own names: its checkpoint, control and dead-letter topics, ledger and reports
+# (``PurgerConfig.as_dry_run``), which a real purger's may not end in.
 DRY_RUN_SUFFIX = ".dry-run"
+# A URI naming only a bucket (or host), with no path in it: ``s3a://bucket``.
+_ROOT_URI = re.compile(r"[A-Za-z][\w+.-]*://[^/]*")
 
 
-def dry_run_control_topic(control_topic: str) -> str:
-    """The control topic of a dry run of a purger whose control topic is ``control_topic`` (or of that dry
-    run itself)."""
-    return control_topic if control_topic.endswith(DRY_RUN_SUFFIX) else f"{control_topic}{DRY_RUN_SUFFIX}"
+def is_dry_run_name(name: str) -> bool:
+    """Whether ``name`` (a topic, a path or a URI) is a dry run's own, as ``dry_run_name`` makes them."""
+    return name.rstrip("/").endswith(DRY_RUN_SUFFIX)
+
+
+def dry_run_name(name: str, key: str) -> str:
+    """A dry run's own name for a real purger's topic, path or URI ``name`` (the setting ``key``): ``name`` and
+    ``DRY_RUN_SUFFIX``, after any trailing ``/``, so that a path's is beside it and never inside it; a dry
+    run's own name is its own. The one rule for all of a dry run's names.
+
+    >>> dry_run_name("purger.control", "kafka.control_topic"), dry_run_name("s3a://b/ledger/", "ledger.path")
+    ('purger.control.dry-run', 's3a://b/ledger.dry-run')
+    """
+    if is_dry_run_name(name):
+        return name
+    bare = name.rstrip("/")
+    if _ROOT_URI.fullmatch(bare):  # `s3a://bucket.dry-run` would be another bucket
+        raise ConfigError(f"{key}: {name} is a bucket's root, with nothing beside it for a dry run's own "
+                          f"(<{key}>{DRY_RUN_SUFFIX}); name a folder in it, e.g. {bare}/ledger")
+    return f"{bare}{DRY_RUN_SUFFIX}"
 
 
 class StreamConfig(_Section):
@@ -209,8 +235,9 @@ class StreamConfig(_Section):
     # replicas, so one at a time leaves Cassandra idle (BENCHMARKS.md).
     delete_concurrency: int = Field(default=16, gt=0, le=256)
     # Decide and record `would_delete` in the ledger, delete nothing. Uses its own checkpoint
-    # (`<checkpoint>.dry-run`), so a later real run starts its decisions afresh, and its own control
-    # topic (``PurgerConfig.as_dry_run``), so that its ticks and reports never reach a real purger.
+    # (`<checkpoint>.dry-run`), so a later real run starts its decisions afresh, and its own control and
+    # dead-letter topics, ledger and reports (``PurgerConfig.as_dry_run``), so that nothing it sends or
+    # writes reaches a real purger.
     dry_run: bool = False
     master: str = "local[2]"
     driver_memory: str = "2g"
@@ -220,7 +247,7 @@ class StreamConfig(_Section):
 
     @property
     def checkpoint_location(self) -> str:
-        return f"{self.checkpoint}{DRY_RUN_SUFFIX}" if self.dry_run else self.checkpoint
+        return dry_run_name(self.checkpoint, "stream.checkpoint") if self.dry_run else self.checkpoint
 
 
 class LedgerConfig(_Section):
@@ -234,6 +261,15 @@ class LedgerConfig(_Section):
     report_interval: Duration = timedelta(minutes=1)
     # The S3 endpoint for s3a:// paths.
     s3: S3Endpoint = Field(default_factory=S3Endpoint)
+
+    def as_dry_run(self) -> "LedgerConfig":
+        """A dry run's: its own ledger, daily report and reconcile report, each ``<path>.dry-run``
+        (``dry_run_name``), so that no Delta commit of a dry run meets a real purger's. The reconcile report
+        needs no sharing: the schedule (``purger.reconcile.last_reconcile_finished_s``) counts only the runs
+        of its own kind, real or dry (its ``dry_run`` column still tells them apart in a report written before
+        dry runs had their own)."""
+        return self.model_copy(update={key: dry_run_name(getattr(self, key), f"ledger.{key}")
+                                       for key in ("path", "report_path", "reconcile_path")})
 
 
 class ReconcileConfig(_Section):
@@ -318,12 +354,23 @@ class PurgerConfig(_Section):
         return copy
 
     def as_dry_run(self) -> "PurgerConfig":
-        """This configuration as a dry run's: ``stream.dry_run`` set, and ``kafka.control_topic`` its own,
-        ``<control_topic>.dry-run``, on which its clock ticks and the sink's reports go and which its query
-        reads; a dry run's configuration is its own dry run."""
-        control_topic = dry_run_control_topic(self.kafka.control_topic)
+        """This configuration as a dry run's (SPEC 9.5: it shares nothing with a real purger that could change
+        the real one's decisions): ``stream.dry_run`` set, hence its own checkpoint
+        (``StreamConfig.checkpoint_location``); its own control topic, on which its clock ticks and the sink's
+        reports go and which its query reads, and dead-letter topic (``KafkaConfig.as_dry_run``); its own
+        ledger, daily report and reconcile report (``LedgerConfig.as_dry_run``). Each is the real one's name
+        with ``.dry-run`` (``dry_run_name``); a dry run's configuration is its own dry run."""
         return self.model_copy(update={"stream": self.stream.model_copy(update={"dry_run": True}),
-                                       "kafka": self.kafka.model_copy(update={"control_topic": control_topic})})
+                                       "kafka": self.kafka.as_dry_run(), "ledger": self.ledger.as_dry_run()})
+
+    def _named_apart(self) -> list[tuple[str, str, str]]:
+        """The settings whose dry run's name is its own (``as_dry_run``): key, what it names, value."""
+        return [("stream.checkpoint", "checkpoint", self.stream.checkpoint),
+                ("kafka.control_topic", "control topic", self.kafka.control_topic),
+                ("kafka.dead_letter_topic", "dead-letter topic", self.kafka.dead_letter_topic),
+                ("ledger.path", "ledger", self.ledger.path),
+                ("ledger.report_path", "daily report", self.ledger.report_path),
+                ("ledger.reconcile_path", "reconcile report", self.ledger.reconcile_path)]
 
     @model_validator(mode="after")
     def _at_least_one_store(self) -> "PurgerConfig":
@@ -332,10 +379,12 @@ class PurgerConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _a_real_purger_leaves_a_dry_runs_control_topic_alone(self) -> "PurgerConfig":
-        if not self.stream.dry_run and self.kafka.control_topic.endswith(DRY_RUN_SUFFIX):
-            raise ValueError(f"kafka.control_topic: {self.kafka.control_topic} ends in {DRY_RUN_SUFFIX}, as a dry "
-                             "run's control topic does; name a real purger's otherwise")
+    def _a_real_purger_leaves_a_dry_runs_names_alone(self) -> "PurgerConfig":
+        if not self.stream.dry_run:
+            taken = [f"{key}: {name} ends in {DRY_RUN_SUFFIX}, as a dry run's {what} does; name a real purger's "
+                     "otherwise" for key, what, name in self._named_apart() if is_dry_run_name(name)]
+            if taken:
+                raise ValueError("\n  ".join(taken))
         return self
 
 

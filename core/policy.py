@@ -40,7 +40,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 import hashlib
 import json
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from typing import Any, Callable, ClassVar, Generator, Generic, Iterable, Iterator, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -54,7 +54,7 @@ from purger.core.vocabulary import (
 __all__ = [
     "Attempt", "Candidate", "Consistency", "Control", "Dependent", "Eligibility", "EventField", "EventType",
     "Journal", "Kept", "Link", "ObjectKind", "ObjectPurge", "Outcome", "Policy", "Purge", "Resources", "Rule",
-    "Blobs", "Scanned", "Settings", "Tables", "earliest", "row_event",
+    "Blobs", "OrphanRows", "Scanned", "Settings", "Tables", "earliest", "latest_write", "row_event",
 ]
 
 S = TypeVar("S")
@@ -590,6 +590,10 @@ class Scanned:
     ``columns`` are the columns ``Policy.row_events`` needs (the id's among them). The table is named by its
     reference name, as in ``Policy.tables``.
 
+    ``written``, some of ``columns`` (regular ones: a key's cells have no write time), are those whose write
+    time the scan reads too, as ``writetime_<column>`` (``selected``): what dates a row that lacks the timestamp
+    its rules run from (``latest_write``).
+
     ``referenced_by``, when set, names (by reference name) a table partitioned by the same key, whose
     partitions refer to the row's object (``payload_refs`` for ``payloads``): each scanned row then also
     has ``referenced``, whether that table holds a partition for its key, read in the same token range."""
@@ -599,11 +603,37 @@ class Scanned:
     id_column: str
     columns: tuple[str, ...]
     referenced_by: str | None = None
+    written: tuple[str, ...] = ()
+
+    @property
+    def selected(self) -> tuple[str, ...]:
+        """What a read of the row selects (CQL): its columns, then the write time of each of ``written``,
+        named as the driver names it in a named tuple, for every result to name it alike."""
+        return self.columns + tuple(f"writetime({column}) AS {_write_time(column)}" for column in self.written)
 
     @property
     def row_fields(self) -> tuple[str, ...]:
-        """What a scanned row holds: its columns, and ``referenced`` with ``referenced_by``."""
-        return self.columns + ((REFERENCED,) if self.referenced_by else ())
+        """What a scanned row holds: what it selects (``writetime_<column>`` for a write time), and
+        ``referenced`` with ``referenced_by``."""
+        return (self.columns + tuple(_write_time(column) for column in self.written)
+                + ((REFERENCED,) if self.referenced_by else ()))
+
+
+def _write_time(column: str) -> str:
+    return f"writetime_{column}"
+
+
+def latest_write(row: dict[str, Any], columns: Iterable[str]) -> datetime | None:
+    """When the row's cells ``columns`` were last written, from their write times as it holds them
+    (``Scanned.selected``: ``writetime_<column>``, microseconds since the epoch, None for a null cell): the
+    latest, as the driver gives a timestamp column (to the millisecond, naive, in UTC), so that it compares with
+    the row's own; None when none of them is set. One function for the scan and the delete-time read, so that
+    both date a row alike."""
+    found = [micros for column in columns if (micros := row[_write_time(column)]) is not None]
+    return _EPOCH + timedelta(milliseconds=max(found) // 1000) if found else None
+
+
+_EPOCH = datetime(1970, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -617,6 +647,23 @@ class Blobs:
     kind: str
     table: str
     id_column: str
+
+
+@dataclass(frozen=True)
+class OrphanRows:
+    """Rows of ``table`` (by its reference name, primary key ``key``) that lead from a row of ``parent``, whose
+    partition key ``parent_key`` they hold under the same name (a ``payload_refs`` row from its message). The
+    parent's purge deletes them first; a crash or another purger cut short may leave them behind, found by
+    reconciliation: one without its parent row whose write time is older than ``reconcile.orphan_grace`` (a
+    writer in progress writes it before or after its parent) is deleted, the parent read again at the serial
+    consistency just before. The write time is that of the regular column ``written``; a table without one (or
+    a null cell) is dated by the first reconcile that found the row without its parent, which is no earlier."""
+
+    table: str
+    key: tuple[str, ...]
+    parent: str
+    parent_key: str
+    written: str | None = None
 
 
 def row_event(table: str, object_id: str, event_type: str, at: datetime, **fields: Any) -> dict[str, Any]:
@@ -674,6 +721,8 @@ class Policy(ABC):
     scanned: ClassVar[tuple[Scanned, ...]] = ()
     # Its blobs in the object stores, whose orphans reconciliation deletes.
     blobs: ClassVar[tuple[Blobs, ...]] = ()
+    # Its tables of dependent rows, whose orphans (their parent row gone) reconciliation deletes.
+    orphan_rows: ClassVar[tuple[OrphanRows, ...]] = ()
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -720,6 +769,9 @@ class Policy(ABC):
         read = {names[table]: set(columns) for table, columns in self.tables.items()}
         for scanned in self.scanned:
             read.setdefault(names[scanned.table], set()).update(scanned.columns)
+        for orphans in self.orphan_rows:
+            read.setdefault(names[orphans.table], set()).update(orphans.key + ((orphans.written,) if orphans.written else ()))
+            read.setdefault(names[orphans.parent], set()).add(orphans.parent_key)
         return {table: frozenset(columns) for table, columns in read.items()}
 
 

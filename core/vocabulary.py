@@ -25,6 +25,9 @@ ENGINE = "engine"  # the policy column of dead letters
 
 # The rule of a blob reconciliation deletes for having no row (``sinks.orphans``), as the ledger names it.
 ORPHAN = "orphan"
+# The data centre the report and the reconcile report give what is not one data centre's: a Cassandra row, a
+# table's scan, a table's orphan rows (whichever data centre served them).
+ALL_DCS = "all"
 
 # Reason categories: a skip's reason is "<category>: <details>"; the report counts the categories.
 LIVE_REASON = "live"

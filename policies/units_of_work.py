@@ -79,7 +79,7 @@ from typing import Any, Literal, Mapping, get_args
 from pydantic import field_validator
 
 from purger.core.policy import (
-    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
+    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, OrphanRows, Policy, Purge,
     Resources, Rule, Scanned, Settings, earliest, row_event,
 )
 from purger.core.times import epoch_ms, format_timestamp, from_epoch_ms, now_ms
@@ -393,6 +393,9 @@ class UnitsOfWorkPolicy(Policy):
     scanned = (Scanned("units_of_work", UNIT_OF_WORK, "unit_of_work_id",
                        ("unit_of_work_id", "journey_type", "started_at", "finished_at", "archived_at",
                         "purge_started_at")),)
+    # Objects left behind when their unit of work's row went without them.
+    orphan_rows = (OrphanRows("uow_objects", ("unit_of_work_id", "collection", "object_id"), "units_of_work",
+                              "unit_of_work_id", written="body"),)
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.units_of_work (
   unit_of_work_id  text PRIMARY KEY,

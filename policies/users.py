@@ -100,7 +100,7 @@ from pydantic import field_validator
 
 from purger.core.config import Duration
 from purger.core.policy import (
-    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
+    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, OrphanRows, Policy, Purge,
     Resources, Rule, Scanned, Settings, earliest, row_event,
 )
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
@@ -214,6 +214,9 @@ class UsersPolicy(Policy):
         "mailbox_permissions": ("user_id", "mailbox"),
     }
     scanned = (Scanned("users", USER, "user_id", ("user_id", "present_in", "state", "updated_at")),)
+    # A user's rows left behind when its users row went without them (a purge cut short, another purger).
+    orphan_rows = (OrphanRows("virtual_roots", ("user_id",), "users", "user_id", written="mailbox"),
+                   OrphanRows("mailbox_permissions", ("user_id", "mailbox"), "users", "user_id", written="permissions"))
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.users (
   user_id    text PRIMARY KEY,

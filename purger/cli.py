@@ -3,9 +3,11 @@
     purger run [--config F] [--dry-run]          the streaming purge job, until interrupted
                [--log-level INFO]                a line per batch; WARNING: warnings only
     purger replay [--from earliest|TIME]         the same, from a fresh checkpoint, with a progress bar
-    purger report [--date D]                     the daily purge report, from the ledger
+    purger report [--date D] [--dry-run]         the daily purge report, from the ledger (or the dry run's)
     purger pending [--hours N]                   what the checkpoint's state will purge in the next N hours
     purger reconcile [--policy P] [--dry-run]    scan the store: feed back what the stream does not know
+    purger status [--json] [--prometheus URL]    is it healthy: the query, the last batch, today's outcomes, alerts
+                  [--dry-run]                    ... of the dry run
     purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
     purger schema [--config F]                   the enabled policies' reference CQL, under the configured names
     purger --version                             the version
@@ -167,11 +169,18 @@ def _set_on_signals(*signals: signal.Signals) -> threading.Event:
     return requested
 
 
-DryRunOption = typer.Option(False, "--dry-run", help="Decide and record would_delete in the ledger; delete nothing.")
+DryRunOption = typer.Option(False, "--dry-run", help="Decide and record would_delete in the dry run's own ledger "
+                                                       "(<ledger.path>.dry-run); delete nothing.")
 
 
 def _with_dry_run(config: PurgerConfig, dry_run: bool) -> PurgerConfig:
-    return config.as_dry_run() if dry_run else config
+    """The configuration of a dry run on ``config`` (``PurgerConfig.as_dry_run``: its own checkpoint, topics and
+    ledger) when ``dry_run``; one that has no place for them is one line naming the key."""
+    try:
+        return config.as_dry_run() if dry_run else config
+    except ConfigError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("run")
@@ -230,6 +239,8 @@ def replay(
 def report(
     config_file: Optional[Path] = ConfigOption,
     day: Optional[str] = typer.Option(None, "--date", help="The day, YYYY-MM-DD (UTC); default today."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="The dry run's report, from its own ledger "
+                                                          "(<ledger.path>.dry-run)."),
 ) -> None:
     """Bring a day's purge report up to date from the ledger and print it."""
     from rich.console import Console
@@ -241,7 +252,7 @@ def report(
         when = date.fromisoformat(day) if day else datetime.now(timezone.utc).date()
     except ValueError:
         raise typer.BadParameter(f"--date {day!r}: write a day as YYYY-MM-DD") from None
-    config = load_or_exit(config_file)
+    config = _with_dry_run(load_or_exit(config_file), dry_run)
     # Only Spark's errors: its start's warnings are about the host, not the report.
     spark = spark_session(config.stream, app_name="purger-report", log_level="ERROR", one_off=True)
     purge_report = Report(spark, config.ledger, config.policy_set)
@@ -276,12 +287,38 @@ def pending(
 
 
 
+@app.command("status")
+def status(
+    config_file: Optional[Path] = ConfigOption,
+    as_json: bool = typer.Option(False, "--json", help="Print it as JSON, for scripts."),
+    metrics: Optional[str] = typer.Option(None, "--metrics", help="The running purger's metrics endpoint "
+                                          "(default: http://127.0.0.1:<metrics.port>/metrics)."),
+    prometheus: Optional[str] = typer.Option(None, "--prometheus", envvar="PURGER_PROMETHEUS_URL",
+                                             help="A Prometheus that scrapes the purger: its alerts are shown."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="The dry run's: its checkpoint, ledger and reconciles."),
+) -> None:
+    """Is it healthy: the query, the last batch, the watermark, today's outcomes, the last hour's purge lag,
+    the last reconcile, the alerts; and a line for each thing it could not read."""
+    from rich.console import Console
+    from purger.spark import spark_session
+    from purger.status import as_json as json_of, gather, render
+
+    config = _with_dry_run(load_or_exit(config_file), dry_run)
+    spark = spark_session(config.stream, app_name="purger-status", log_level="ERROR", one_off=True)
+    found = gather(spark, config, metrics, prometheus)
+    if as_json:
+        typer.echo(json_of(found))
+    else:
+        Console().print(render(found))
+
+
 @app.command("reconcile")
 def reconcile(
     config_file: Optional[Path] = ConfigOption,
     policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="Only this policy (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Feed nothing back and delete no orphan blob; count "
-                                                          "them, and record would_delete for the orphans."),
+                                                          "them, and record would_delete for the orphans in the "
+                                                          "dry run's ledger."),
     log_level: LogLevel = LogLevelOption,
 ) -> None:
     """Scan the enabled policies' tables and object stores; feed back to the stream what it does not know or
@@ -292,7 +329,8 @@ def reconcile(
     from purger.spark import spark_session
 
     # The stream's own checkpoint is compared with, even in a dry run: not the dry-run one ``--dry-run`` on
-    # `purger run` would use.
+    # `purger run` would use. A dry run's records (the orphans' would_delete, the report's rows) go to the dry
+    # run's ledger all the same (``purger.reconcile.reconcile``).
     config = load_or_exit(config_file)
     dry_run = dry_run or config.stream.dry_run
     log_to_stderr(log_level)
@@ -303,7 +341,7 @@ def reconcile(
     try:
         # This process ends after the reconcile, and what Spark keeps of a state read goes with it.
         rows = run_reconcile(spark, config, policy or None, dry_run, state_apart=False)
-    except ReconcileError as error:
+    except (ReconcileError, ConfigError) as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
     finally:

@@ -12,8 +12,9 @@ reconcile adds its report (``reconciled``). The alerts of deploy/prometheus/purg
     purger_last_batch_timestamp_seconds, purger_watermark_lag_seconds, purger_watermark_timestamp_seconds,
     purger_state_rows, purger_query_active, purger_query_started_timestamp_seconds
     purger_reconcile_rows_total{policy,table,count}      scanned, known, unknown_fed, overdue_fed
-    purger_reconcile_orphans_total{policy,dc,count}      orphans_found, orphans_deleted
-    purger_reconcile_last_rows{policy,table,count}, purger_reconcile_last_orphans{policy,dc,count}: the last run's
+    purger_reconcile_orphans_total{policy,table,dc,count}      orphans_found, orphans_deleted (blobs: their
+        data centre; dependent rows without their parent: dc "all")
+    purger_reconcile_last_rows{policy,table,count}, purger_reconcile_last_orphans{policy,table,dc,count}: the last run's
     purger_reconcile_last_run_timestamp_seconds, purger_reconcile_duration_seconds, purger_reconcile_interval_seconds
 
 Example::
@@ -34,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, 
 from pyspark.sql.streaming import StreamingQueryListener
 
 from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED, PURGED
-from purger.reconcile import ALL_DCS
+from purger.core.vocabulary import ALL_DCS
 
 _LAG_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 900, 3600, float("inf"))
 # A reconcile report row's counts: a table's scan (data centre ``ALL_DCS``), a data centre's orphan sweep.
@@ -75,12 +76,12 @@ class PurgerMetrics:
                                       registry=r)
         self.reconcile_rows = PromCounter("purger_reconcile_rows", "Reconcile: rows scanned, known to the stream, "
                                           "fed back", ["policy", "table", "count"], registry=r)
-        self.reconcile_orphans = PromCounter("purger_reconcile_orphans", "Reconcile: orphan blobs found, deleted",
-                                             ["policy", "dc", "count"], registry=r)
+        self.reconcile_orphans = PromCounter("purger_reconcile_orphans", "Reconcile: orphan blobs and rows found, "
+                                             "deleted", ["policy", "table", "dc", "count"], registry=r)
         self.reconcile_last_rows = Gauge("purger_reconcile_last_rows", "The last reconcile's rows scanned, known "
                                          "to the stream, fed back", ["policy", "table", "count"], registry=r)
         self.reconcile_last_orphans = Gauge("purger_reconcile_last_orphans", "The last reconcile's orphan blobs "
-                                            "found, deleted", ["policy", "dc", "count"], registry=r)
+                                            "and rows found, deleted", ["policy", "table", "dc", "count"], registry=r)
         self.reconcile_last_run = Gauge("purger_reconcile_last_run_timestamp_seconds",
                                         "When the last reconcile finished", registry=r)
         self.reconcile_duration = Gauge("purger_reconcile_duration_seconds", "The last reconcile's duration",
@@ -102,7 +103,7 @@ class PurgerMetrics:
         """A reconcile run's report rows (``purger.reconcile.ReportRow``): added to the totals, and the run's
         counts, zeros included, in place of the previous run's."""
         last_rows: Counter[tuple[str, str, str]] = Counter()
-        last_orphans: Counter[tuple[str, str, str]] = Counter()
+        last_orphans: Counter[tuple[str, str, str, str]] = Counter()
         for row in rows:
             for count in ROW_COUNTS:
                 if getattr(row, count):
@@ -111,9 +112,9 @@ class PurgerMetrics:
                     last_rows[(row.policy, row.table, count)] += getattr(row, count)
             for count in ORPHAN_COUNTS:
                 if getattr(row, count):
-                    self.reconcile_orphans.labels(row.policy, row.dc, count).inc(getattr(row, count))
-                if row.dc != ALL_DCS:
-                    last_orphans[(row.policy, row.dc, count)] += getattr(row, count)
+                    self.reconcile_orphans.labels(row.policy, row.table, row.dc, count).inc(getattr(row, count))
+                # Every row, zeros included: a table whose orphans are gone says 0, not the last run's count.
+                last_orphans[(row.policy, row.table, row.dc, count)] += getattr(row, count)
         for labels, n in last_rows.items():
             self.reconcile_last_rows.labels(*labels).set(n)
         for labels, n in last_orphans.items():

@@ -21,13 +21,13 @@ from rich.text import Text
 from purger.core.times import human_duration  # here too: what the command line prints
 
 
-def _table(title: str | None = None, caption: str | None = None) -> Table:
+def narrow_table(title: str | None = None, caption: str | None = None) -> Table:
     """A table with no vertical rules and one space between columns: the most columns in 80."""
     return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                  padding=0, title_justify="left", caption_justify="left")
 
 
-def _numbers(table: Table, header: str, values: Iterable[str]) -> None:
+def figures_column(table: Table, header: str, values: Iterable[str]) -> None:
     """A right-aligned column of figures, never folded or cut: as wide as its widest value or header line."""
     width = max([len(v) for v in values] + [len(line) for line in header.splitlines()])
     table.add_column(header, justify="right", no_wrap=True, min_width=width)
@@ -66,11 +66,11 @@ def report_tables(rows: list[dict[str, Any]], title: str) -> RenderableType:
                 (SKIPPED, "skipped"), (ERROR, "errors"), (DEAD_LETTERED, "dead\nletters")]
     shown = [(s, h) for s, h in statuses
              if s in (PURGED, SKIPPED, ERROR) or any(r[s] for r in rows)]
-    outcomes = _table(title)
+    outcomes = narrow_table(title)
     kind_column(outcomes)
-    _numbers(outcomes, "candidates", [str(r["candidates"]) for r in rows])
+    figures_column(outcomes, "candidates", [str(r["candidates"]) for r in rows])
     for status, header in shown:
-        _numbers(outcomes, header, [str(r[status]) for r in rows])
+        figures_column(outcomes, header, [str(r[status]) for r in rows])
     each_row(outcomes, lambda r: [str(r["candidates"]), *(str(r[s]) for s, _ in shown)])
     parts.append(outcomes)
 
@@ -78,23 +78,23 @@ def report_tables(rows: list[dict[str, Any]], title: str) -> RenderableType:
         return "-" if value is None else f"{value:%H:%M:%S}"
 
     lags = ("lag_p50_s", "lag_p95_s", "lag_p99_s")
-    timing = _table("Purge lag (eligible to deleted), first and last decision (UTC)")
+    timing = narrow_table("Purge lag (eligible to deleted), first and last decision (UTC)")
     kind_column(timing)
     for lag in lags:
-        _numbers(timing, lag[:-2].replace("_", " "), [human_duration(r[lag]) for r in rows])
+        figures_column(timing, lag[:-2].replace("_", " "), [human_duration(r[lag]) for r in rows])
     for header, figure in (("first", "started_at"), ("last", "finished_at")):
-        _numbers(timing, header, [moment(r[figure]) for r in rows])
-    _numbers(timing, "span", [human_duration(r["duration_s"]) for r in rows])
+        figures_column(timing, header, [moment(r[figure]) for r in rows])
+    figures_column(timing, "span", [human_duration(r["duration_s"]) for r in rows])
     each_row(timing, lambda r: [*(human_duration(r[lag]) for lag in lags), moment(r["started_at"]),
                                 moment(r["finished_at"]), human_duration(r["duration_s"])])
     parts.append(timing)
 
     if any(r["skipped_by_reason"] for r in rows):
-        skips = _table("Skipped, by reason")
+        skips = narrow_table("Skipped, by reason")
         skips.add_column("policy / kind", overflow="fold")
         skips.add_column("dc", no_wrap=True)
         skips.add_column("reason", overflow="fold")
-        _numbers(skips, "skipped", [str(n) for r in rows for n in (r["skipped_by_reason"] or {}).values()])
+        figures_column(skips, "skipped", [str(n) for r in rows for n in (r["skipped_by_reason"] or {}).values()])
         for policy, members in grouped.items():
             if any(r["skipped_by_reason"] for r in members):
                 skips.add_row(Text(policy, style="bold"))
@@ -107,7 +107,7 @@ def report_tables(rows: list[dict[str, Any]], title: str) -> RenderableType:
     fields = {policy: members[0]["policy_fields"] for policy, members in grouped.items()
               if members[0]["policy_fields"]}
     if fields:
-        own = _table("Each policy's own report fields")
+        own = narrow_table("Each policy's own report fields")
         own.add_column("policy / field", overflow="fold")
         own.add_column("value", overflow="fold")
         for policy, values in fields.items():
@@ -124,7 +124,7 @@ def report_tables(rows: list[dict[str, Any]], title: str) -> RenderableType:
 def pending_table(rows: list[Any], title: str) -> Table:
     """What the checkpoint's state will purge (``streams.pending.pending_purges`` rows): a line per object,
     soonest first; a long id or hint is folded onto more lines, never cut. Reads at 80 columns."""
-    table = _table(title)
+    table = narrow_table(title)
     table.add_column("due (UTC)", no_wrap=True, min_width=19)
     table.add_column("kind", no_wrap=True)
     table.add_column("id", overflow="fold")
@@ -140,15 +140,15 @@ def reconcile_table(rows: list[Any], title: str) -> Table:
     rows scanned, known to the stream, fed back as unknown or overdue, orphan blobs found and deleted, time
     and rate. Reads at 80 columns."""
     rows = [r if isinstance(r, dict) else r.__dict__ for r in rows]
-    table = _table(title, caption="fed: sent to the reconcile topic (a dry run sends nothing)")
+    table = narrow_table(title, caption="fed: sent to the reconcile topic (a dry run sends nothing)")
     table.add_column("policy / table", overflow="fold")
     table.add_column("dc", no_wrap=True)
     figures = [("scanned", "scanned"), ("known", "known"), ("unknown_fed", "unknown\nfed"),
                ("overdue_fed", "overdue\nfed"), ("orphans_found", "orphans"), ("orphans_deleted", "orphans\ndeleted")]
     for name, header in figures:
-        _numbers(table, header, [str(r[name]) for r in rows])
-    _numbers(table, "took", [human_duration(r["duration_s"]) for r in rows])
-    _numbers(table, "rows/s", [f"{r['rows_per_s']:.0f}" for r in rows])
+        figures_column(table, header, [str(r[name]) for r in rows])
+    figures_column(table, "took", [human_duration(r["duration_s"]) for r in rows])
+    figures_column(table, "rows/s", [f"{r['rows_per_s']:.0f}" for r in rows])
     for policy, members in _by_policy(rows).items():
         table.add_row(Text(policy, style="bold"))
         for r in members:

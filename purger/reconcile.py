@@ -11,7 +11,8 @@ Per enabled policy, per table it scans (``Policy.scanned``), one Spark job:
    reconcile topic, keyed by object id. The stream reads it beside the events topics and decides as for
    any event, double-check included. A dry run feeds nothing and counts what it would feed.
 
-Then orphan blobs (``purger.sinks.orphans``), and the run's report: a row per policy, table and data
+Before them, dependent rows whose parent row is gone; after them, orphan blobs (both ``purger.sinks.orphans``);
+then the run's report: a row per policy, table and data
 centre, appended to the Delta table at ``ledger.reconcile_path``.
 
 Rows stay on the executors: the driver gets the counts (accumulators) and nothing else.
@@ -49,6 +50,7 @@ from purger.core.reconcile import (
     OVERDUE, UNKNOWN, ReconcileError, ReportRow, RowVerdict, feed_reason, row_verdict,
 )
 from purger.core.times import duration_ms, now_ms
+from purger.core.vocabulary import ALL_DCS
 from purger.known_objects import known_objects
 from purger.sinks.clients import executor_session
 from purger.sinks.throttle import Pacer, per_task_rate
@@ -70,8 +72,6 @@ REPORT_SCHEMA = StructType([
     StructField("duration_s", DoubleType()), StructField("rows_per_s", DoubleType()),
     StructField("dry_run", BooleanType()),
 ])
-# The Cassandra tables' data centre in the report: a scan reads the table, whichever data centre serves it.
-ALL_DCS = "all"
 
 
 def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str], rate: float,
@@ -83,7 +83,7 @@ def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str
     pacer = Pacer(rate)
     failpoint("in_reconcile_scan")
     referenced_by = scanned.referenced_by and policies.policy_of(scanned.kind).table_names()[scanned.referenced_by]
-    rows = scan_ranges(session, config.cassandra.keyspace, table, key, list(scanned.columns), list(ranges),
+    rows = scan_ranges(session, config.cassandra.keyspace, table, key, list(scanned.selected), list(ranges),
                        settings.consistency, settings.page_size, referenced_by)
     for row in rows:
         pacer.wait()
@@ -174,7 +174,7 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
     policy, table and data centre, also appended to ``ledger.reconcile_path``. The stream's state is read
     by a process of its own unless ``state_apart`` is False: for a process that ends after the reconcile
     (``purger.known_objects``)."""
-    from purger.sinks.orphans import reconcile_orphans
+    from purger.sinks.orphans import reconcile_orphan_rows, reconcile_orphans
 
     policies = config.policy_set
     chosen = [p for p in policies.policies if policy_names is None or p.name in policy_names]
@@ -184,12 +184,21 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
                              f"or choose among {', '.join(p.name for p in policies.policies)}")
     run_id = uuid.uuid4().hex[:12]
     dry_run = dry_run or config.stream.dry_run
+    # A dry run's records (the orphans' would_delete, the report's rows) go to the dry run's ledger and
+    # reconcile report (``PurgerConfig.as_dry_run``), whichever checkpoint it compares with (`purger reconcile
+    # --dry-run`: the real stream's, below).
+    records = config.as_dry_run() if dry_run and not config.stream.dry_run else config
     checkpoint = config.stream.checkpoint_location
     batch = _last_committed_batch(spark, checkpoint)
     kinds = sorted({scanned.kind for policy in chosen for scanned in policy.scanned})
     report = []
     with known_objects(spark, config, batch, kinds, state_apart) if batch is not None else nullcontext({}) as known:
         for policy in chosen:
+            try:
+                # First: a payload that a dangling reference pinned is then released by the payloads scan.
+                report += reconcile_orphan_rows(spark, records, policy, run_id, dry_run)
+            except LookupError as error:  # a table missing or keyed otherwise
+                raise ReconcileError(f"reconcile of policies.{policy.name}: {error}") from None
             for scanned in policy.scanned:
                 row = _scan_table(spark, config, policy, scanned, known.get(scanned.kind), run_id, dry_run)
                 log.info("reconciled %s.%s: %d rows in %.1f s, %d unknown and %d overdue %s", policy.name,
@@ -197,10 +206,10 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
                          "found (dry run)" if dry_run else "fed back")
                 report.append(row)
             try:
-                report += reconcile_orphans(spark, config, policy, run_id, dry_run)
+                report += reconcile_orphans(spark, records, policy, run_id, dry_run)
             except LookupError as error:  # its blobs' table missing or keyed otherwise
                 raise ReconcileError(f"reconcile of policies.{policy.name}: {error}") from None
-    _append(spark, config, report)
+    _append(spark, records, report)
     return report
 
 

@@ -3,8 +3,9 @@
 The purger owns three Kafka topics, the control, reconcile and dead-letter topics,
 and one Cassandra table in the platform's keyspace, its journal
 (``sinks.journal``): ``set_up`` creates them when they are missing
-(``own_topics`` says how for the topics), and a dry run's control topic
-beside them (``dry_run_control``), which `purger run --dry-run` then finds.
+(``own_topics`` says how for the topics), and a dry run's control and
+dead-letter topics beside them (``dry_run_topics``), which `purger run
+--dry-run` then finds.
 The rest is the platform's and is only checked: the events topics, the keyspace,
 every enabled policy's tables with the columns it reads
 (``Policy.columns_read``, under the configured table names), and each data
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from purger.core.times import duration_ms
 from purger.connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
-from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig, dry_run_control_topic
+from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
 from purger.core.writer_contract import (
     KNOWN_STRATEGIES, SERIAL_LEVELS, Replication, reach, replication_from_schema, seen, seen_from_every_data_centre)
 from purger.output import human_duration
@@ -99,11 +100,12 @@ def own_topics(kafka: KafkaConfig, events_partitions: int = 1) -> list[OwnTopic]
     ]
 
 
-def dry_run_control(kafka: KafkaConfig) -> OwnTopic:
-    """The control topic of a dry run on this configuration (``PurgerConfig.as_dry_run``), shaped as the
-    purger's own: a dry run shares no control topic with a real purger."""
-    control = next(t for t in own_topics(kafka) if t.key == "kafka.control_topic")
-    return replace(control, name=dry_run_control_topic(control.name), key="kafka.control_topic of a dry run")
+def dry_run_topics(kafka: KafkaConfig) -> list[OwnTopic]:
+    """The topics of a dry run on this configuration that are its own (``KafkaConfig.as_dry_run``: its
+    control and dead-letter topics), shaped as the purger's: a dry run shares neither with a real purger.
+    None for a dry run's configuration, whose own topics they already are."""
+    real = {t.key: t.name for t in own_topics(kafka)}
+    return [replace(t, key=f"{t.key} of a dry run") for t in own_topics(kafka.as_dry_run()) if t.name != real[t.key]]
 
 
 @dataclass
@@ -191,9 +193,8 @@ def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
                                          f"platform's: create it there, or correct {key}")
         partitions = [len(t["partitions"]) for t in admin.describe_topics(present)] if present else []
         own = own_topics(kafka, max(partitions, default=1))
-        dry_run = dry_run_control(kafka)
-        if create and dry_run.name != kafka.control_topic:  # only `purger run --dry-run` needs it: not checked
-            own.append(dry_run)
+        if create:  # only `purger run --dry-run` needs them: not checked
+            own.extend(dry_run_topics(kafka))
         missing = [t for t in own if t.name not in existing]
         if create:
             _create_topics(admin, missing, where, findings)
@@ -297,7 +298,9 @@ def _local_data_centre(session: Any) -> str:
     point's, as the driver's load balancing chose it."""
     from cassandra.cluster import EXEC_PROFILE_DEFAULT
 
-    return session.get_execution_profile(EXEC_PROFILE_DEFAULT).load_balancing_policy.local_dc
+    policy = session.get_execution_profile(EXEC_PROFILE_DEFAULT).load_balancing_policy
+    # Token-aware routing wraps the data-centre-aware policy (``connectors.cassandra_session``).
+    return getattr(policy, "_child_policy", policy).local_dc
 
 
 def _replication(config: PurgerConfig, keyspace: str, options: dict[str, str], local_dc: str, where: str,

@@ -50,7 +50,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ra
 
 from purger.core.config import LedgerConfig
 from purger.core.policy_set import PolicySet
-from purger.core.vocabulary import PURGED, SKIPPED, STATUSES
+from purger.core.vocabulary import ALL_DCS, PURGED, SKIPPED, STATUSES
 from purger.sinks.journal import JOURNAL_TTL_S
 
 # Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.
@@ -58,7 +58,6 @@ _CONFLICTS = (ConcurrentAppendException, ConcurrentDeleteReadException, Concurre
               MetadataChangedException, ProtocolChangedException)
 
 LAG_PERCENTILES = (0.5, 0.95, 0.99)
-ALL_DCS = "all"  # the report's data centre for outcomes on Cassandra rows
 
 
 def lag_seconds(eligible_at_ms: Any, deleted_at_ms: Any) -> Any:

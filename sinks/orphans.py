@@ -1,5 +1,12 @@
-"""Orphan blobs (docs/reconciliation.md, point 5): blobs under a policy's prefix (``Policy.blobs``) that
-no row of its table names, deleted once older than ``reconcile.orphan_grace``.
+"""Orphans (docs/reconciliation.md, points 5 and 8.1): blobs under a policy's prefix (``Policy.blobs``) that
+no row of its table names, and dependent rows whose parent row is gone (``Policy.orphan_rows``), deleted once
+older than ``reconcile.orphan_grace``, each through the engine's one purge protocol and recorded.
+
+Orphan rows: per ``OrphanRows`` of the policy, one Spark job scans the table by token range (its key and the
+write time of its ``written`` column) and its parent's ids, anti-joins them, and decides each row without a
+parent by ``OrphanRowPurge`` (the row and its parent read again at the serial consistency just before the
+delete), recorded as below in one write named ``reconcile-<run id>-<policy>.<table>-all``. A reconcile runs them
+before its scans, so a payload a dangling reference pinned is released by the payloads scan that follows.
 
 For each ``Blobs`` of the policy and each data centre, one Spark job:
 
@@ -28,10 +35,12 @@ Example::
 
     report = reconcile_orphans(spark, config, config.policy_set.policies[0], run_id, dry_run=False)
     [(r.dc, r.orphans_found, r.orphans_deleted) for r in report]   # [('dc1', 3, 3), ('dc2', 1, 1)]
+    reconcile_orphan_rows(spark, config, policy, run_id, dry_run=False)   # [ReportRow(table='payload_refs', ...)]
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -42,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -54,13 +63,13 @@ from purger.connectors.token_ranges import scan_plan, scan_ranges
 from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.policy import (
-    SELF, Attempt, Blobs, Candidate, Control, Eligibility, ObjectPurge, Outcome, Policy, Resources,
+    SELF, Attempt, Blobs, Candidate, Control, Eligibility, ObjectPurge, OrphanRows, Outcome, Policy, Resources,
     recorded_from_intent,
 )
 from purger.core.reconcile import ReportRow
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import (
-    ERROR, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, WOULD_DELETE, reason,
+    ALL_DCS, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, WOULD_DELETE, reason,
 )
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
@@ -85,18 +94,25 @@ _IDS = StructType([StructField("id", StringType(), False)])
 
 @dataclass(frozen=True)
 class Sweep:
-    """One data centre's sweep of a policy's blobs, as its executor tasks see it: the policy, its
-    ``Blobs``, its table by the configured name, the grace and the run's cutoff (blobs listed as last
-    modified before it are old enough), whether it deletes, and its name in the ledger."""
+    """A sweep of a policy's orphans, as its executor tasks see it: the policy, what it sweeps (one data
+    centre's ``Blobs``, or ``OrphanRows`` in every data centre: ``dc`` None), the table by its configured name,
+    the policy's table names (reference -> configured), the grace and the run's cutoff (what was last written
+    before it is old enough), whether it deletes, and its name in the ledger."""
 
     policy: str
-    blobs: Blobs
+    orphans: Blobs | OrphanRows
     table: str
-    dc: str
+    dc: str | None
     grace_ms: int
     cutoff_ms: int
     dry_run: bool
     query_id: str
+    tables: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """What its ledger records name: the blobs' kind of object, or the orphan rows' table (reference name)."""
+        return self.orphans.kind if isinstance(self.orphans, Blobs) else self.orphans.table
 
 
 # The journal's notes of the sweeps (``CassandraJournal.note``): per bucket, the sweeps under way; per sweep,
@@ -106,7 +122,8 @@ SWEEP_DELETES = "(orphan sweep)"
 
 
 def ledger_query_id(run_id: str, policy: str, table: str, dc: str) -> str:
-    """The name of a run's ledger write for one data centre of a policy's blobs table (batch 0)."""
+    """The name of a run's ledger write for one data centre of a policy's blobs table, or (``dc`` ``all``) of
+    its orphan rows of a table (batch 0)."""
     return f"reconcile-{run_id}-{policy}.{table}-{dc}"
 
 
@@ -129,17 +146,20 @@ _purges: dict[tuple[str, Sweep], "OrphanBlobPurge"] = {}
 _PURGES_KEPT = 16
 
 
-def _orphan_purge(config: PurgerConfig, sweep: Sweep) -> "OrphanBlobPurge":
-    """This process's purge of a sweep's blobs, its statements prepared once."""
-    store = _store(config, sweep.dc)
+def _orphan_purge(config: PurgerConfig, sweep: Sweep) -> "OrphanBlobPurge | OrphanRowPurge":
+    """This process's purge of a sweep's orphans, its statements prepared once."""
     session = executor_session(config)
+    store = _store(config, sweep.dc) if isinstance(sweep.orphans, Blobs) else None
     with _lock:
         key = (config.key, sweep)
         if key not in _purges:
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace), None, _NoRecheck(),
                                   journal, duration_ms(config.stream.retry_interval), sweep.dry_run)
-            _purges[key] = OrphanBlobPurge(resources, store, config.stores[sweep.dc].bucket, sweep)
+            if isinstance(sweep.orphans, Blobs):
+                _purges[key] = OrphanBlobPurge(resources, store, config.stores[sweep.dc].bucket, sweep)
+            else:
+                _purges[key] = OrphanRowPurge(resources, sweep)
             while len(_purges) > _PURGES_KEPT:
                 del _purges[next(iter(_purges))]
         return _purges[key]
@@ -222,41 +242,72 @@ def _listed(spark: SparkSession, config: PurgerConfig, prefix: str, dc: str, cut
     return spark.createDataFrame(rows, _LISTED)
 
 
-# --- 2. the table's ids -----------------------------------------------------------------------------------
+# --- 2. the tables' rows ----------------------------------------------------------------------------------
 
 
-def _scan_task(config: PurgerConfig, table: str, key: list[str], id_column: str, rate: float,
-               ranges: Iterator[tuple[int, int]]) -> Iterator[tuple[str]]:
+def _scan_task(config: PurgerConfig, table: str, key: list[str], columns: list[str], rate: float,
+               ranges: Iterator[tuple[int, int]]) -> Iterator[dict[str, Any]]:
     settings = config.reconcile
     pacer = Pacer(rate)
-    rows = scan_ranges(executor_session(config), config.cassandra.keyspace, table, key, [id_column], list(ranges),
+    rows = scan_ranges(executor_session(config), config.cassandra.keyspace, table, key, columns, list(ranges),
                        settings.consistency, settings.page_size)
     for row in rows:
         pacer.wait()
-        yield (str(row[id_column]),)
+        yield row
 
 
-def _row_ids(spark: SparkSession, config: PurgerConfig, policy: Policy, blobs: Blobs, table: str) -> DataFrame:
-    """The ids of every row of the blobs' table, read by token range on the executors."""
+def _scanned(spark: SparkSession, config: PurgerConfig, what: str, table: str, columns: list[str],
+             keyed_by: list[str] | None, row: Callable[[dict[str, Any]], tuple]) -> DataFrame:
+    """Every row of ``table`` read by token range on the executors (``columns``), each made a tuple by ``row``;
+    ``keyed_by``: the partition key the table must have. ``LookupError`` naming ``what`` and the table."""
     settings = config.reconcile
     keyspace = config.cassandra.keyspace
     cores = spark.sparkContext.defaultParallelism
     try:
         key, ranges = scan_plan(config.cassandra, table, cores * 2 * settings.ranges_per_task)
     except LookupError as error:
-        raise LookupError(f"orphan blobs of policies.{policy.name}: {error}; create it, or correct the "
-                          "policy's table name") from None
-    if key != [blobs.id_column]:
-        raise LookupError(f"orphan blobs of policies.{policy.name}: {keyspace}.{table} is keyed by "
-                          f"({', '.join(key)}), not by {blobs.id_column}: correct the policy's table name")
+        raise LookupError(f"{what}: {error}; create it, or correct the policy's table name") from None
+    if keyed_by is not None and key != keyed_by:
+        raise LookupError(f"{what}: {keyspace}.{table} is keyed by ({', '.join(key)}), not by "
+                          f"({', '.join(keyed_by)}): correct the policy's table name")
     tasks = max(1, len(ranges) // settings.ranges_per_task)
     rate = per_task_rate(settings.max_rows_per_second, tasks, cores)
-    rows = spark.sparkContext.parallelize(ranges, tasks).mapPartitions(
-        partial(_scan_task, config, table, key, blobs.id_column, rate))
+    return spark.sparkContext.parallelize(ranges, tasks).mapPartitions(
+        partial(_scan_task, config, table, key, columns, rate)).map(row)
+
+
+def _row_ids(spark: SparkSession, config: PurgerConfig, what: str, table: str, id_column: str) -> DataFrame:
+    """The ids of every row of a table keyed by ``id_column``, read by token range on the executors."""
+    rows = _scanned(spark, config, what, table, [id_column], [id_column], lambda row: (str(row[id_column]),))
     return spark.createDataFrame(rows, _IDS)
 
 
-# --- 4. the decision, blob by blob ------------------------------------------------------------------------
+def _row_id(orphans: OrphanRows, row: dict[str, Any]) -> str:
+    """A dependent row's id in the ledger: its key's value, or its key's values as a JSON list."""
+    values = [row[column] for column in orphans.key]
+    return str(values[0]) if len(values) == 1 else json.dumps(values, separators=(",", ":"))
+
+
+def _dependents(spark: SparkSession, config: PurgerConfig, policy: Policy, orphans: OrphanRows,
+                table: str, scanned: Any) -> DataFrame:
+    """Every row of an ``OrphanRows`` table: its id, its parent's id and its write time (ms; None: none)."""
+    written = [f"maxwritetime({orphans.written}) AS written"] if orphans.written else []
+
+    def row(found: dict[str, Any]) -> tuple:
+        scanned.add(1)
+        at = found.get("written")
+        return _row_id(orphans, found), str(found[orphans.parent_key]), None if at is None else at // 1000
+
+    return spark.createDataFrame(
+        _scanned(spark, config, f"orphan rows of policies.{policy.name}", table, [*orphans.key, *written], None, row),
+        _DEPENDENTS)
+
+
+_DEPENDENTS = StructType([StructField("id", StringType(), False), StructField("parent", StringType(), False),
+                          StructField("written_ms", LongType())])
+
+
+# --- 4. the decision, one by one --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -279,18 +330,23 @@ class OrphanBlobPurge(ObjectPurge[Blob]):
     deletes_first = True
 
     def __init__(self, resources: Resources, store: Any, bucket: str, sweep: Sweep) -> None:
-        blobs = sweep.blobs
+        blobs = sweep.orphans
         super().__init__(resources, {blobs.table: sweep.table})
-        self.sweep = sweep
+        self.sweep, self.prefix = sweep, blobs.prefix
         self.store, self.bucket = store, bucket
         self.read_row = self.tables.prepare(
             f"SELECT {blobs.id_column} FROM {{{blobs.table}}} WHERE {blobs.id_column} = ? LIMIT 1", "serial")
+
+    def candidate(self, object_id: str, listed_ms: int, etag: str | None) -> Candidate:
+        """A blob the listing found without a row, last modified at ``listed_ms``."""
+        return Candidate(self.sweep.kind, object_id, ORPHAN, listed_ms + self.sweep.grace_ms,
+                         {"listed_ms": listed_ms, "etag": etag})
 
     def read(self, candidate: Candidate, serial: bool = False) -> Blob | None:
         if not serial:
             failpoint("before_orphan_delete")
         row_present = self.tables.one(self.read_row, candidate.id) is not None
-        head = _head(self.store, self.bucket, self.sweep.blobs.prefix + candidate.id)
+        head = _head(self.store, self.bucket, self.prefix + candidate.id)
         return None if head is None else Blob(row_present, epoch_ms(head["LastModified"]), head.get("ETag"))
 
     def due(self, candidate: Candidate, row: Blob) -> Eligibility | None:
@@ -308,7 +364,7 @@ class OrphanBlobPurge(ObjectPurge[Blob]):
 
     def delete(self, candidate: Candidate, row: Blob) -> bool:
         self.resources.journal.note(SWEEP_DELETES, self.sweep.query_id, {candidate.id})
-        self.store.delete_object(Bucket=self.bucket, Key=self.sweep.blobs.prefix + candidate.id)
+        self.store.delete_object(Bucket=self.bucket, Key=self.prefix + candidate.id)
         return True
 
     def journalled_as(self, candidate: Candidate) -> tuple[str, str]:
@@ -322,41 +378,132 @@ class OrphanBlobPurge(ObjectPurge[Blob]):
                                                                      and row.etag != listed_etag)
 
 
+# The journal's notes of when a reconcile first found a dependent row without its parent, for a row without a
+# write time of its own (``OrphanRows.written``): per table and row, the moments (ms) it was found so.
+FIRST_FOUND = "(orphan row found)"
+
+
+@dataclass(frozen=True)
+class DependentRow:
+    """What the double-check reads of a dependent row: whether its parent row is there, and when the row was
+    written (or first found without its parent)."""
+
+    parent_present: bool
+    written_ms: int
+
+
+class OrphanRowPurge(ObjectPurge[DependentRow]):
+    """A dependent row whose parent row is gone (``OrphanRows``), deleted through the engine's one protocol:
+    read (the row, then its parent, both at the serial consistency), due? (its write time past the grace),
+    dry run, the intent in the journal, then ``DELETE ... IF EXISTS``, so a row another writer removed in
+    between is not recorded as the purger's. A parent that reappeared keeps it."""
+
+    deletes_first = True
+
+    def __init__(self, resources: Resources, sweep: Sweep) -> None:
+        orphans = sweep.orphans
+        super().__init__(resources, dict(sweep.tables))
+        self.sweep, self.orphans = sweep, orphans
+        where = " AND ".join(f"{column} = ?" for column in orphans.key)
+        written = f"maxwritetime({orphans.written}) AS written" if orphans.written else orphans.key[0]
+        self.read_row = self.tables.prepare(f"SELECT {written} FROM {{{orphans.table}}} WHERE {where}", "serial")
+        self.read_parent = self.tables.prepare(
+            f"SELECT {orphans.parent_key} FROM {{{orphans.parent}}} WHERE {orphans.parent_key} = ? LIMIT 1", "serial")
+        self.delete_row = self.tables.prepare(f"DELETE FROM {{{orphans.table}}} WHERE {where} IF EXISTS")
+
+    def candidate(self, object_id: str, written_ms: int | None, etag: str | None = None) -> Candidate:
+        """A row the scan found without its parent, written at ``written_ms`` (None: not known yet)."""
+        due_at = now_ms() if written_ms is None else written_ms + self.sweep.grace_ms
+        return Candidate(self.sweep.kind, object_id, ORPHAN, due_at)
+
+    def _key(self, candidate: Candidate) -> list[Any]:
+        return json.loads(candidate.id) if len(self.orphans.key) > 1 else [candidate.id]
+
+    def read(self, candidate: Candidate, serial: bool = False) -> DependentRow | None:
+        key = self._key(candidate)
+        found = self.tables.one(self.read_row, *key)
+        if found is None:
+            return None
+        parent_id = key[self.orphans.key.index(self.orphans.parent_key)]
+        parent_present = self.tables.one(self.read_parent, parent_id) is not None
+        written = getattr(found, "written", None) if self.orphans.written else None
+        if written is not None:
+            return DependentRow(parent_present, written // 1000)
+        return DependentRow(parent_present, self._first_found(candidate, parent_present))
+
+    def _first_found(self, candidate: Candidate, parent_present: bool) -> int:
+        """When a reconcile first found the row without its parent (now, if none did before); no earlier than
+        its write, so its grace runs no sooner than from that. A parent present clears what was found."""
+        journal, now = self.resources.journal, now_ms()
+        found = {int(moment) for moment in journal.noted(FIRST_FOUND, self._noted_as(candidate))}
+        if parent_present:
+            if found:
+                journal.unnote(FIRST_FOUND, self._noted_as(candidate), {str(moment) for moment in found})
+            return now
+        if not found and not self.resources.dry_run:
+            journal.note(FIRST_FOUND, self._noted_as(candidate), {str(now)})
+        return min(found, default=now)
+
+    def _noted_as(self, candidate: Candidate) -> str:
+        return f"{self.sweep.table}/{candidate.id}"
+
+    def due(self, candidate: Candidate, row: DependentRow) -> Eligibility | None:
+        return None if row.parent_present else Eligibility(ORPHAN, row.written_ms + self.sweep.grace_ms)
+
+    def why_kept(self, candidate: Candidate, row: DependentRow, due: Eligibility | None) -> str:
+        if row.parent_present:
+            return reason(PRESENT, f"its {self.orphans.parent} row was written since the scan")
+        since = "written" if self.orphans.written else "first found without its parent"
+        return reason(NOT_YET_DUE, f"{since} at {format_epoch_ms(row.written_ms)}, within orphan_grace")
+
+    def delete(self, candidate: Candidate, row: DependentRow) -> bool:
+        self.resources.journal.note(SWEEP_DELETES, self.sweep.query_id, {candidate.id})
+        return self.tables.applied(self.delete_row, *self._key(candidate))
+
+    def released(self, candidate: Candidate, row: DependentRow | None) -> None:
+        if not self.orphans.written:
+            journal = self.resources.journal
+            journal.unnote(FIRST_FOUND, self._noted_as(candidate), journal.noted(FIRST_FOUND, self._noted_as(candidate)))
+
+    def journalled_as(self, candidate: Candidate) -> tuple[str, str]:
+        # Not a kind of object: the purge of the row's parent never meets it.
+        return f"{ORPHAN} {candidate.kind}", f"{self.sweep.table}/{candidate.id}"
+
+
 class _NoRecheck(Control):
-    """An orphan blob kept is looked at again by the next sweep, not by the stream."""
+    """An orphan kept is looked at again by the next sweep, not by the stream."""
 
     def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
         pass
 
     def report(self, event_type: str, object_id: str, event_time_ms: int, **fields: Any) -> None:
-        raise AssertionError("an orphan blob's purge reports nothing")
+        raise AssertionError("an orphan's purge reports nothing")
 
 
-def decide(config: PurgerConfig, sweep: Sweep, object_id: str, listed_ms: int, etag: str | None) -> tuple:
-    """The decision on one blob the listing found without a row, old enough, by ``OrphanBlobPurge``: its
-    ``OUTCOME_SCHEMA`` tuple, one record. A blob found gone is this sweep's deletion when its intent is in the
-    journal (a task run again), another writer's otherwise."""
-    candidate = Candidate(sweep.blobs.kind, object_id, ORPHAN, listed_ms + sweep.grace_ms,
-                          {"listed_ms": listed_ms, "etag": etag})
-
-    record = partial(_outcome_row, sweep, object_id, candidate.eligible_at_ms)
+def decide(config: PurgerConfig, sweep: Sweep, object_id: str, at_ms: int | None, etag: str | None) -> tuple:
+    """The decision on one orphan the sweep found (a blob last modified at ``at_ms``; a row written then, None:
+    not known), old enough, by the sweep's purge: its ``OUTCOME_SCHEMA`` tuple, one record. One found gone is
+    this sweep's deletion when its intent is in the journal (a task run again), another writer's otherwise."""
+    eligible_at_ms = None
     try:
         purge = _orphan_purge(config, sweep)
+        candidate = purge.candidate(object_id, at_ms, etag)
+        eligible_at_ms = candidate.eligible_at_ms
         [decided] = purge.purge(candidate, Attempt(batch=f"{sweep.query_id}/0"))  # no dependents: one outcome
-        return record(decided)
-    except Exception as error:  # a store or Cassandra that failed: this blob only, the next run tries again
-        log.warning("orphan blob %s in %s: %s", sweep.blobs.prefix + object_id, sweep.dc, error)
-        return record(Outcome(ERROR, f"{type(error).__name__}: {error}"))
+        return _outcome_row(sweep, object_id, eligible_at_ms, decided)
+    except Exception as error:  # a store or Cassandra that failed: this one only, the next run tries again
+        log.warning("orphan %s %s of %s in %s: %s", sweep.kind, object_id, sweep.table, sweep.dc or ALL_DCS, error)
+        return _outcome_row(sweep, object_id, eligible_at_ms, Outcome(ERROR, f"{type(error).__name__}: {error}"))
 
 
 def _outcome_row(sweep: Sweep, object_id: str, eligible_at_ms: int | None, outcome: Outcome) -> tuple:
-    """An orphan blob's outcome as an ``OUTCOME_SCHEMA`` tuple (batch 0 of the sweep's ledger write)."""
-    return (sweep.policy, sweep.blobs.kind, object_id, ORPHAN, sweep.dc, outcome.status, outcome.reason,
+    """An orphan's outcome as an ``OUTCOME_SCHEMA`` tuple (batch 0 of the sweep's ledger write)."""
+    return (sweep.policy, sweep.kind, object_id, ORPHAN, sweep.dc, outcome.status, outcome.reason,
             eligible_at_ms, now_ms(), outcome.deleted_at_ms, 0, _worker(), outcome.intent)
 
 
 def _decide_task(config: PurgerConfig, sweep: Sweep, rate: float, rows: Iterable[Any]) -> Iterator[tuple]:
-    """One Spark task: its blobs decided, ``stream.delete_concurrency`` at a time, paced at ``rate``."""
+    """One Spark task: its orphans decided, ``stream.delete_concurrency`` at a time, paced at ``rate``."""
     pacer = Pacer(rate)
 
     def paced(row: Any) -> Any:
@@ -365,11 +512,11 @@ def _decide_task(config: PurgerConfig, sweep: Sweep, rate: float, rows: Iterable
 
     concurrency = config.stream.delete_concurrency
     with ThreadPoolExecutor(concurrency, thread_name_prefix="orphans") as pool:
-        yield from bounded_map(pool, lambda row: decide(config, sweep, row.id, row.last_modified_ms, row.etag),
+        yield from bounded_map(pool, lambda row: decide(config, sweep, row.id, row.at_ms, row.etag),
                                map(paced, rows), concurrency)
 
 
-# --- the run ----------------------------------------------------------------------------------------------
+# --- the runs ---------------------------------------------------------------------------------------------
 
 
 def reconcile_orphans(spark: SparkSession, config: PurgerConfig, policy: Policy, run_id: str,
@@ -380,21 +527,24 @@ def reconcile_orphans(spark: SparkSession, config: PurgerConfig, policy: Policy,
     a dry run, those that would be). Each decision is a ledger record."""
     report: list[ReportRow] = []
     ledger = Ledger(spark, config.ledger)
+    grace_ms = duration_ms(config.reconcile.orphan_grace)
     for blobs in policy.blobs:
         table = policy.table_names()[blobs.table]
         ids: DataFrame | None = None
         try:
             for dc in sorted(config.stores):
-                query_id = ledger_query_id(run_id, policy.name, table, dc)
+                sweep = Sweep(policy.name, blobs, table, dc, grace_ms, now_ms() - grace_ms, dry_run,
+                              ledger_query_id(run_id, policy.name, table, dc))
                 row = ReportRow(run_id, policy.name, table, dc, datetime.now(timezone.utc), dry_run=dry_run)
-                if ledger.holds(query_id, 0):
-                    _from_ledger(ledger, query_id, row)
-                    log.info("orphan blobs of %s.%s in %s: recorded already by run %s", policy.name, table, dc,
-                             run_id)
-                else:
+                if not _recorded_already(ledger, sweep, row, run_id):
                     if ids is None:
-                        ids = _row_ids(spark, config, policy, blobs, table).persist(StorageLevel.MEMORY_AND_DISK)
-                    _sweep(spark, config, ledger, policy, blobs, table, dc, ids, query_id, dry_run, row)
+                        ids = _row_ids(spark, config, f"orphan blobs of policies.{policy.name}", table,
+                                       blobs.id_column).persist(StorageLevel.MEMORY_AND_DISK)
+                    listed = spark.sparkContext.accumulator(0)
+                    found = _listed(spark, config, blobs.prefix, dc, sweep.cutoff_ms, listed).join(ids, "id", "left_anti")
+                    _sweep(spark, config, ledger, sweep, f"{policy.name}.{table}/{dc}/{config.stores[dc].bucket}",
+                           found.select("id", F.col("last_modified_ms").alias("at_ms"), "etag"), row)
+                    row.scanned = listed.value
                 report.append(row.finish())
         finally:
             if ids is not None:
@@ -402,27 +552,69 @@ def reconcile_orphans(spark: SparkSession, config: PurgerConfig, policy: Policy,
     return report
 
 
-def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, policy: Policy, blobs: Blobs, table: str,
-           dc: str, ids: DataFrame, query_id: str, dry_run: bool, row: ReportRow) -> None:
-    """One data centre's sweep: listed, anti-joined, decided and recorded; its counts into ``row``."""
+def reconcile_orphan_rows(spark: SparkSession, config: PurgerConfig, policy: Policy, run_id: str,
+                          dry_run: bool) -> list[ReportRow]:
+    """Delete the dependent rows of ``policy`` whose parent row is gone (each of its ``OrphanRows``): a row of
+    the report per table, ``scanned`` its rows, ``orphans_found`` those without a parent written before the
+    grace (or with no write time), ``orphans_deleted`` those deleted (in a dry run, those that would be). Each
+    decision is a ledger record."""
+    report: list[ReportRow] = []
+    ledger = Ledger(spark, config.ledger)
     grace_ms = duration_ms(config.reconcile.orphan_grace)
-    sweep = Sweep(policy.name, blobs, table, dc, grace_ms, now_ms() - grace_ms, dry_run, query_id)
-    listed = spark.sparkContext.accumulator(0)
-    orphans = _listed(spark, config, blobs.prefix, dc, sweep.cutoff_ms, listed).join(ids, "id", "left_anti")
+    names = policy.table_names()
+    for orphans in policy.orphan_rows:
+        table = names[orphans.table]
+        sweep = Sweep(policy.name, orphans, table, None, grace_ms, now_ms() - grace_ms, dry_run,
+                      ledger_query_id(run_id, policy.name, table, ALL_DCS), tuple(sorted(names.items())))
+        row = ReportRow(run_id, policy.name, table, ALL_DCS, datetime.now(timezone.utc), dry_run=dry_run)
+        if not _recorded_already(ledger, sweep, row, run_id):
+            what = f"orphan rows of policies.{policy.name}"
+            scanned = spark.sparkContext.accumulator(0)
+            parents = _row_ids(spark, config, what, names[orphans.parent], orphans.parent_key)
+            found = (_dependents(spark, config, policy, orphans, table, scanned)
+                     .join(parents, F.col("parent") == parents["id"], "left_anti")
+                     .where(F.col("written_ms").isNull() | (F.col("written_ms") < sweep.cutoff_ms)))
+            _sweep(spark, config, ledger, sweep, f"{policy.name}.{table}/{ALL_DCS}",
+                   found.select("id", F.col("written_ms").alias("at_ms"), F.lit(None).cast("string").alias("etag")),
+                   row)
+            row.scanned = scanned.value
+        report.append(row.finish())
+    return report
+
+
+def _recorded_already(ledger: Ledger, sweep: Sweep, row: ReportRow, run_id: str) -> bool:
+    """Whether a run of the same id recorded the sweep already (its counts then into ``row``, from its records):
+    a re-run sweeps nothing twice."""
+    if not ledger.holds(sweep.query_id, 0):
+        return False
+    counts = {r["status"]: r["count"] for r in ledger.records().where(F.col("query_id") == sweep.query_id)
+              .groupBy("status").count().collect()}
+    row.orphans_found = sum(counts.values())
+    row.orphans_deleted = counts.get(WOULD_DELETE if row.dry_run else PURGED, 0)
+    log.info("orphans of %s.%s in %s: recorded already by run %s", sweep.policy, sweep.table,
+             sweep.dc or ALL_DCS, run_id)
+    return True
+
+
+def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, sweep: Sweep, sweeps_key: str,
+           found: DataFrame, row: ReportRow) -> None:
+    """A sweep's orphans (``found``: id, at_ms, etag) decided and recorded; its counts into ``row``.
+    ``sweeps_key``: what its sweeps are of (a bucket, a table), for the journal's notes of those under way."""
     cores = spark.sparkContext.defaultParallelism
     tasks = max(1, cores)
     rate = per_task_rate(config.stream.max_deletions_per_second, tasks, cores)
-    description = f"reconcile {policy.name}: orphan blobs of {table} in {dc}"
+    what = f"orphan {'blobs' if isinstance(sweep.orphans, Blobs) else 'rows'} of {sweep.table}"
+    where = f" in {sweep.dc}" if sweep.dc else ""
+    description = f"reconcile {sweep.policy}: {what}{where}"
     spark.sparkContext.setJobDescription(description)
     journal = CassandraJournal(executor_session(config), config.cassandra.keyspace, config.cassandra.journal_table)
-    sweeps_key = f"{policy.name}.{table}/{dc}/{config.stores[dc].bucket}"  # the sweeps of this bucket
     try:
-        if not dry_run:
+        if not sweep.dry_run:
             _record_stopped_sweeps(spark, config, ledger, journal, sweep, sweeps_key)
-            journal.note(OPEN_SWEEPS, sweeps_key, {query_id})
+            journal.note(OPEN_SWEEPS, sweeps_key, {sweep.query_id})
         # Computed once and kept (in two executors on a cluster): computing the outcomes again would delete again.
         outcomes = spark.createDataFrame(
-            orphans.repartition(tasks).rdd.mapPartitions(partial(_decide_task, config, sweep, rate)),
+            found.repartition(tasks).rdd.mapPartitions(partial(_decide_task, config, sweep, rate)),
             OUTCOME_SCHEMA,
         ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
         counted = outcomes.groupBy("status", F.col("intent").isNotNull().alias("from_intent")).count().collect()
@@ -432,38 +624,36 @@ def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, policy: Po
         if by_status:
             spark.sparkContext.setJobDescription(f"{description}: ledger")
             failpoint("before_orphan_ledger_write")
-            # Only a task run again finds its blobs gone after their intents: records the ledger may hold.
-            ledger.append(outcomes, query_id, 0, may_hold=any(counts["from_intent"] for counts in counted))
+            # Only a task run again finds its orphans gone after their intents: records the ledger may hold.
+            ledger.append(outcomes, sweep.query_id, 0, may_hold=any(counts["from_intent"] for counts in counted))
         outcomes.unpersist()
-        if not dry_run:
-            journal.unnote(OPEN_SWEEPS, sweeps_key, {query_id})
+        if not sweep.dry_run:
+            journal.unnote(OPEN_SWEEPS, sweeps_key, {sweep.query_id})
     finally:
         spark.sparkContext.setJobDescription(None)
-    row.scanned = listed.value
     row.orphans_found = sum(by_status.values())
-    row.orphans_deleted = by_status.get(WOULD_DELETE if dry_run else PURGED, 0)
-    log.info("orphan blobs of %s.%s in %s: %d listed under %s, %d without a row past orphan_grace, %d %s, %s",
-             policy.name, table, dc, row.scanned, blobs.prefix, row.orphans_found, row.orphans_deleted,
-             "would be deleted (dry run)" if dry_run else "deleted",
+    row.orphans_deleted = by_status.get(WOULD_DELETE if sweep.dry_run else PURGED, 0)
+    log.info("%s of %s%s: %d past orphan_grace, %d %s, %s", what, sweep.policy, where, row.orphans_found,
+             row.orphans_deleted, "would be deleted (dry run)" if sweep.dry_run else "deleted",
              ", ".join(f"{count} {status}" for status, count in sorted(by_status.items())) or "no decision")
 
 
 def _record_stopped_sweeps(spark: SparkSession, config: PurgerConfig, ledger: Ledger, journal: CassandraJournal,
                            sweep: Sweep, sweeps_key: str) -> None:
-    """The deletions of earlier sweeps of a bucket (``sweeps_key``) that never reached their ledger write (a
-    purger stopped mid-sweep, a job failed): each blob such a sweep noted and that is gone now, recorded under
+    """The deletions of earlier sweeps of the same bucket or table that never reached their ledger write (a
+    purger stopped mid-sweep, a job failed): each orphan such a sweep noted and that is gone now, recorded under
     that sweep, from its intent (the same record as its own, had it been written; the ledger keeps one)."""
-    store, prefix = _store(config, sweep.dc), sweep.blobs.prefix
+    purge = _orphan_purge(config, sweep)
     for earlier in sorted(journal.noted(OPEN_SWEEPS, sweeps_key) - {sweep.query_id}):
         if not ledger.holds(earlier, 0):
-            gone = [blob for blob in sorted(journal.noted(SWEEP_DELETES, earlier))
-                    if _head(store, config.stores[sweep.dc].bucket, prefix + blob) is None]
-            records = [_outcome_row(sweep, blob, None, outcome) for blob in gone
+            gone = [found for found in sorted(journal.noted(SWEEP_DELETES, earlier))
+                    if purge.read(Candidate(sweep.kind, found, ORPHAN, 0), serial=True) is None]
+            records = [_outcome_row(sweep, found, None, outcome) for found in gone
                        for outcome in recorded_from_intent({SELF: f"{earlier}/0"})]
             if records:
                 ledger.append(spark.createDataFrame(records, OUTCOME_SCHEMA), earlier, 0)
-            log.warning("orphan blobs of %s in %s: sweep %s stopped before its ledger write; %d of its deletions "
-                        "recorded now", sweep.table, sweep.dc, earlier, len(records))
+            log.warning("orphans of %s in %s: sweep %s stopped before its ledger write; %d of its deletions "
+                        "recorded now", sweep.table, sweep.dc or ALL_DCS, earlier, len(records))
         journal.unnote(OPEN_SWEEPS, sweeps_key, {earlier})
 
 
@@ -477,11 +667,3 @@ def _head(store: Any, bucket: str, key: str) -> dict[str, Any] | None:
         if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
             raise
         return None
-
-
-def _from_ledger(ledger: Ledger, query_id: str, row: ReportRow) -> None:
-    """A sweep recorded already by a run of the same id: its counts, from its records."""
-    counts = {r["status"]: r["count"] for r in ledger.records().where(F.col("query_id") == query_id)
-              .groupBy("status").count().collect()}
-    row.orphans_found = sum(counts.values())
-    row.orphans_deleted = counts.get(WOULD_DELETE if row.dry_run else PURGED, 0)

@@ -262,8 +262,9 @@ def routed(events: DataFrame, policies: PolicySet) -> DataFrame:
         # The original bytes travel with bad records only.
         F.when(F.col("error").isNotNull(), F.col("key")).alias("key"),
         F.when(F.col("error").isNotNull(), F.col("value")).alias("value"),
-        # Only clock ticks carry watermark time (see the module docstring).
-        F.when(t == CLOCK, F.timestamp_millis("event_time_ms")).alias("watermark_time"),
+        # Only clock ticks carry watermark time (see the module docstring); one that is bad input (a tick on an
+        # events topic) moves no watermark, and is not dropped as late before reaching the dead letters.
+        F.when((t == CLOCK) & F.col("error").isNull(), F.timestamp_millis("event_time_ms")).alias("watermark_time"),
     )
 
 

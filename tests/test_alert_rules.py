@@ -15,38 +15,16 @@ Example::
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 
-import pytest
 from pyspark.sql.streaming.listener import QueryStartedEvent, QueryTerminatedEvent
 
 from purger.core.reconcile import ReportRow
 from purger.metrics import PurgerMetrics
+from tests.support.rules import ROOT, RULE_TESTS, RULES, alerts, run_promtool
 
-ROOT = Path(__file__).resolve().parents[1]
-RULES_DIR = ROOT / "deploy" / "prometheus"
-RULES = RULES_DIR / "purger-rules.yml"
-RULE_TESTS = RULES_DIR / "purger-rules.test.yml"
 OPERATIONS = ROOT / "docs" / "operations.md"
-
-
-def run_promtool(*args: str) -> subprocess.CompletedProcess:
-    """promtool in deploy/prometheus/; the calling test fails (not skips) when it is not installed."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool is not on PATH: `make install` installs it (Debian's prometheus package; "
-                    "or `apt-get install prometheus`)")
-    return subprocess.run([promtool, *args], cwd=RULES_DIR, capture_output=True, text=True, timeout=120)
-
-
-def alerts() -> dict[str, str]:
-    """Each alerting rule's text, by alert name."""
-    blocks = re.split(r"^      - (?=alert: |record: )", RULES.read_text(), flags=re.M)
-    return {re.match(r"alert: (\w+)", block).group(1): block for block in blocks if block.startswith("alert: ")}
 
 
 def test_promtool_finds_the_rules_valid():
@@ -140,17 +118,22 @@ def test_a_reconcile_replaces_the_last_runs_counts_and_adds_to_the_totals():
     first = [report_row("messages", "all", scanned=50, known=40, unknown_fed=6, overdue_fed=4),
              report_row("payloads", "all", scanned=20, known=20),
              report_row("payloads", "dc1", orphans_found=7, orphans_deleted=7),
-             report_row("payloads", "dc2", orphans_found=1)]
+             report_row("payloads", "dc2", orphans_found=1),
+             report_row("payload_refs", "all", scanned=9, orphans_found=2, orphans_deleted=1)]
     metrics.reconciled(first, 12.0)
     last_rows = {"policy": "mailbox", "table": "messages"}
     assert sample("purger_reconcile_last_rows", {**last_rows, "count": "overdue_fed"}) == 4
     assert sample("purger_reconcile_last_rows", {**last_rows, "count": "unknown_fed"}) == 6
     assert sample("purger_reconcile_last_rows", {"policy": "mailbox", "table": "payloads", "count": "overdue_fed"}) == 0
-    assert sample("purger_reconcile_last_orphans", {"policy": "mailbox", "dc": "dc1", "count": "orphans_found"}) == 7
-    assert sample("purger_reconcile_last_orphans", {"policy": "mailbox", "dc": "dc2", "count": "orphans_deleted"}) == 0
-    assert sample("purger_reconcile_last_orphans", {"policy": "mailbox", "dc": "all", "count": "orphans_found"}) is None
+    blobs = {"policy": "mailbox", "table": "payloads"}
+    assert sample("purger_reconcile_last_orphans", {**blobs, "dc": "dc1", "count": "orphans_found"}) == 7
+    assert sample("purger_reconcile_last_orphans", {**blobs, "dc": "dc2", "count": "orphans_deleted"}) == 0
+    refs = {"policy": "mailbox", "table": "payload_refs", "dc": "all"}
+    assert sample("purger_reconcile_last_orphans", {**refs, "count": "orphans_found"}) == 2
+    assert sample("purger_reconcile_orphans_total", {**refs, "count": "orphans_deleted"}) == 1
     assert sample("purger_reconcile_last_run_timestamp_seconds") > 0
-    metrics.reconciled([report_row("messages", "all", scanned=50, known=50)], 3.0)
+    metrics.reconciled([report_row("messages", "all", scanned=50, known=50), report_row("payload_refs", "all")], 3.0)
+    assert sample("purger_reconcile_last_orphans", {**refs, "count": "orphans_found"}) == 0
     assert sample("purger_reconcile_last_rows", {**last_rows, "count": "overdue_fed"}) == 0
     assert sample("purger_reconcile_rows_total", {**last_rows, "count": "overdue_fed"}) == 4
     assert sample("purger_reconcile_duration_seconds") == 3.0

@@ -138,6 +138,38 @@ def test_a_real_purger_on_a_dry_runs_control_topic_is_refused():
         build_config({"kafka": {"control_topic": "ops.control.dry-run"}})
 
 
+def test_a_dry_run_has_a_dead_letter_topic_and_a_ledger_of_its_own():
+    """SPEC 9.5: no Delta commit of a dry run on a real purger's tables, no bad record twice on the real dead-letter
+    topic; a path's is beside it, local or s3a://, with or without a trailing slash."""
+    raw = {"kafka": {"dead_letter_topic": "ops.dead-letter"},
+           "ledger": {"path": "s3a://audit/ledger/records/", "report_path": "ledger/report",
+                      "reconcile_path": "s3a://audit/reconciles"}}
+    real = build_config(raw)
+    for dry in (_with_dry_run(real, True), build_config({**raw, "stream": {"dry_run": True}})):
+        assert (dry.kafka.dead_letter_topic, dry.ledger.path, dry.ledger.report_path, dry.ledger.reconcile_path) == (
+            "ops.dead-letter.dry-run", "s3a://audit/ledger/records.dry-run", "ledger/report.dry-run",
+            "s3a://audit/reconciles.dry-run")
+        assert dry.kafka.reconcile_topic == real.kafka.reconcile_topic  # read, never written by a dry run
+        assert dry.as_dry_run().kafka == dry.kafka and dry.as_dry_run().ledger == dry.ledger
+    assert (real.kafka.dead_letter_topic, real.ledger.path) == ("ops.dead-letter", "s3a://audit/ledger/records/")
+    assert build_config({"stream": {"checkpoint": "cp/", "dry_run": True}}).stream.checkpoint_location == "cp.dry-run"
+    # A bucket's root has nothing beside it: s3a://audit.dry-run would be another bucket.
+    with pytest.raises(ConfigError, match=r"^ledger.report_path: s3a://audit/ is a bucket's root"):
+        build_config({"ledger": {"report_path": "s3a://audit/"}}).as_dry_run()
+
+
+@pytest.mark.parametrize("key, what", [
+    ("kafka.dead_letter_topic", "dead-letter topic"), ("ledger.path", "ledger"), ("ledger.report_path", "daily report"),
+    ("ledger.reconcile_path", "reconcile report"), ("stream.checkpoint", "checkpoint")])
+def test_a_real_purger_on_a_dry_runs_name_is_refused_in_a_line_naming_the_key(key, what):
+    section, name = key.split(".")
+    with pytest.raises(ConfigError) as error:
+        build_config({section: {name: "ops/x.dry-run/"}})
+    assert str(error.value).splitlines()[1].endswith(
+        f"{key}: ops/x.dry-run/ ends in .dry-run, as a dry run's {what} does; name a real purger's otherwise")
+    assert build_config({section: {name: "ops/x.dry-run/"}, "stream": {"dry_run": True}})  # a dry run's own
+
+
 def test_operations_keys_are_checked():
     with pytest.raises(ConfigError, match="stream.max_deletions_per_second"):
         build_config({"stream": {"max_deletions_per_second": 0}})
@@ -163,7 +195,12 @@ def test_the_tables_setup_checks_are_the_configured_ones(name, section, renamed)
 
     policy = load_policy(name, {"enabled": True, **section})
     scanned = {s.table: set(s.columns) for s in policy.scanned}
+    # The column whose write time dates an orphan row.
+    for orphans in policy.orphan_rows:
+        scanned.setdefault(orphans.table, set()).update({orphans.written} - {None})
     assert policy.columns_read() == {renamed[table]: frozenset({*columns, *scanned.get(table, ())})
                                      for table, columns in policy.tables.items()}
-    # What reconciliation scans is checked too.
+    # What reconciliation scans is checked too, the orphan rows' keys and their parents' included.
     assert all(set(s.columns) <= policy.columns_read()[renamed[s.table]] for s in policy.scanned)
+    assert all(set(o.key) <= policy.columns_read()[renamed[o.table]]
+               and o.parent_key in policy.columns_read()[renamed[o.parent]] for o in policy.orphan_rows)

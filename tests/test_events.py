@@ -60,6 +60,23 @@ def test_control_events_are_bad_input_on_an_events_topic(spark):
     assert row.error == "unknown type recheck"
 
 
+def test_a_clock_tick_on_an_events_topic_moves_no_watermark_and_is_dead_lettered(spark):
+    """Only a tick of the control topic carries watermark time: one on an events topic, however far in the future
+    (or the past, where Spark would drop it as late before the dead letters), is a dead letter like any bad record."""
+    from purger.core.vocabulary import DEAD_LETTER
+    from purger.streams.processor import routed
+
+    future = b'{"event_id": "f", "type": "clock", "event_time": "2999-01-01T00:00:00.000Z"}'
+    records = spark.createDataFrame(
+        [(None, value, topic, 0, offset, None)
+         for offset, (value, topic) in enumerate([(future, "mailbox.events"), (TICK, "mailbox.events"), (TICK, CONTROL)])],
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp")
+    policies = build_config({}).policy_set
+    rows = routed(parse_events(records, [CONTROL], policies), policies).orderBy("offset").collect()
+    assert [(r.kind, r.watermark_time is None) for r in rows] == [(DEAD_LETTER, True), (DEAD_LETTER, True),
+                                                                  ("clock", False)]
+
+
 def with_(name, value, base="dequeue"):
     event = dict(GOOD[base])
     event[name] = value

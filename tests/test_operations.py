@@ -7,15 +7,19 @@ the end replays everything the earlier tests sent.
 
 from __future__ import annotations
 
+import time
 import urllib.request
 import uuid
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
+from devstack.stack import create_topics
 from purger.config import with_policies
 from purger.core.config import PurgerConfig, S3Endpoint
 from simulation.mailbox import Platform
@@ -208,14 +212,20 @@ def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platfo
 
 
 def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_path_factory):
-    """Every policy: would_delete for each row a real run would delete, dependents included; nothing deleted."""
+    """Every policy: would_delete for each row a real run would delete, dependents included; nothing deleted.
+    SPEC 9.5: all of it in the dry run's own ledger and report, none in the real purger's; a bad record on its
+    own dead-letter topic, not on the real one."""
     every_policy = with_policies(config, {**config.policies, **SETTINGS})
-    dry = own_config(every_policy, tmp_path_factory.mktemp("dry"), "dry", dry_run=True)
+    real = own_config(every_policy, tmp_path_factory.mktemp("dry"), "dry")
+    dry = real.as_dry_run()
+    create_topics(dry, partitions=2)  # its own control and dead-letter topics, as `purger setup` makes them
     platform, objects = Platform(dry), PolicyObjects(dry)
     try:
         messages = deletable(platform, dry, 4, "dry")
         live = f"dry-live-{uuid.uuid4().hex[:6]}"
         platform.enqueue(live, f"p-{live}", extract_count=2)
+        bad = f"dry-bad-{uuid.uuid4().hex[:6]}".encode()
+        platform.send([(bad, b"{not an event")])
         platform.flush()
         written = objects.write(f"dry-{uuid.uuid4().hex[:6]}")
         objects.flush()
@@ -231,19 +241,48 @@ def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_p
             wait_for(lambda: decided() >= {("mailbox", "message", m) for m in messages} | would_go,
                      what="would_delete for every eligible message and every row of the eligible objects")
             wait_for_watermark(running.query, now() + timedelta(seconds=1))
+            wait_for(lambda: DeltaTable.isDeltaTable(spark, dry.ledger.report_path), 30, "the dry run's daily report")
         finally:
             running.stop()
         for m in messages + [live]:
             assert platform.row(m) is not None and platform.payload_intact(f"p-{m}"), m
         assert all(objects.intact(o) for o in written), "a dry run deleted a row"
+        assert dry.ledger.path == f"{real.ledger.path}.dry-run"
+        # Nothing of the dry run's at the real purger's paths, not even an empty table.
+        assert not any(Path(p).exists() for p in (real.ledger.path, real.ledger.report_path))
         records = ledger.records().collect()
-        assert {r["status"] for r in records} == {"would_delete"}
-        assert {(r["policy"], r["kind"], r["id"]) for r in records if r["kind"] != "message"} == would_go
-        assert all(f"payload p-{r['id']} would be released" in r["reason"] for r in records if r["kind"] == "message")
+        assert {r["status"] for r in records} == {"would_delete", "dead_lettered"}
+        decisions = [r for r in records if r["status"] == "would_delete"]
+        assert {(r["policy"], r["kind"], r["id"]) for r in decisions if r["kind"] != "message"} == would_go
+        assert all(f"payload p-{r['id']} would be released" in r["reason"] for r in decisions if r["kind"] == "message")
         assert ledger.records().where(F.col("id") == live).count() == 0
+        assert len([r for r in records if r["status"] == "dead_lettered"]) == 1
+        # The bad record, on the dry run's own dead-letter topic and not on the real one.
+        assert topic_records(real, real.kafka.dead_letter_topic) == []
+        assert topic_records(dry, dry.kafka.dead_letter_topic) == [(bad, b"{not an event")]
     finally:
         platform.close()
         objects.close()
+
+
+def topic_records(config: PurgerConfig, topic: str) -> list[tuple[bytes | None, bytes | None]]:
+    """Every record in ``topic`` up to its end offsets now, as (key, value)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        assert partitions, f"topic {topic} does not exist"
+        ends = consumer.end_offsets(partitions)
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        found, deadline = [], time.monotonic() + 30
+        while any(consumer.position(p) < end for p, end in ends.items()) and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=1000).values():
+                found += [(r.key, r.value) for r in batch if r.offset < ends[TopicPartition(r.topic, r.partition)]]
+        return found
+    finally:
+        consumer.close()
 
 
 def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark, config, tmp_path_factory):

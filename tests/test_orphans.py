@@ -26,6 +26,7 @@ from purger.sinks.ledger import Ledger
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.orphans import MAX_CHARACTER, Sweep, decide, ledger_query_id, list_shard, reconcile_orphans
+from tests.support.faults import Stopped, stop_at
 
 pytestmark = pytest.mark.integration
 
@@ -233,9 +234,6 @@ def outcome(values: tuple) -> dict:
     return dict(zip(OUTCOME_SCHEMA.names, values))
 
 
-class Stopped(Exception):
-    """The purger stopped between a sweep's deletes and its ledger write."""
-
 
 def test_a_sweep_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, orphans_config, stores):
     """Its blobs are deleted and its records lost with it; the next sweep of the bucket finds the sweep's notes
@@ -248,12 +246,8 @@ def test_a_sweep_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, 
     past_grace()
     policy = mailbox_policy(orphans_config)
 
-    def stop(name):
-        if name == "before_orphan_ledger_write":
-            raise Stopped(name)
-
     stopped = uuid.uuid4().hex[:12]
-    with injected(stop), pytest.raises(Stopped):
+    with injected(stop_at("before_orphan_ledger_write")), pytest.raises(Stopped):
         reconcile_orphans(spark, orphans_config, policy, stopped, dry_run=False)
     assert not any(stores.exists(PREFIX + orphan, "dc1") for orphan in orphans)
     assert records(spark, orphans_config) == []

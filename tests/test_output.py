@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-from rich.console import Console
 
 from purger.output import human_duration, pending_table, report_tables
+from tests.support.screens import at_80
 
 
 @pytest.mark.parametrize("seconds, shown", [
@@ -18,16 +18,6 @@ from purger.output import human_duration, pending_table, report_tables
 ])
 def test_durations_read_as_a_person_reads_them(seconds, shown):
     assert human_duration(seconds) == shown
-
-
-def at_80(renderable) -> list[str]:
-    console = Console(width=80, record=True)
-    console.print(renderable)
-    lines = console.export_text().splitlines()
-    text = "\n".join(lines)
-    assert "…" not in text, text
-    assert max(len(line) for line in lines) <= 80, text
-    return lines
 
 
 def row(policy: str, kind: str, dc: str = "all", **figures) -> dict:

@@ -129,7 +129,7 @@ def test_rows_no_event_told_of_are_fed_back_purged_when_due_and_kept_when_not(sp
             assert report[("mailbox", f"payloads in {dc}")].orphans_deleted == 1
             assert not quiet.blob_exists(orphan, dc)
         for policy in ("rule_events", "users", "units_of_work"):
-            table = next(r for (p, _), r in report.items() if p == policy)
+            table = report[(policy, policy)]  # its objects' table (the others: its orphan rows')
             assert (table.scanned, table.known, table.unknown_fed) == (2, 0, 2), policy
 
         eligible += [shared_due, behind]
@@ -261,7 +261,8 @@ def test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing(spark, reconci
 def test_a_dry_run_from_the_command_line_feeds_and_deletes_nothing_and_prints_its_report(spark, reconciled,
                                                                                          tmp_path):
     """`purger reconcile --dry-run --policy mailbox`: exit 0, its report at 80 columns; nothing sent to the
-    reconcile topic, the due row and the orphan blob still there, `would_delete` recorded for the orphan."""
+    reconcile topic, the due row and the orphan blob still there, `would_delete` recorded for the orphan, in the
+    dry run's ledger and not the real one's (SPEC 9.5), its report's rows in the dry run's reconcile report."""
     own, silent, running = reconciled
     ttl = own.policy_set.policy_of("message").settings.deleted_ttl
     quiet = Platform(silent)
@@ -286,9 +287,15 @@ def test_a_dry_run_from_the_command_line_feeds_and_deletes_nothing_and_prints_it
         assert topic_records(own) == fed
         assert quiet.row(due) is not None
         assert all(quiet.blob_exists(orphan, dc) for dc in own.stores)
-        records = Ledger(spark, own.ledger).records().where(F.col("id") == orphan).collect()
+        dry = own.as_dry_run().ledger
+        records = Ledger(spark, dry).records().where(F.col("id") == orphan).collect()
         assert sorted((r.status, r.rule, r.dc) for r in records) == [
             ("would_delete", "orphan", dc) for dc in sorted(own.stores)]
+        assert Ledger(spark, own.ledger).records().where(F.col("id") == orphan).count() == 0
+        runs = spark.read.format("delta").load(dry.reconcile_path).where(F.col("policy") == "mailbox")
+        assert runs.count() > 0 and runs.where(~F.col("dry_run")).count() == 0
+        real_runs = spark.read.format("delta").load(own.ledger.reconcile_path)
+        assert real_runs.where(F.col("dry_run")).count() == 0  # only the running purger's scheduled ones
     finally:
         quiet.close()
 
@@ -304,3 +311,44 @@ def topic_records(config) -> int:
         return sum(consumer.end_offsets(partitions).values())
     finally:
         consumer.close()
+
+
+def test_rows_without_their_rules_timestamp_are_dated_by_their_write_time(spark, reconciled):
+    """SPEC 8.1: rows another writer inserted without the timestamp their rule runs from, none of them heard of by
+    the stream: a message with its counter at 0 and no updated_at (its payload inline), and a live payload with its
+    blobs, no message referring to it and no last_ref_at. Those written (by their write time) forty days ago go
+    after a reconcile, each recorded purged once. Those written ten minutes ahead of the clock, young for this
+    module's periods of seconds (one written now would be due before the reconcile ends), stay."""
+    own, silent, _ = reconciled
+    tables = own.policy_set.policy_of("message").settings
+    quiet = Platform(silent)
+    try:
+        written = {}
+        for age, moment in (("old", now() - 40 * DAYS), ("young", now() + timedelta(minutes=10))):
+            m, p = f"undated-{age}-{run_id()}", f"p-undated-{age}-{run_id()}"
+            at = f"USING TIMESTAMP {int(moment.timestamp() * 1e6)}"
+            quiet.session.execute(
+                f"INSERT INTO {tables.messages_table} (message_id, mailbox, payload_id, payload_size, inline_payload, "
+                f"extract_count, complete, deleted, created_at) VALUES (%s, 'inbox', %s, 3, 0x616263, 0, true, false, "
+                f"%s) {at}", (m, f"inline-{m}", moment))
+            for dc, store in own.stores.items():
+                quiet.stores[dc].put_object(Bucket=store.bucket, Key=f"payloads/{p}", Body=b"no reference")
+            quiet.session.execute(f"INSERT INTO {tables.payloads_table} (payload_id, size, dcs, state, created_at) "
+                                  f"VALUES (%s, 12, %s, 'live', %s) {at}", (p, set(own.stores), moment))
+            written[age] = m, p
+        (old_message, old_payload), (young_message, young_payload) = written["old"], written["young"]
+
+        reconcile(spark, own, ["mailbox"])
+        wait_for(lambda: quiet.row(old_message) is None and quiet.payload_gone(old_payload), 90,
+                 "the old rows to be purged")
+        expected = {("message", old_message, None)} | {("payload", old_payload, dc) for dc in (None, *own.stores)}
+
+        def purged() -> Counter:
+            return Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, own.ledger).records().where(
+                (F.col("status") == "purged") & F.col("id").isin(*written["old"], *written["young"])).collect())
+
+        wait_for(lambda: set(purged()) >= expected, 60, "their ledger records")
+        assert purged() == Counter(expected)
+        assert quiet.row(young_message) is not None and quiet.payload_intact(young_payload)
+    finally:
+        quiet.close()

@@ -108,15 +108,31 @@ class Sample:
     refs: tuple[str, ...] = ()
 
 
+def micros(moment: datetime) -> int:
+    """A write time, as ``writetime()`` gives it: microseconds since the epoch."""
+    return epoch_ms(moment) * 1000
+
+
+def written(row: dict[str, Any], scanned: Scanned, times: Callable[[str], int]) -> dict[str, int | None]:
+    """What the scan reads of the row's write times (``Scanned.selected``): ``times(column)`` for each cell set."""
+    return {f"writetime_{column}": None if row[column] is None else times(column) for column in scanned.written}
+
+
+def undated(row: dict[str, Any], scanned: Scanned) -> bool:
+    """Neither a timestamp nor a write time to date the row by."""
+    return all(row[f"writetime_{column}"] is None for column in scanned.written)
+
+
 @st.composite
 def message_rows(draw: Any) -> Sample:
     # The insert writes the enqueue's columns together (with created_at = updated_at); a row without them is one
-    # an update wrote on its own (after its purge, say). Every write sets updated_at, never before created_at.
+    # an update wrote on its own (after its purge, say). Every platform write sets updated_at, never before
+    # created_at; another writer's may not (SPEC 8.1): such a row is dated by its cells' write times, drawn apart.
     inserted = draw(st.booleans())
     created = draw(moments()) if inserted else None
     updated = draw(st.none() | (moments() if created is None else
                                 st.integers(0, 6).map(lambda hours: created + timedelta(hours=hours))))
-    return Sample({
+    row = {
         "message_id": draw(ids), "mailbox": "inbox" if inserted else None,
         "payload_id": draw(ids) if inserted else None,
         "payload_size": draw(st.integers(0, 10**12)) if inserted else None,
@@ -124,22 +140,29 @@ def message_rows(draw: Any) -> Sample:
         "extract_count": draw(st.sampled_from((None, 0, 0, 1, 3))), "extract_until": draw(maybe(moments())),
         "complete": draw(st.sampled_from((True, False, None) if inserted else (True, None))),
         "deleted": draw(st.sampled_from((None, False, False, True))), "created_at": created, "updated_at": updated,
-    })
+    }
+    # Microseconds past a millisecond too: a write time counts to the millisecond, as a timestamp does.
+    return Sample({**row, **written(row, deletes.MESSAGES,
+                                    lambda column: micros(draw(moments())) + draw(st.integers(0, 999)))})
 
 
 @st.composite
 def payload_rows(draw: Any) -> Sample:
     state = draw(st.sampled_from(("live", "deleting", None)))
     last_ref = draw(maybe(moments()))
+    state_written = draw(moments())
     if state == "deleting":
-        # The writer contract: claimed only once the last link is a grace old and no reference is left.
+        # The writer contract: claimed only once the last link is a grace old and no reference is left; the
+        # claim wrote the state, before now.
         last_ref = last_ref and min(last_ref, NOW - PAYLOAD_GRACE)
+        state_written = min(state_written, NOW)
         refs: tuple[str, ...] = ()
     else:
         refs = tuple(draw(st.lists(ids, max_size=2, unique=True)))
     dcs = draw(maybe(st.sets(st.sampled_from(DCS), min_size=1)))
+    row = {"payload_id": draw(ids), "dcs": dcs, "state": state, "last_ref_at": last_ref}
     # What the scan says beside the row: whether payload_refs holds a partition for it.
-    return Sample({"payload_id": draw(ids), "dcs": dcs, "state": state, "last_ref_at": last_ref,
+    return Sample({**row, **written(row, deletes.PAYLOADS, lambda column: micros(state_written)),
                    "referenced": bool(refs)}, refs)
 
 
@@ -252,12 +275,12 @@ TABLES = [
                     moments(), st.sampled_from(("push_client_registered", "push_client_connected"))),
           lambda row: row["last_connected_at"] is None),
     Table("mailbox", "messages", message_rows(), message_events,
-          lambda row: row["updated_at"] is None or (
+          lambda row: (row["updated_at"] is None and undated(row, deletes.MESSAGES)) or (
               row["created_at"] is None and not row["complete"] and row["extract_count"] is None
               and row["extract_until"] is None and not row["deleted"]),
           rules=lambda policy: policy.retention.message_rules),
     Table("mailbox", "payloads", payload_rows(), payload_events,
-          lambda row: row["last_ref_at"] is None or row["state"] is None or (
+          lambda row: (row["last_ref_at"] is None and undated(row, deletes.PAYLOADS)) or row["state"] is None or (
               row["state"] == "live" and row["referenced"])),
 ]
 
@@ -351,13 +374,24 @@ def purged_now(table: Table, sample: Sample) -> bool:
 
 
 def holds(rule: Rule, row: dict[str, Any]) -> bool:
-    """The rule's CQL condition on the row, as Cassandra reads it (a comparison with null is false), its ``?``
-    bound to the rule's cutoff."""
+    """The CQL condition the rule's delete carries on the row, as Cassandra reads it (a comparison with null is
+    false, ``= null`` true of a null cell), its ``?`` bound to the rule's cutoff. On a row without ``updated_at``, a
+    rule whose condition reads it carries its undated condition, once its period has passed since the row's
+    write time (``MessagePurge.delete``)."""
+    condition = rule.condition
+    if getattr(rule, "undated", None) and row["updated_at"] is None:
+        eligible_at = rule.eligible_at(deletes.row_state(row))
+        if eligible_at is None or eligible_at > NOW_MS:
+            return False
+        condition = rule.undated
     literals = {"?": rule.cutoff().replace(tzinfo=None), "0": 0, "true": True, "false": False}
-    for clause in rule.condition.split(" AND "):
+    for clause in condition.split(" AND "):
         column, operator, operand = clause.split(" ", 2)
         value, bound = row[column], literals.get(operand, operand.strip("'"))
-        if value is None or not (value == bound if operator == "=" else value <= bound):
+        if operand == "null":
+            if value is not None:
+                return False
+        elif value is None or not (value == bound if operator == "=" else value <= bound):
             return False
     return True
 
@@ -465,10 +499,12 @@ def test_a_rows_events_and_the_real_ones_fold_alike_in_any_order(table):
 MAILBOX = POLICY["mailbox"]
 
 
-def a_message(**columns: Any) -> dict[str, Any]:
-    return {"message_id": "m1", "mailbox": "inbox", "payload_id": "p1", "payload_size": 20_000, "inline_payload": None,
-            "extract_count": None, "extract_until": None, "complete": True, "deleted": None,
-            "created_at": NOW - timedelta(days=2), "updated_at": NOW - timedelta(days=1), **columns}
+def a_message(written_at: datetime = NOW - timedelta(days=2), **columns: Any) -> dict[str, Any]:
+    """A ``messages`` row as the scan reads it, each cell set written at ``written_at``."""
+    row = {"message_id": "m1", "mailbox": "inbox", "payload_id": "p1", "payload_size": 20_000, "inline_payload": None,
+           "extract_count": None, "extract_until": None, "complete": True, "deleted": None,
+           "created_at": NOW - timedelta(days=2), "updated_at": NOW - timedelta(days=1), **columns}
+    return {**row, **written(row, deletes.MESSAGES, lambda column: micros(written_at))}
 
 
 def test_a_message_with_its_counter_at_0_is_its_enqueue_at_created_at_and_the_counter_at_updated_at():
@@ -512,3 +548,55 @@ def test_a_referenced_payload_says_nothing_and_an_unreferenced_one_is_released_a
     assert [(r["type"], r["event_time"], r["dcs"]) for r in released] == [("payload_released", at(last_ref), ["dc1"])]
     state = fold_all([link, *released], _random.Random(0))[("payload", "p1")]
     assert MAILBOX.kinds[1].eligibility(state).eligible_at_ms == epoch_ms(last_ref + PAYLOAD_GRACE)
+
+
+# --- a row without its rule's timestamp (SPEC 8.1), by example ---------------------------------------
+
+MESSAGES_TABLE, PAYLOADS_TABLE = (next(t for t in TABLES if t.table == table) for table in ("messages", "payloads"))
+EXPIRED_TTL = MAILBOX.settings.expired_ttl
+
+
+def test_a_message_without_updated_at_is_dated_by_the_latest_write_time_of_its_cells():
+    """Left without ``updated_at`` by a writer other than the platform: its counter at 0 since the latest write of
+    its cells (to the millisecond), neither skipped nor due at once; the check at delete time dates it alike."""
+    inserted, zeroed = NOW - timedelta(hours=5), NOW - timedelta(hours=2)
+    row = {**a_message(inserted, created_at=inserted, extract_count=0, updated_at=None),
+           "writetime_extract_count": micros(zeroed) + 999}
+    records = MAILBOX.row_events("messages", row)
+    assert [(r["type"], r["event_time"]) for r in records] == [
+        ("enqueue", at(inserted)), ("upload_complete", at(zeroed)), ("extract_counter", at(zeroed))]
+    verdict = row_verdict(POLICIES, deletes.MESSAGES, row)
+    assert (verdict.rule, verdict.eligible_at_ms) == ("expired_by_counter", epoch_ms(zeroed + EXPIRED_TTL))
+    assert not purged_now(MESSAGES_TABLE, Sample(row))
+    assert purged_now(MESSAGES_TABLE, Sample({**row, "writetime_extract_count": micros(NOW - EXPIRED_TTL)}))
+    # Written by a clock behind the one that set created_at: dated at created_at, or its enqueue would outrank it.
+    behind = {**row, **written(row, deletes.MESSAGES, lambda column: micros(inserted - timedelta(seconds=1)))}
+    assert {r["event_time"] for r in MAILBOX.row_events("messages", behind)} == {at(inserted)}
+    assert row_verdict(POLICIES, deletes.MESSAGES, behind).eligible_at_ms == epoch_ms(inserted + EXPIRED_TTL)
+
+
+@pytest.mark.parametrize("state, released_before", [("live", timedelta(0)), ("deleting", PAYLOAD_GRACE)])
+def test_a_payload_without_last_ref_at_is_released_at_the_write_time_of_its_state(state, released_before):
+    """No writer linked it by the contract, which sets ``last_ref_at``: a live one, unreferenced, is released when its
+    state was written (its insert), due a grace later. A claimed one's state is the claim's, which found it a grace
+    old: released a grace before, due at once (the real run finishes it)."""
+    state_written = NOW - timedelta(minutes=30)
+    row = {"payload_id": "p1", "dcs": {"dc1"}, "state": state, "last_ref_at": None,
+           "writetime_state": micros(state_written) + 1, "referenced": False}
+    [released] = MAILBOX.row_events("payloads", row)
+    released_at = state_written - released_before
+    assert (released["type"], released["event_time"], released["observed_at"]) == (
+        "payload_released", at(released_at), at(released_at + PAYLOAD_GRACE))
+    verdict = row_verdict(POLICIES, deletes.PAYLOADS, row)
+    assert verdict.eligible_at_ms == epoch_ms(released_at + PAYLOAD_GRACE)
+    assert purged_now(PAYLOADS_TABLE, Sample(row)) == (state == "deleting")
+
+
+def test_a_row_with_neither_its_timestamp_nor_a_write_time_says_nothing_and_is_not_due():
+    message = a_message(updated_at=None, **{column: None for column in deletes.MESSAGES.written})
+    payload = {"payload_id": "p1", "dcs": None, "state": None, "last_ref_at": None, "writetime_state": None,
+               "referenced": False}
+    for table, row in ((MESSAGES_TABLE, message), (PAYLOADS_TABLE, payload)):
+        assert set(row) == set(table.scanned.row_fields)
+        assert MAILBOX.row_events(table.table, row) == []
+        assert not purged_now(table, Sample(row))

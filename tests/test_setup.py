@@ -74,6 +74,8 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
             f"on Kafka {bootstrap}",
             f"created topic test.{run}.setup.control.dry-run (kafka.control_topic of a dry run: 1 partition, "
             f"kept 30 days) on Kafka {bootstrap}",
+            f"created topic test.{run}.setup.dead-letter.dry-run (kafka.dead_letter_topic of a dry run: 1 partition, "
+            f"kept 30 days) on Kafka {bootstrap}",
             f"created table {keyspace}.journal_{run} (cassandra.journal_table, the purger's journal) "
             f"on Cassandra {cassandra_address(config)}",
         ]
@@ -95,7 +97,7 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
                f"topic {own.kafka.reconcile_topic}" in again.stdout
     finally:
         admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic,
-                             f"{own.kafka.control_topic}.dry-run"])
+                             f"{own.kafka.control_topic}.dry-run", f"{own.kafka.dead_letter_topic}.dry-run"])
         admin.close()
         session = cassandra_session(config.cassandra)
         session.execute(f"DROP TABLE IF EXISTS {keyspace}.journal_{run}")

@@ -4,6 +4,7 @@ import random
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from unittest import mock
 
 import pytest
 
@@ -106,6 +107,44 @@ def test_the_stream_not_knowing_the_payload_asks_the_row(platform, deleter, conf
     assert platform.session.execute(f"SELECT * FROM {mailbox(config).payload_refs_table} WHERE payload_id = %s",
                                     (f"p-{m}",)).one() is None
     assert [payload for _, payload, *_ in control.reports if payload == f"p-{m}"] == [f"p-{m}"]
+
+
+def test_a_message_without_updated_at_is_dated_by_its_write_time_and_a_writer_in_between_keeps_it(
+        platform, deleter, config):
+    """SPEC 8.1 at delete time: rows another writer inserted without updated_at, counter 0, at a write time the test
+    gives. Written a day ago: deleted (by the undated condition). Written now: kept, its recheck at that write time
+    plus the period, not due at once. Written a day ago, then updated by a platform writer (updated_at set, counter
+    still 0) between the purge's read and its delete: not deleted."""
+    r = mailbox(config)
+    purge, control = deleter
+    due, young, raced = new_id(), new_id(), new_id()
+    day_ago, now_micros = int((time.time() - 86_400) * 1e6), int(time.time() * 1e6)
+    for m, written in ((due, day_ago), (young, now_micros), (raced, day_ago)):
+        platform.session.execute(
+            f"INSERT INTO {r.messages_table} (message_id, mailbox, payload_id, payload_size, extract_count, complete, "
+            f"deleted) VALUES (%s, 'inbox', %s, 10, 0, true, false) USING TIMESTAMP {written}", (m, f"p-{m}"))
+
+    assert purge_message(purge, due, EXPIRED_BY_COUNTER, payload_id=f"p-{due}").status == PURGED
+    assert platform.row(due) is None
+
+    kept = purge_message(purge, young, EXPIRED_BY_COUNTER, payload_id=f"p-{young}")
+    assert kept.status == SKIPPED and kept.reason.startswith("not yet due: expired_by_counter")
+    assert [c for c in control.rechecks if c[1] == young] == [
+        ("message", young, EXPIRED_BY_COUNTER, now_micros // 1000 + int(r.expired_ttl.total_seconds() * 1000))]
+    assert platform.row(young) is not None
+
+    read = purge.read
+
+    def read_then_a_platform_write(candidate: Candidate, serial: bool = False):
+        found = read(candidate, serial)
+        if found is not None and found["updated_at"] is None:
+            platform.set_counter(raced, 0)
+        return found
+
+    with mock.patch.object(purge, "read", read_then_a_platform_write):
+        outcome = purge_message(purge, raced, EXPIRED_BY_COUNTER, payload_id=f"p-{raced}")
+    assert outcome.status == SKIPPED
+    assert platform.row(raced)["updated_at"] is not None and platform.row(raced)["extract_count"] == 0
 
 
 def test_a_dry_run_decides_as_a_real_run_and_deletes_nothing_nor_rechecks(platform, config):

@@ -27,10 +27,12 @@ from pydantic import field_validator
 
 from purger.core.config import Duration
 from purger.core.policy import (
-    REFERENCED, Blobs, Eligibility, EventField, EventType, Link, ObjectKind, Policy, Purge, Resources, Scanned,
+    REFERENCED, Blobs, Eligibility, EventField, EventType, Link, ObjectKind, OrphanRows, Policy, Purge, Resources,
     Settings, row_event,
 )
-from purger.policies.mailbox.deletes import DELETING, LIVE, MessagePurge, PayloadPurge
+from purger.policies.mailbox.deletes import (
+    DELETING, LIVE, MESSAGES, PAYLOADS, MessagePurge, PayloadPurge, last_change, last_link,
+)
 from purger.policies.mailbox.rules import Retention, eligibility, payload_eligibility
 from purger.policies.mailbox.state import (
     DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, LINK, MESSAGE, PAYLOAD, RELEASED, UPLOAD_COMPLETE,
@@ -102,11 +104,11 @@ def _lifecycle(name: str, *required: str, links: tuple[Link, ...] = ()) -> Event
 
 def message_events(row: dict[str, Any]) -> list[dict[str, Any]]:
     """A ``messages`` row as the lifecycle events that would have written it: its enqueue at ``created_at``, then
-    what it says at ``updated_at`` (its last change): the upload completed, the counter, the extract-until date,
-    the delete. Folded, they make the message due when the check at delete time (``deletes.row_state``) would purge
-    the row. Nothing from a row without ``updated_at``, which every write of the platform sets; no enqueue from one
-    its insert did not write (an update that found the row gone)."""
-    updated = row["updated_at"]
+    what it says at its last change (``deletes.last_change``: ``updated_at``, or for a row without it the write
+    time of its cells): the upload completed, the counter, the extract-until date, the delete. Folded, they make
+    the message due when the check at delete time (``deletes.row_state``) would purge the row. Nothing from a row
+    with no cell set; no enqueue from one its insert did not write (an update that found the row gone)."""
+    updated = last_change(row)
     if updated is None:
         return []
     event = partial(row_event, "messages", row["message_id"], message_id=row["message_id"])
@@ -132,15 +134,19 @@ def message_events(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def payload_events(row: dict[str, Any], grace: timedelta) -> list[dict[str, Any]]:
-    """A ``payloads`` row with no reference left as released at ``last_ref_at``, where the purge's check runs the
-    grace from: ``deleting`` (a purge claimed it, having found none, and no writer can link it since; fed back,
-    the stream finishes the purge), or ``live`` with no ``payload_refs`` partition (``referenced`` false: its
-    messages went with no release, or an upload died after its payload row). A referenced ``live`` row says
-    nothing: its messages' rows say it (their enqueues link it, their purges release it)."""
-    last_ref = row["last_ref_at"]
+    """A ``payloads`` row with no reference left as released at its last link (``deletes.last_link``: ``last_ref_at``,
+    or for a row without it the write time of its state), where the purge's check runs the grace from: ``deleting``
+    (a purge claimed it, having found none, and no writer can link it since; fed back, the stream finishes the
+    purge), or ``live`` with no ``payload_refs`` partition (``referenced`` false: its messages went with no release,
+    or an upload died after its payload row). A referenced ``live`` row says nothing: its messages' rows say it
+    (their enqueues link it, their purges release it)."""
+    last_ref = last_link(row)
     unreferenced = row["state"] == DELETING or (row["state"] == LIVE and row.get(REFERENCED) is False)
     if not unreferenced or last_ref is None:
         return []
+    if row["last_ref_at"] is None and row["state"] == DELETING:
+        # Its state's write time is the claim's, which found the last link a grace old: released a grace before.
+        last_ref -= grace
     # Found unreferenced no sooner than a grace after the last link, so after any enqueue that linked it (the
     # writers' clocks are within the grace): the stream does not take the release for an older one.
     return [row_event("payloads", row["payload_id"], RELEASED, last_ref, payload_id=row["payload_id"],
@@ -181,13 +187,8 @@ class MailboxPolicy(Policy):
         "payload_refs": ("payload_id", "message_id"),
         "payloads": ("payload_id", "dcs", "state", "last_ref_at"),
     }
-    scanned = (
-        Scanned("messages", MESSAGE, "message_id",
-                ("message_id", "mailbox", "payload_id", "payload_size", "inline_payload", "extract_count",
-                 "extract_until", "complete", "deleted", "created_at", "updated_at")),
-        Scanned("payloads", PAYLOAD, "payload_id", ("payload_id", "dcs", "state", "last_ref_at"),
-                referenced_by="payload_refs"),
-    )
+    # Read as the purges read them, with the write times that date a row lacking its rule's timestamp.
+    scanned = (MESSAGES, PAYLOADS)
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.messages (
   message_id text PRIMARY KEY, mailbox text, payload_id text, payload_size bigint, inline_payload blob,
@@ -198,6 +199,9 @@ CREATE TABLE IF NOT EXISTS {keyspace}.payload_refs (
 CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
   payload_id text PRIMARY KEY, size bigint, dcs set<text>, state text, last_ref_at timestamp, created_at timestamp);
 """
+    # A message's reference left behind when its row went without it: the payload it pins is released by the
+    # payloads scan that follows. No regular column: dated by the first reconcile that finds it without its message.
+    orphan_rows = (OrphanRows("payload_refs", ("payload_id", "message_id"), "messages", "message_id"),)
     # A payload's blob is at payloads/<payload_id> in each data centre's bucket (deletes.payload_key).
     blobs = (Blobs("payloads/", PAYLOAD, "payloads", "payload_id"),)
     settings: MailboxSettings

@@ -16,6 +16,13 @@ seen, its blob deleted from each data centre with the progress kept in the
 row's ``dcs``, and the row last. One store failing does not hold the others
 back; the failed ones are retried after ``retry_interval``.
 
+A row that lacks the timestamp its rule runs from (a message's ``updated_at``, a
+payload's ``last_ref_at``) is dated by the write time of its cells, read with it
+(``last_change``, ``last_link``): never skipped, never due at once. A message
+so dated goes by its rule's undated condition (``rules.MessageRule.undated``),
+a payload by the same claim, bound to the null ``last_ref_at`` read: a platform
+write in between sets the timestamp, and then neither applies.
+
 Dependents go before the record that leads to them, so a crash anywhere is
 finished by the retry of the batch: a row the purger meant to delete and finds
 gone still has its reference, blobs and payload row seen to, all idempotently.
@@ -32,20 +39,33 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from functools import partial
 from typing import Any
 
-from purger.core.policy import Candidate, Dependent, Eligibility, Kept, ObjectPurge, Resources
+from purger.core.policy import Candidate, Dependent, Eligibility, Kept, ObjectPurge, Resources, Scanned, latest_write
 from purger.core.times import epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, RECENTLY_LINKED, REFERENCED, RELINKED, reason
 from purger.policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE
 from purger.policies.mailbox.rules import Retention, eligibility
-from purger.policies.mailbox.state import PAYLOAD, RELEASED, MessageState
+from purger.policies.mailbox.state import MESSAGE, PAYLOAD, RELEASED, MessageState
 
 # A payload row's states in the writer contract.
 LIVE = "live"
 DELETING = "deleting"
+
+# The rows as the purges read them and as reconciliation scans them (``MailboxPolicy.scanned``), with the write
+# times that date a row lacking its rule's timestamp: the same for both, so both date it alike. A message's: every
+# cell its events are read from but the key's (it has none) and updated_at's (null when it is needed). A payload's:
+# its state's (dcs is a set, each element with a write time of its own).
+MESSAGES = Scanned("messages", MESSAGE, "message_id",
+                   ("message_id", "mailbox", "payload_id", "payload_size", "inline_payload", "extract_count",
+                    "extract_until", "complete", "deleted", "created_at", "updated_at"),
+                   written=("mailbox", "payload_id", "payload_size", "inline_payload", "extract_count",
+                            "extract_until", "complete", "deleted", "created_at"))
+PAYLOADS = Scanned("payloads", PAYLOAD, "payload_id", ("payload_id", "dcs", "state", "last_ref_at"),
+                   referenced_by="payload_refs", written=("state",))
 
 
 def payload_key(payload_id: str) -> str:
@@ -53,9 +73,28 @@ def payload_key(payload_id: str) -> str:
     return f"payloads/{payload_id}"
 
 
+def last_change(row: dict[str, Any]) -> datetime | None:
+    """A ``messages`` row's last change, which its counter and deleted rules run from: ``updated_at``, which every
+    platform write sets; for a row without it, the latest write time of its cells, and no earlier than its
+    ``created_at``. None: no cell is set."""
+    if row["updated_at"] is not None:
+        return row["updated_at"]
+    written = latest_write(row, MESSAGES.written)
+    if written is None or row["created_at"] is None:
+        return written
+    # Whatever the clocks of the writers: the row's enqueue, at created_at, would otherwise outrank its last change.
+    return max(written, row["created_at"])
+
+
+def last_link(row: dict[str, Any]) -> datetime | None:
+    """When a ``payloads`` row was last linked, which its grace runs from: ``last_ref_at``, which the writer contract
+    sets at every link; for a row without it (never linked so), the write time of its state. None: neither is set."""
+    return row["last_ref_at"] or latest_write(row, PAYLOADS.written)
+
+
 def row_state(row: dict[str, Any]) -> MessageState:
-    """A message row seen as the stream would see it: every field set by its last change, at ``updated_at``."""
-    updated = epoch_ms(row.get("updated_at"))
+    """A message row seen as the stream would see it: every field set by its last change (``last_change``)."""
+    updated = epoch_ms(last_change(row))
     return MessageState(
         mailbox=row.get("mailbox"), payload_id=row.get("payload_id"), payload_size=row.get("payload_size"),
         inline=row.get("inline_payload") is not None, created_at_ms=epoch_ms(row.get("created_at")),
@@ -87,7 +126,11 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
             name: prepare(f"DELETE FROM {{messages}} WHERE message_id = ? IF {rule.condition}")
             for name, rule in retention.message_rules.items()
         }
-        self.read_row = prepare("SELECT * FROM {messages} WHERE message_id = ?")
+        self.undated_delete = {
+            name: prepare(f"DELETE FROM {{messages}} WHERE message_id = ? IF {rule.undated}")
+            for name, rule in retention.message_rules.items() if rule.undated
+        }
+        self.read_row = prepare(f"SELECT {', '.join(MESSAGES.selected)} FROM {{messages}} WHERE message_id = ?")
         self.delete_ref = prepare("DELETE FROM {payload_refs} WHERE payload_id = ? AND message_id = ?")
         self.two_refs = prepare("SELECT message_id FROM {payload_refs} WHERE payload_id = ? LIMIT 2")
 
@@ -103,6 +146,12 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
 
     def delete(self, candidate: Candidate, row: dict[str, Any]) -> bool:
         rule = self.retention.message_rules[candidate.rule]
+        if row["updated_at"] is None and rule.undated:
+            # Dated by its cells' write time, which no condition can compare: this rule's period is checked on the
+            # row read (``due`` checked the earliest rule's), and the delete applies only to the row as read.
+            eligible_at = rule.eligible_at(row_state(row))
+            return (eligible_at is not None and eligible_at <= now_ms()
+                    and self.tables.applied(self.undated_delete[rule.name], candidate.id))
         return self.tables.applied(self.conditional_delete[rule.name], candidate.id, rule.cutoff())
 
     def _would_delete_reason(self, candidate: Candidate, row: dict[str, Any], due: Eligibility) -> str | None:
@@ -143,6 +192,8 @@ class PayloadRow:
     last_ref_at: Any
     dcs: frozenset[str]
     referrer: str | None
+    # When it was last linked, which the grace runs from (``last_link``).
+    linked_at: datetime | None = None
 
 
 class PayloadPurge(ObjectPurge[PayloadRow]):
@@ -156,7 +207,7 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         self.grace_ms = retention.payload_grace_ms
         self.messages = messages
         prepare = self.tables.prepare
-        self.read_row = prepare("SELECT state, last_ref_at, dcs FROM {payloads} WHERE payload_id = ?")
+        self.read_row = prepare(f"SELECT {', '.join(PAYLOADS.selected)} FROM {{payloads}} WHERE payload_id = ?")
         self.mark_deleting = prepare(
             f"UPDATE {{payloads}} SET state = '{DELETING}' WHERE payload_id = ? IF state = '{LIVE}' AND last_ref_at = ?")
         # Each data centre's progress is kept in the row: `dcs` are the stores that still hold the payload.
@@ -170,7 +221,8 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
             return None
         if found is None:
             return PayloadRow(None, None, frozenset(), referrer)
-        return PayloadRow(found.state, found.last_ref_at, frozenset(found.dcs or ()), referrer)
+        return PayloadRow(found.state, found.last_ref_at, frozenset(found.dcs or ()), referrer,
+                          last_link(found._asdict()))
 
     def claimed(self, row: PayloadRow) -> bool:
         return row.state == DELETING and row.referrer is None
@@ -180,17 +232,21 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
             # Usually that message's own purge releases the payload again; the recheck covers a reference
             # that goes away otherwise (a writer that lost the race and removed its link).
             return Eligibility(PAYLOAD_RULE, now_ms() + self.grace_ms)
-        last_ref_ms = epoch_ms(row.last_ref_at)
-        return Eligibility(PAYLOAD_RULE, now_ms() if last_ref_ms is None else last_ref_ms + self.grace_ms)
+        linked_ms = epoch_ms(row.linked_at)
+        # No state to claim it by (nor last_ref_at): kept, as the claim, conditioned on state, would keep it.
+        return None if linked_ms is None else Eligibility(PAYLOAD_RULE, linked_ms + self.grace_ms)
 
     def why_kept(self, candidate: Candidate, row: PayloadRow, due: Eligibility | None) -> str:
         if row.referrer is not None:
             return reason(REFERENCED, f"by message {row.referrer}")
+        if due is None:
+            return reason(LIVE_REASON, f"state {row.state!r}, no last_ref_at")
         return reason(RECENTLY_LINKED, "within payload_grace")
 
     def claim(self, candidate: Candidate, row: PayloadRow) -> PayloadRow | Kept:
+        # Bound to the last_ref_at read, null included: a link since sets it, and the claim does not apply.
         if self.tables.applied(self.mark_deleting, candidate.id, row.last_ref_at):
-            return PayloadRow(DELETING, row.last_ref_at, row.dcs, None)
+            return replace(row, state=DELETING, referrer=None)
         return Kept(reason(RELINKED, "while being purged"), Eligibility(PAYLOAD_RULE, now_ms() + self.grace_ms))
 
     def dependents(self, candidate: Candidate, row: PayloadRow) -> list[Dependent]:

@@ -172,3 +172,17 @@ _DROP = object()
 def reliability(fault: str, **counts) -> None:
     """A fault test's counts as one ``RELIABILITY`` line (``pytest -s``), the figures RELIABILITY.md quotes."""
     print("RELIABILITY", fault, " ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+class Stopped(Exception):
+    """The purger stopped at a failpoint (``stop_at``): on the driver, the job or sweep ends there."""
+
+
+def stop_at(name: str):
+    """A failpoint hook (``purger.core.failpoints.injected``) that raises ``Stopped`` at the failpoint ``name``."""
+
+    def stop(reached: str) -> None:
+        if reached == name:
+            raise Stopped(reached)
+
+    return stop
