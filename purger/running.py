@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from purger.core.config import PurgerConfig
-from purger.known_objects import stop_copies
+from purger.reconcile.known_objects import stop_copies
 from purger.metrics import PurgerMetrics
 from purger.reconcile import last_reconcile_finished_s, next_reconcile_in_s, reconcile
 from purger.sinks.ledger import Ledger, Report
@@ -155,7 +155,7 @@ def _set_up_thread(spark: SparkSession, group: str, description: str) -> None:
 
 
 def _cancel_reconcile(spark: SparkSession) -> None:
-    """A reconcile's Spark jobs, and its copy of the state if one is under way (``purger.known_objects``)."""
+    """A reconcile's Spark jobs, and its copy of the state if one is under way (``purger.reconcile.known_objects``)."""
     spark.sparkContext.cancelJobGroup(RECONCILE_JOB_GROUP)
     stop_copies()
 

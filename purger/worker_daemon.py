@@ -20,7 +20,7 @@ from pyspark import daemon
 # purge's (the clients, the policies) and a reconcile's (its scan and feed, the orphan blobs).
 PRELOADED = ("pandas", "pyarrow", "pyspark.sql.pandas.serializers", "boto3", "cassandra.cluster", "kafka",
              "purger.sinks.clients", "purger.sinks.purge", "purger.streams.processor", "purger.reconcile",
-             "purger.sinks.orphans")
+             "purger.reconcile.orphans")
 
 if __name__ == "__main__":
     for module in PRELOADED:

@@ -163,15 +163,15 @@ def leftovers(spark, platform, config, eligible, live, shared_due, payloads_alon
 
 
 def test_the_state_copied_apart_is_the_state_read_in_place_and_a_failed_copy_says_why_in_a_line(spark, reconciled):
-    """The scheduled reconciles read the stream's state in a process of their own (purger.known_objects): what
+    """The scheduled reconciles read the stream's state in a process of their own (purger.reconcile.known_objects): what
     it copies is what the state holds, the copy is gone afterwards, and a copy that fails says why in a line."""
     from functools import reduce
     from pathlib import Path
 
     from pyspark.sql import DataFrame
 
-    from purger.core.reconcile import ReconcileError
-    from purger.known_objects import known_objects
+    from purger.reconcile.verdict import ReconcileError
+    from purger.reconcile.known_objects import known_objects
     from purger.reconcile import _last_committed_batch
 
     own, _, _ = reconciled
@@ -195,7 +195,7 @@ def test_the_state_copied_apart_is_the_state_read_in_place_and_a_failed_copy_say
 
 
 def known_to_stream(spark, config, kind: str, object_id: str) -> bool:
-    from purger.known_objects import known_objects
+    from purger.reconcile.known_objects import known_objects
     from purger.reconcile import _last_committed_batch
 
     batch = _last_committed_batch(spark, config.stream.checkpoint_location)

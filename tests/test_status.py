@@ -199,7 +199,7 @@ def test_status_reports_the_ledgers_and_reconciles_counts_and_a_line_for_the_che
     from typer.testing import CliRunner
 
     from purger.cli import app
-    from purger.core.reconcile import ReportRow
+    from purger.reconcile.verdict import ReportRow
     from purger.reconcile import _append
     from purger.sinks.ledger import Ledger
     from purger.sinks.purge import OUTCOME_SCHEMA
