@@ -46,7 +46,7 @@ from purger.connectors import cassandra_session, s3_client
 from purger.reconcile.token_ranges import scan_plan, scan_ranges
 from purger.core.config import PurgerConfig
 from purger.policies.mailbox.deletes import payload_key
-from purger.reconcile import reconcile
+from purger.reconcile.run import reconcile
 from purger.running import start_purger
 from purger.sinks.clients import executor_session
 

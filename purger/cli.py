@@ -325,12 +325,13 @@ def reconcile(
     left overdue, delete orphan blobs; print the run's report."""
     from rich.console import Console
     from purger.output import reconcile_table
-    from purger.reconcile import ReconcileError, reconcile as run_reconcile
+    from purger.reconcile.run import reconcile as run_reconcile
+    from purger.reconcile.verdict import ReconcileError
     from purger.spark import spark_session
 
     # The stream's own checkpoint is compared with, even in a dry run: not the dry-run one ``--dry-run`` on
     # `purger run` would use. A dry run's records (the orphans' would_delete, the report's rows) go to the dry
-    # run's ledger all the same (``purger.reconcile.reconcile``).
+    # run's ledger all the same (``purger.reconcile.run.reconcile``).
     config = load_or_exit(config_file)
     dry_run = dry_run or config.stream.dry_run
     log_to_stderr(log_level)

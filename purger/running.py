@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from purger.core.config import PurgerConfig
 from purger.reconcile.known_objects import stop_copies
 from purger.metrics import PurgerMetrics
-from purger.reconcile import last_reconcile_finished_s, next_reconcile_in_s, reconcile
+from purger.reconcile.run import last_reconcile_finished_s, next_reconcile_in_s, reconcile
 from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
 from purger.core.times import duration_ms

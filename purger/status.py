@@ -301,7 +301,7 @@ RECONCILE_COUNTS = ("scanned", "unknown_fed", "overdue_fed", "orphans_found")
 
 def read_reconcile(spark: SparkSession, config: PurgerConfig) -> Reconciled:
     """The last reconcile recorded (a dry run's when the configuration is one, as the schedule counts them:
-    ``purger.reconcile.last_reconcile_finished_s``)."""
+    ``purger.reconcile.run.last_reconcile_finished_s``)."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -318,7 +318,7 @@ def read_reconcile(spark: SparkSession, config: PurgerConfig) -> Reconciled:
 
 
 def last_reconcile(rows: list[Any]) -> Reconciled:
-    """A reconcile run from its report rows (``purger.reconcile.REPORT_SCHEMA``), summed by policy."""
+    """A reconcile run from its report rows (``purger.reconcile.run.REPORT_SCHEMA``), summed by policy."""
     by_policy: dict[str, dict[str, int]] = {}
     for row in rows:
         counts = by_policy.setdefault(row["policy"], dict.fromkeys(RECONCILE_COUNTS, 0))

@@ -105,7 +105,7 @@ def feed_reason(verdict: RowVerdict, known: bool, now_ms: int, overdue_after_ms:
 
 @dataclass
 class ReportRow:
-    """A row of a run's report (``ledger.reconcile_path``; ``purger.reconcile.REPORT_SCHEMA``): one per run,
+    """A row of a run's report (``ledger.reconcile_path``; ``purger.reconcile.run.REPORT_SCHEMA``): one per run,
     policy, table and data centre (``all`` for a table's scan, a data centre's name for its orphan blobs,
     ``purger.reconcile.orphans``)."""
 

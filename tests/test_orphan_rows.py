@@ -24,7 +24,7 @@ from purger.connectors import cassandra_session
 from purger.core.config import ReconcileConfig
 from purger.core.failpoints import injected
 from purger.core.vocabulary import ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, category
-from purger.reconcile import reconcile
+from purger.reconcile.run import reconcile
 from purger.sinks.ledger import Ledger
 from purger.core.vocabulary import ALL_DCS
 from purger.reconcile.orphans import Sweep, decide, ledger_query_id, reconcile_orphan_rows

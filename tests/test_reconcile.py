@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from devstack.stack import prepare
 from purger.config import with_policies
-from purger.reconcile import reconcile
+from purger.reconcile.run import reconcile
 from purger.running import start_purger
 from purger.sinks.ledger import Ledger
 from simulation.mailbox import Platform
@@ -172,7 +172,7 @@ def test_the_state_copied_apart_is_the_state_read_in_place_and_a_failed_copy_say
 
     from purger.reconcile.verdict import ReconcileError
     from purger.reconcile.known_objects import known_objects
-    from purger.reconcile import _last_committed_batch
+    from purger.reconcile.run import _last_committed_batch
 
     own, _, _ = reconciled
     checkpoint = own.stream.checkpoint_location
@@ -196,7 +196,7 @@ def test_the_state_copied_apart_is_the_state_read_in_place_and_a_failed_copy_say
 
 def known_to_stream(spark, config, kind: str, object_id: str) -> bool:
     from purger.reconcile.known_objects import known_objects
-    from purger.reconcile import _last_committed_batch
+    from purger.reconcile.run import _last_committed_batch
 
     batch = _last_committed_batch(spark, config.stream.checkpoint_location)
     if batch is None:

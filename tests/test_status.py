@@ -200,7 +200,7 @@ def test_status_reports_the_ledgers_and_reconciles_counts_and_a_line_for_the_che
 
     from purger.cli import app
     from purger.reconcile.verdict import ReportRow
-    from purger.reconcile import _append
+    from purger.reconcile.run import _append
     from purger.sinks.ledger import Ledger
     from purger.sinks.purge import OUTCOME_SCHEMA
     from tests.support.configs import own_config, write_config
