@@ -63,7 +63,7 @@ from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.policy import (
     SELF, Attempt, Blobs, Candidate, Control, Eligibility, ObjectPurge, OrphanRows, Outcome, Policy, Resources,
-    recorded_from_intent,
+    key_id, recorded_from_intent,
 )
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import (
@@ -283,9 +283,8 @@ def _row_ids(spark: SparkSession, config: PurgerConfig, what: str, table: str, i
 
 
 def _row_id(orphans: OrphanRows, row: dict[str, Any]) -> str:
-    """A dependent row's id in the ledger: its key's value, or its key's values as a JSON list."""
-    values = [row[column] for column in orphans.key]
-    return str(values[0]) if len(values) == 1 else json.dumps(values, separators=(",", ":"))
+    """A dependent row's id in the ledger (``key_id``)."""
+    return key_id(row[column] for column in orphans.key)
 
 
 def _dependents(spark: SparkSession, config: PurgerConfig, policy: Policy, orphans: OrphanRows,

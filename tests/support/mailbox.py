@@ -16,7 +16,7 @@ from tenacity import Retrying, stop_after_delay, wait_fixed
 
 from purger.connectors import CassandraTables
 from purger.core.config import PurgerConfig
-from purger.core.policy import Attempt, Candidate, Control, Outcome, Resources
+from purger.core.policy import Attempt, Candidate, Control, Outcome, Resources, key_id
 from purger.core.times import now_ms
 from purger.core.vocabulary import ERROR, PURGED
 from purger.policies.mailbox.deletes import MessagePurge
@@ -119,14 +119,15 @@ def write_work(platform: Platform, prefix: str, n: int, config, eligible: list[s
 def end_state(spark, platform: Platform, config, eligible: list[str], live: list[str],
               objects: PolicyObjects | None = None, written: Sequence[PolicyObject] = ()) -> tuple[list, set, set, set]:
     """What a run left: the live messages deleted (row, payload row or a blob) and the kept objects of the
-    other policies not intact, and the ledger's `purged` records against one per eligible message, payload
-    row and blob, and per row of the other policies' eligible objects (``written``, through ``objects``):
+    other policies not intact, and the ledger's `purged` records against one per eligible message, its
+    reference, payload row and blob, and per row of the other policies' eligible objects (``written``, through ``objects``):
     (wrongly_deleted, missing, doubled, unexpected)."""
     wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
     wrongly_deleted += [o.id for o in written if not o.eligible and not objects.intact(o)]
     records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()
                       .where(F.col("status") == "purged").collect())
     expected = {("message", m, None) for m in eligible}
+    expected |= {("payload_refs", key_id([f"p-{m}", m]), None) for m in eligible}
     expected |= {("payload", f"p-{m}", dc) for m in eligible for dc in (None, "dc1", "dc2")}
     expected |= {(kind, row_id, None) for o in written if o.eligible for _, kind, row_id in ledger_rows(o)}
     return (wrongly_deleted, expected - set(records), {k for k, n in records.items() if n > 1},
