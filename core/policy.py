@@ -337,7 +337,8 @@ class ObjectPurge(Purge, Generic[R]):
        serially, since the deletes that follow rest on that claim. Gone: with the purger's intent to delete
        it in the journal (``Journal``), the purger deleted it: ``purged`` from the intent, for the row and
        the dependents it names (what may be left of them, ``leftovers``, deleted again first); without
-       one, ``already_gone`` (another writer removed it).
+       one, ``already_gone`` (another writer removed it), and the leftovers that say they are there deleted
+       and recorded as this attempt's.
     2. Not claimed yet (``claimed``): asks the row when it is due (``due``, the policy's rules applied to
        the row). Not due now: ``skipped`` with the policy's reason (``why_kept``) and, unless a dry run, a
        recheck when it will be (no sooner than ``stream.retry_interval`` under the candidate's own rule:
@@ -351,8 +352,9 @@ class ObjectPurge(Purge, Generic[R]):
        ``stream.retry_interval``. Then the row (``delete``, a lightweight transaction: the one step that
        deletes it). Not applied: the row, read again, says why (gone: another writer removed it; changed
        since it was read), and the intent no longer names it.
-    4. After the row, whoever deleted it: ``released`` (e.g. a message's payload, once nothing refers to
-       it).
+    4. After the row: what goes after it (``followers``, named in the intent with the row), each one's outcome
+       recorded; then, whoever deleted the row, ``released`` (e.g. a message's payload, once nothing refers
+       to it).
 
     A kind with no dependents and a rule that one conditional ``DELETE`` checks sets ``deletes_first``: that
     delete is its claim, so a due row is deleted at once.
