@@ -136,7 +136,7 @@ def test_a_conditional_delete_whose_answer_never_came_ends_purged_once(spark, co
 
     from purger.core.policy import Attempt, Candidate
     from purger.core.times import now_ms
-    from tests.support.mailbox import message_purge
+    from tests.support.mailbox import message_purge, own
 
     proxy, session = held_cassandra
     purge, _ = message_purge(session, config)
@@ -152,8 +152,13 @@ def test_a_conditional_delete_whose_answer_never_came_ends_purged_once(spark, co
     proxy.release()
     assert platform.row(m) is None, "the delete reached Cassandra and applied"
     error = outcome_row(m, "error", f"{query}/1", None)
-    [recheck] = purge.purge(candidate_, Attempt(batch=f"{query}/2"))
+    outcomes = list(purge.purge(candidate_, Attempt(batch=f"{query}/2")))
+    recheck = own(outcomes)
     assert (recheck.status, recheck.intent) == (PURGED, f"{query}/1")
+    # The payload_refs row its intent named, left by the attempt that raised: deleted at the recheck, recorded.
+    assert [(o.kind, o.status, o.intent) for o in outcomes if o.kind] == [("payload_refs", PURGED, f"{query}/1")]
+    assert platform.session.execute(f"SELECT * FROM {mailbox(config).payload_refs_table} WHERE payload_id = %s",
+                                    (f"p-{m}",)).one() is None
     ledger.append(spark.createDataFrame([error], OUTCOME_SCHEMA), query, 1, may_hold=False)
     ledger.append(spark.createDataFrame([outcome_row(m, PURGED, f"{query}/2", recheck.intent)], OUTCOME_SCHEMA),
                   query, 2)

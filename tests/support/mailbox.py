@@ -8,7 +8,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from pyspark.sql import Row
 from pyspark.sql import functions as F
@@ -70,8 +70,19 @@ def purge_message(purge: MessagePurge, message_id: str, rule: str, payload_id: s
                   batch: str = "q/1") -> Outcome:
     """The message's own outcome of one purge (``payload_id``: the stream's hint; None, as after a replay
     from a timestamp, makes the purge ask the row)."""
+    return own(purge_message_all(purge, message_id, rule, payload_id, batch))
+
+
+def purge_message_all(purge: MessagePurge, message_id: str, rule: str, payload_id: str | None = None,
+                      batch: str = "q/1") -> list[Outcome]:
+    """Every outcome of one purge: the message's and those of what went with it (its ``payload_refs`` row)."""
     hint = {"payload_id": payload_id, "inline": False, "dcs": ["dc1", "dc2"]} if payload_id else {}
-    [outcome] = purge.purge(Candidate(MESSAGE, message_id, rule, now_ms(), hint), Attempt(batch=batch))
+    return list(purge.purge(Candidate(MESSAGE, message_id, rule, now_ms(), hint), Attempt(batch=batch)))
+
+
+def own(outcomes: Iterable[Outcome]) -> Outcome:
+    """The candidate's own outcome among a purge's (a dependent's or follower's names its kind)."""
+    [outcome] = [o for o in outcomes if o.kind is None]
     return outcome
 
 
