@@ -109,13 +109,19 @@ def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., Running
     """Check the platform, start the purger with ``start(spark, config, stop_requested)`` and run it until
     Ctrl-C or SIGTERM (which set ``stop_requested``); the query then stops between micro-batches."""
     from purger.spark import spark_session
+    from purger.streams.checkpoint import CheckpointRefused
 
     log_to_stderr(log_level)
     check_platform(config)
     spark = spark_session(config.stream, log_level=spark_level(log_level))
     set_spark_log_level(spark, log_level)
     stop_requested = _set_on_signals(signal.SIGINT, signal.SIGTERM)  # after the session: PySpark sets its own
-    running = start(spark, config, stop_requested)
+    try:
+        running = start(spark, config, stop_requested)
+    except CheckpointRefused as refused:
+        typer.echo(str(refused), err=True)
+        spark.stop()
+        raise typer.Exit(2) from None
     typer.echo(f"purger running: query {config.stream.query_name!r}, checkpoint "
                f"{config.stream.checkpoint_location}, ledger {config.ledger.path}, "
                f"Spark UI {spark.sparkContext.uiWebUrl}"

@@ -27,6 +27,7 @@ from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
 from purger.core.times import duration_ms
 from purger.streams.candidates import candidates_stream
+from purger.streams.checkpoint import check_continuable
 from purger.streams.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,11 @@ class RunningPurger:
 def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
                  starting_timestamp_ms: int | None = None) -> RunningPurger:
     """Make the ledger's table if absent, then start the query, its clock, and its metrics (served on
-    ``metrics.port`` unless 0)."""
+    ``metrics.port`` unless 0). A checkpoint this release cannot continue from raises ``CheckpointRefused``
+    before anything starts (``streams.checkpoint``)."""
     stream = config.stream
+    for warning in check_continuable(spark, config):
+        log.warning(warning)
     ledger = Ledger(spark, config.ledger)
     ledger.create()
     candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms)
