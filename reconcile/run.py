@@ -199,7 +199,7 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
                 report += reconcile_orphans(spark, records, policy, run_id, dry_run)
             except LookupError as error:  # its blobs' table missing or keyed otherwise
                 raise ReconcileError(f"reconcile of policies.{policy.name}: {error}") from None
-    _append(spark, records, report)
+    append_report(spark, records, report)
     return report
 
 
@@ -229,7 +229,8 @@ def next_reconcile_in_s(last_finished_s: float | None, config: PurgerConfig) -> 
     return max(0.0, config.reconcile.interval.total_seconds() - (time.time() - last_finished_s))
 
 
-def _append(spark: SparkSession, config: PurgerConfig, report: list[ReportRow]) -> None:
+def append_report(spark: SparkSession, config: PurgerConfig, report: list[ReportRow]) -> None:
+    """A run's rows added to the reconcile report (``ledger.reconcile_path``), a Delta table."""
     from purger.sinks.ledger import use_s3a
 
     use_s3a(spark, config.ledger)

@@ -31,12 +31,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # The release a running purger is upgraded from (CHANGELOG.md), by its tag.
 RELEASE = "0.1.0"
 # A policy of one's own (examples/push_clients) and its next release (tests/evolved), found as a user's would be
-# on the driver; the executors get them with addPyFile (as --py-files).
+# on the driver; the executors get them with addPyFile too (as --py-files), in case the session started before.
 HERE = ROOT / "examples" / "push_clients"
 EVOLVED = ROOT / "tests" / "evolved"
 for path in (HERE, EVOLVED):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+# And for the Python processes Spark's JVM starts on the driver (transformWithState's set-up runner imports the
+# policies), before the session's JVM starts (pytest collects every module before the first fixture).
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(HERE), str(EVOLVED), os.environ.get("PYTHONPATH"))))
 SECTION = {"enabled": True, "module": "push_clients_policy", "inactive_after": "20s"}
 
 CP = "/cp"
@@ -117,14 +120,23 @@ def release_source(version: str, destination: Path) -> Path:
     return destination
 
 
-def committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]]:
-    """The offsets of the checkpoint's last committed batch, by topic and partition."""
+def committed_offsets(checkpoint: Path, topic: str) -> dict[str, int]:
+    """The offsets of ``topic`` that the checkpoint's last committed batch read up to, by partition."""
     last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
-    found: dict[str, dict[str, int]] = {}
     for line in (checkpoint / "offsets" / str(last)).read_text().splitlines()[2:]:
-        for topic, partitions in json.loads(line).items():
-            found[topic] = partitions
-    return found
+        if topic in (source := json.loads(line)):
+            return {partition: int(offset) for partition, offset in source[topic].items()}
+    raise AssertionError(f"{topic} not in {checkpoint}'s offsets")
+
+
+def started_from(query, topic: str) -> dict[str, int]:
+    """The offsets of ``topic`` that the query's first batch since its start read from, by partition."""
+    for source in json.loads(query.recentProgress[0].json)["sources"]:
+        start = source["startOffset"]
+        start = json.loads(start) if isinstance(start, str) else start
+        if start and topic in start:
+            return {partition: int(offset) for partition, offset in start[topic].items()}
+    raise AssertionError(f"{topic} not in the query's first progress")
 
 
 @pytest.mark.integration
@@ -177,7 +189,8 @@ def test_a_purger_of_the_release_before_is_continued_from_its_checkpoint_to_an_u
             os.killpg(release.pid, signal.SIGKILL)
     assert "stopped cleanly" in log.read_text(), log.read_text()[-3000:]
     assert all(platform.row(m) is not None for m in waiting), "due only after the upgrade"
-    carried = committed_offsets(Path(own.stream.checkpoint))
+    topic = own.kafka.topics[0]
+    carried = committed_offsets(Path(own.stream.checkpoint), topic)
 
     after = deletable(platform, own, 3, "after")
     began = time.monotonic()
@@ -187,13 +200,10 @@ def test_a_purger_of_the_release_before_is_continued_from_its_checkpoint_to_an_u
         wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in waiting + after),
                  timeout_s=240, what="this release to purge the waiting messages and the new ones")
         print(f"continued and purged in {time.monotonic() - began:.1f} s")
-        first = running.query.recentProgress[0]
+        # The waiting messages' events were not read again: their deadlines came from the state 0.1.0 kept.
+        assert started_from(running.query, topic) == carried
     finally:
         running.stop()
-    # The waiting messages' events were not read again: their deadlines came from the state 0.1.0 kept.
-    [events] = [s for s in first["sources"] if own.kafka.topics[0] in (s["startOffset"] or {})]
-    start = events["startOffset"][own.kafka.topics[0]]
-    assert {p: int(o) for p, o in start.items()} == {p: int(o) for p, o in carried[own.kafka.topics[0]].items()}
 
     wrongly_deleted, missing, doubled, unexpected = end_state(spark, platform, own, before + waiting + after, live)
     platform.close()
@@ -229,14 +239,16 @@ def test_a_policys_state_gaining_a_field_is_continued_and_refused_from_an_unsafe
         platform.send_message(client, "m0", b"body")
     platform.flush()
 
-    def run_until_a_batch_with_input(cfg) -> dict[str, dict[str, int]]:
+    topic = v1.kafka.topics[0]
+
+    def run_until_a_batch_with_input(cfg) -> dict[str, int]:
         running = start_purger(spark, cfg)
         try:
-            wait_for(lambda: any(p["numInputRows"] for p in running.query.recentProgress), timeout_s=120,
-                     what="a batch reading the clients' events")
+            wait_for(lambda: any(json.loads(p.json)["numInputRows"] for p in running.query.recentProgress),
+                     timeout_s=120, what="a batch reading the clients' events")
         finally:
             running.stop()
-        return committed_offsets(Path(cfg.stream.checkpoint))
+        return committed_offsets(Path(cfg.stream.checkpoint), topic)
 
     carried = run_until_a_batch_with_input(v1)
     spark.conf.set(ENCODING_CONF, UNSAFEROW)
@@ -259,12 +271,9 @@ def test_a_policys_state_gaining_a_field_is_continued_and_refused_from_an_unsafe
     try:
         wait_for(lambda: all(platform.router(c) is None and platform.messages(c) == {} for c in clients),
                  timeout_s=180, what="the clients purged by the next release, from the state kept before")
-        first = running.query.recentProgress[0]
+        assert started_from(running.query, topic) == carried, "the events were not read again"
     finally:
         running.stop()
         platform.close()
-    [events] = [s for s in first["sources"] if v1.kafka.topics[0] in (s["startOffset"] or {})]
-    assert {p: int(o) for p, o in events["startOffset"][v1.kafka.topics[0]].items()} == \
-        {p: int(o) for p, o in carried[v1.kafka.topics[0]].items()}, "the events were not read again"
     purged = sorted(r["id"] for r in Ledger(spark, v2.ledger).records().where("status = 'purged'").collect())
     assert purged == sorted([*clients, *(f"{c}/m0" for c in clients)])
