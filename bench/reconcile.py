@@ -43,10 +43,10 @@ from pyspark.sql import SparkSession
 from bench.common import BenchRun, PeakMemory
 from devstack.stack import prepare
 from purger.connectors import cassandra_session, s3_client
-from purger.connectors.token_ranges import scan_plan, scan_ranges
+from purger.reconcile.token_ranges import scan_plan, scan_ranges
 from purger.core.config import PurgerConfig
 from purger.policies.mailbox.deletes import payload_key
-from purger.reconcile import reconcile
+from purger.reconcile.run import reconcile
 from purger.running import start_purger
 from purger.sinks.clients import executor_session
 

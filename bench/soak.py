@@ -115,14 +115,14 @@ PROFILED = ("rocksdb_mb", "rocksdb_statistics_mb", "jvm_mb", "other_mb")
 
 
 def descendants(root: int) -> dict[int, str]:
-    """Every process below ``root``, but a reconcile's copy of the state and its JVM (``purger.known_objects``,
+    """Every process below ``root``, but a reconcile's copy of the state and its JVM (``purger.reconcile.known_objects``,
     seconds long, sampled by chance): pid -> command name."""
     children: dict[int, list[int]] = {}
     names: dict[int, str] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
-            copying = b"purger.known_objects" in (stat.parent / "cmdline").read_bytes()
+            copying = b"purger.reconcile.known_objects" in (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
         name, rest = text.split("(", 1)[1].rsplit(")", 1)

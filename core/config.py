@@ -265,7 +265,7 @@ class LedgerConfig(_Section):
     def as_dry_run(self) -> "LedgerConfig":
         """A dry run's: its own ledger, daily report and reconcile report, each ``<path>.dry-run``
         (``dry_run_name``), so that no Delta commit of a dry run meets a real purger's. The reconcile report
-        needs no sharing: the schedule (``purger.reconcile.last_reconcile_finished_s``) counts only the runs
+        needs no sharing: the schedule (``purger.reconcile.run.last_reconcile_finished_s``) counts only the runs
         of its own kind, real or dry (its ``dry_run`` column still tells them apart in a report written before
         dry runs had their own)."""
         return self.model_copy(update={key: dry_run_name(getattr(self, key), f"ledger.{key}")

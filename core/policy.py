@@ -54,7 +54,7 @@ from purger.core.vocabulary import (
 __all__ = [
     "Attempt", "Candidate", "Consistency", "Control", "Dependent", "Eligibility", "EventField", "EventType",
     "Journal", "Kept", "Link", "ObjectKind", "ObjectPurge", "Outcome", "Policy", "Purge", "Resources", "Rule",
-    "Blobs", "OrphanRows", "Scanned", "Settings", "Tables", "earliest", "latest_write", "row_event",
+    "Blobs", "OrphanRows", "Scanned", "Settings", "Tables", "earliest", "key_id", "latest_write", "row_event",
 ]
 
 S = TypeVar("S")
@@ -295,6 +295,9 @@ class Dependent:
     id: str
     delete: Callable[[], str | None]
     dc: str | None = None
+    # Whether it is still there, for what another writer's removal of the row may have left (``leftovers``); None:
+    # the purger leaves that to reconciliation's orphan sweeps, which record what they delete.
+    present: Callable[[], bool] | None = None
 
     @property
     def key(self) -> str:
@@ -334,7 +337,8 @@ class ObjectPurge(Purge, Generic[R]):
        serially, since the deletes that follow rest on that claim. Gone: with the purger's intent to delete
        it in the journal (``Journal``), the purger deleted it: ``purged`` from the intent, for the row and
        the dependents it names (what may be left of them, ``leftovers``, deleted again first); without
-       one, ``already_gone`` (another writer removed it).
+       one, ``already_gone`` (another writer removed it), and the leftovers that say they are there deleted
+       and recorded as this attempt's.
     2. Not claimed yet (``claimed``): asks the row when it is due (``due``, the policy's rules applied to
        the row). Not due now: ``skipped`` with the policy's reason (``why_kept``) and, unless a dry run, a
        recheck when it will be (no sooner than ``stream.retry_interval`` under the candidate's own rule:
@@ -348,8 +352,9 @@ class ObjectPurge(Purge, Generic[R]):
        ``stream.retry_interval``. Then the row (``delete``, a lightweight transaction: the one step that
        deletes it). Not applied: the row, read again, says why (gone: another writer removed it; changed
        since it was read), and the intent no longer names it.
-    4. After the row, whoever deleted it: ``released`` (e.g. a message's payload, once nothing refers to
-       it).
+    4. After the row: what goes after it (``followers``, named in the intent with the row), each one's outcome
+       recorded; then, whoever deleted the row, ``released`` (e.g. a message's payload, once nothing refers
+       to it).
 
     A kind with no dependents and a rule that one conditional ``DELETE`` checks sets ``deletes_first``: that
     delete is its claim, so a due row is deleted at once.
@@ -408,10 +413,18 @@ class ObjectPurge(Purge, Generic[R]):
         """The row's conditional delete: on its claim, or (``deletes_first``) on the candidate's rule; whether
         it applied."""
 
+    def followers(self, candidate: Candidate, row: R) -> list[Dependent]:
+        """What goes after the row, once it is deleted (a link that must last as long as the row does: a message's
+        reference to its payload), read before the row's delete so that only what is there is named; journalled
+        in the row's intent, deleted and recorded as dependents are. For a ``deletes_first`` kind: an attempt
+        that claimed the row and crashed before its delete would take a follower gone since for its own."""
+        return []
+
     def leftovers(self, candidate: Candidate) -> list[Dependent]:
-        """What may be left of an object whose row the purger deleted, deleted again (idempotently) before the
-        intent's records: a dependent of ``dependents``, by its ``Dependent.key``, that can be deleted without
-        the row."""
+        """What may be left of an object whose row is gone, deleted again (idempotently) before the intent's
+        records: a dependent of ``dependents`` or a follower, by its ``Dependent.key``, that can be deleted without
+        the row. Without the purger's intent, those whose ``present`` says they are there are deleted and
+        recorded as this attempt's."""
         return []
 
     def released(self, candidate: Candidate, row: R | None) -> None:
@@ -442,6 +455,8 @@ class ObjectPurge(Purge, Generic[R]):
                 yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id, dc=d.dc)
                             for d in self.dependents(candidate, row))
                 yield Outcome(WOULD_DELETE, self._would_delete_reason(candidate, row, due))
+                yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id, dc=d.dc)
+                            for d in self.followers(candidate, row))
                 return
             if not self.deletes_first:
                 failpoint(f"before_{candidate.kind}_claim")
@@ -454,7 +469,24 @@ class ObjectPurge(Purge, Generic[R]):
             yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
             return
         found = self.dependents(candidate, row)
-        intent = yield from self._intend(candidate, found, claimed_before, attempt)
+        following = self.followers(candidate, row)
+        intent = yield from self._intend(candidate, found + following, claimed_before, attempt)
+        if not (yield from self._deleted_all(candidate, found)):
+            return
+        failpoint(f"before_{candidate.kind}_delete")
+        if not self._deleted(candidate, row):
+            del intent[SELF]  # what gone or changed the row, it was not this delete
+            self.resources.journal.intend(*self.journalled_as(candidate), intent)
+            yield from self._not_deleted(candidate, row)
+            return
+        failpoint(f"after_{candidate.kind}_delete")
+        yield Outcome(PURGED, deleted_at_ms=now_ms())
+        yield from self._deleted_all(candidate, following)
+        self.released(candidate, row)
+
+    def _deleted_all(self, candidate: Candidate, found: list[Dependent]) -> Generator[Outcome, None, bool]:
+        """``found`` deleted in order, each one's outcome; whether all went. A store that failed leaves the object
+        for a recheck after ``stream.retry_interval``."""
         failed = False
         for number, dependent in enumerate(found):
             error = dependent.delete()
@@ -467,16 +499,7 @@ class ObjectPurge(Purge, Generic[R]):
                 yield Outcome(ERROR, error, kind=dependent.kind, id=dependent.id, dc=dependent.dc)
         if failed:
             self._recheck(candidate, Eligibility(candidate.rule, now_ms() + self.resources.retry_ms))
-            return
-        failpoint(f"before_{candidate.kind}_delete")
-        if not self._deleted(candidate, row):
-            del intent[SELF]  # what gone or changed the row, it was not this delete
-            self.resources.journal.intend(*self.journalled_as(candidate), intent)
-            yield from self._not_deleted(candidate, row)
-            return
-        failpoint(f"after_{candidate.kind}_delete")
-        yield Outcome(PURGED, deleted_at_ms=now_ms())
-        self.released(candidate, row)
+        return not failed
 
     def _intend(self, candidate: Candidate, found: list[Dependent], claimed_before: bool, attempt: Attempt
                 ) -> Generator[Outcome, None, dict[str, str]]:
@@ -510,6 +533,7 @@ class ObjectPurge(Purge, Generic[R]):
         now = self.read(candidate)
         if now is None:
             yield Outcome(ALREADY_GONE, reason(REMOVED_MEANWHILE, "between the purger's check and its delete"))
+            yield from self._deleted_all(candidate, self._left_behind(candidate))
             self.released(candidate, row)
         elif self.claimed(now):
             yield self._kept(candidate, Kept(reason(BEING_DELETED, "by another attempt"),
@@ -547,6 +571,7 @@ class ObjectPurge(Purge, Generic[R]):
         intent = self.resources.journal.intended(*self.journalled_as(candidate))
         if SELF not in intent:
             yield Outcome(ALREADY_GONE)
+            yield from self._deleted_all(candidate, self._left_behind(candidate))
             self.released(candidate, None)
             return
         again = {leftover.key: leftover for leftover in self.leftovers(candidate)}
@@ -564,8 +589,22 @@ class ObjectPurge(Purge, Generic[R]):
         self.released(candidate, None)
 
 
+    def _left_behind(self, candidate: Candidate) -> list[Dependent]:
+        """What another writer's removal of the row left that the purger deletes: the ``leftovers`` that say they
+        are there (``Dependent.present``)."""
+        return [leftover for leftover in self.leftovers(candidate)
+                if leftover.present is not None and leftover.present()]
+
+
 # The object's own key in an intent (``Journal``), beside its dependents' ``Dependent.key``.
 SELF = json.dumps(None)
+
+
+def key_id(values: Iterable[Any]) -> str:
+    """How the ledger names a row by its primary key: the value of a one-column key, else the values as a JSON
+    list (a ``payload_refs`` row: ``["p1","m1"]``)."""
+    found = list(values)
+    return str(found[0]) if len(found) == 1 else json.dumps(found, separators=(",", ":"))
 
 
 def recorded_from_intent(intent: dict[str, str]) -> Iterator[Outcome]:

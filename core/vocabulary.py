@@ -23,7 +23,7 @@ DEAD_LETTER = "dead_letter"  # a bad record, passed through to the sink
 CLOCK = "clock"  # a clock tick: it only moves the watermark
 ENGINE = "engine"  # the policy column of dead letters
 
-# The rule of a blob reconciliation deletes for having no row (``sinks.orphans``), as the ledger names it.
+# The rule of a blob reconciliation deletes for having no row (``reconcile.orphans``), as the ledger names it.
 ORPHAN = "orphan"
 # The data centre the report and the reconcile report give what is not one data centre's: a Cassandra row, a
 # table's scan, a table's orphan rows (whichever data centre served them).

@@ -8,7 +8,7 @@ Cassandra and S3 (``purger.connectors``), and the application here (command line
 
 # The one place the version is written: pyproject.toml reads it (tool.setuptools.dynamic), `purger --version`
 # prints it, and CHANGELOG.md has a section for it.
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Every package of the product, as installed: what a job submitted with --py-files ships.
 PACKAGES = ("purger", "purger.core", "purger.connectors", "purger.policies", "purger.policies.mailbox",

@@ -109,13 +109,19 @@ def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., Running
     """Check the platform, start the purger with ``start(spark, config, stop_requested)`` and run it until
     Ctrl-C or SIGTERM (which set ``stop_requested``); the query then stops between micro-batches."""
     from purger.spark import spark_session
+    from purger.streams.checkpoint import CheckpointRefused
 
     log_to_stderr(log_level)
     check_platform(config)
     spark = spark_session(config.stream, log_level=spark_level(log_level))
     set_spark_log_level(spark, log_level)
     stop_requested = _set_on_signals(signal.SIGINT, signal.SIGTERM)  # after the session: PySpark sets its own
-    running = start(spark, config, stop_requested)
+    try:
+        running = start(spark, config, stop_requested)
+    except CheckpointRefused as refused:
+        typer.echo(str(refused), err=True)
+        spark.stop()
+        raise typer.Exit(2) from None
     typer.echo(f"purger running: query {config.stream.query_name!r}, checkpoint "
                f"{config.stream.checkpoint_location}, ledger {config.ledger.path}, "
                f"Spark UI {spark.sparkContext.uiWebUrl}"
@@ -325,12 +331,13 @@ def reconcile(
     left overdue, delete orphan blobs; print the run's report."""
     from rich.console import Console
     from purger.output import reconcile_table
-    from purger.reconcile import ReconcileError, reconcile as run_reconcile
+    from purger.reconcile.run import reconcile as run_reconcile
+    from purger.reconcile.verdict import ReconcileError
     from purger.spark import spark_session
 
     # The stream's own checkpoint is compared with, even in a dry run: not the dry-run one ``--dry-run`` on
     # `purger run` would use. A dry run's records (the orphans' would_delete, the report's rows) go to the dry
-    # run's ledger all the same (``purger.reconcile.reconcile``).
+    # run's ledger all the same (``purger.reconcile.run.reconcile``).
     config = load_or_exit(config_file)
     dry_run = dry_run or config.stream.dry_run
     log_to_stderr(log_level)

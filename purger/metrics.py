@@ -100,7 +100,7 @@ class PurgerMetrics:
         self.deletions_per_second.set(purged / sink_seconds if sink_seconds > 0 else 0)
 
     def reconciled(self, rows: list, duration_s: float) -> None:
-        """A reconcile run's report rows (``purger.reconcile.ReportRow``): added to the totals, and the run's
+        """A reconcile run's report rows (``purger.reconcile.verdict.ReportRow``): added to the totals, and the run's
         counts, zeros included, in place of the previous run's."""
         last_rows: Counter[tuple[str, str, str]] = Counter()
         last_orphans: Counter[tuple[str, str, str, str]] = Counter()

@@ -136,7 +136,7 @@ def pending_table(rows: list[Any], title: str) -> Table:
 
 
 def reconcile_table(rows: list[Any], title: str) -> Table:
-    """A reconcile run's report (``purger.reconcile.ReportRow``), a line per policy, table and data centre:
+    """A reconcile run's report (``purger.reconcile.verdict.ReportRow``), a line per policy, table and data centre:
     rows scanned, known to the stream, fed back as unknown or overdue, orphan blobs found and deleted, time
     and rate. Reads at 80 columns."""
     rows = [r if isinstance(r, dict) else r.__dict__ for r in rows]

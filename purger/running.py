@@ -20,13 +20,14 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from purger.core.config import PurgerConfig
-from purger.known_objects import stop_copies
+from purger.reconcile.known_objects import stop_copies
 from purger.metrics import PurgerMetrics
-from purger.reconcile import last_reconcile_finished_s, next_reconcile_in_s, reconcile
+from purger.reconcile.run import last_reconcile_finished_s, next_reconcile_in_s, reconcile
 from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
 from purger.core.times import duration_ms
 from purger.streams.candidates import candidates_stream
+from purger.streams.checkpoint import check_continuable
 from purger.streams.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,11 @@ class RunningPurger:
 def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
                  starting_timestamp_ms: int | None = None) -> RunningPurger:
     """Make the ledger's table if absent, then start the query, its clock, and its metrics (served on
-    ``metrics.port`` unless 0)."""
+    ``metrics.port`` unless 0). A checkpoint this release cannot continue from raises ``CheckpointRefused``
+    before anything starts (``streams.checkpoint``)."""
     stream = config.stream
+    for warning in check_continuable(spark, config):
+        log.warning(warning)
     ledger = Ledger(spark, config.ledger)
     ledger.create()
     candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms)
@@ -155,7 +159,7 @@ def _set_up_thread(spark: SparkSession, group: str, description: str) -> None:
 
 
 def _cancel_reconcile(spark: SparkSession) -> None:
-    """A reconcile's Spark jobs, and its copy of the state if one is under way (``purger.known_objects``)."""
+    """A reconcile's Spark jobs, and its copy of the state if one is under way (``purger.reconcile.known_objects``)."""
     spark.sparkContext.cancelJobGroup(RECONCILE_JOB_GROUP)
     stop_copies()
 

@@ -90,6 +90,10 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
         # Each batch's state commit writes a changelog of its changes rather than a new snapshot of
         # every partition's files (snapshots are made in the background): a cheaper batch (bench.batch).
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # State in Avro, so that a policy's state may gain a field across an upgrade (Spark's state schema
+        # evolution; streams/checkpoint.py). A checkpoint keeps the encoding it was started with (its offsets
+        # log), so one started before 0.2.0 stays in unsaferow.
+        .config("spark.sql.streaming.stateStore.encodingFormat", "avro")
         .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
         # The report's jobs (streams/query.py) share the cores with the micro-batches, so a batch does
         # not wait behind a whole report job (first come, first served).

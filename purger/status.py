@@ -215,36 +215,20 @@ def purger_alerts(answer: dict[str, Any]) -> list[Alert]:
 
 def read_checkpoint(spark: SparkSession, location: str) -> Batch:
     """The checkpoint's last committed batch, read with Hadoop's filesystem (a local path, s3a://, ...)."""
-    hadoop = spark._jvm.org.apache.hadoop.fs
-    root = hadoop.Path(location)
-    # The session's Hadoop settings, where use_s3a puts the s3a endpoint.
-    fs = root.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
-    if not fs.exists(root):
+    from purger.streams.checkpoint import CheckpointFiles
+
+    files = CheckpointFiles(spark, location)
+    if not files.exists():
         raise Unreadable(f"checkpoint {location} does not exist: no purger has run with this stream.checkpoint "
                          "(purger run makes it); check the path")
-
-    def log(name: str) -> dict[int, Any]:
-        """A log's files by batch id (Spark also keeps .crc and temporary files there)."""
-        directory = hadoop.Path(root, name)
-        if not fs.exists(directory):
-            return {}
-        return {int(f.getPath().getName()): f for f in fs.listStatus(directory) if f.getPath().getName().isdigit()}
-
-    def text(file: Any) -> str:
-        stream = fs.open(file.getPath())
-        try:
-            return spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-        finally:
-            stream.close()
-
-    commits, offsets = log("commits"), log("offsets")
+    commits, offsets = files.log("commits"), files.log("offsets")
     if not commits:
         raise Unreadable(f"checkpoint {location} has no committed batch yet: the purger's first batch has not "
                          "finished")
     last = max(commits)
     planned = max(offsets, default=last)
-    return last_batch(last, text(commits[last]), commits[last].getModificationTime(),
-                      text(offsets[last]) if last in offsets else None,
+    return last_batch(last, files.text(commits[last]), commits[last].getModificationTime(),
+                      files.text(offsets[last]) if last in offsets else None,
                       (planned, offsets[planned].getModificationTime()) if planned > last else None)
 
 
@@ -301,7 +285,7 @@ RECONCILE_COUNTS = ("scanned", "unknown_fed", "overdue_fed", "orphans_found")
 
 def read_reconcile(spark: SparkSession, config: PurgerConfig) -> Reconciled:
     """The last reconcile recorded (a dry run's when the configuration is one, as the schedule counts them:
-    ``purger.reconcile.last_reconcile_finished_s``)."""
+    ``purger.reconcile.run.last_reconcile_finished_s``)."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -318,7 +302,7 @@ def read_reconcile(spark: SparkSession, config: PurgerConfig) -> Reconciled:
 
 
 def last_reconcile(rows: list[Any]) -> Reconciled:
-    """A reconcile run from its report rows (``purger.reconcile.REPORT_SCHEMA``), summed by policy."""
+    """A reconcile run from its report rows (``purger.reconcile.run.REPORT_SCHEMA``), summed by policy."""
     by_policy: dict[str, dict[str, int]] = {}
     for row in rows:
         counts = by_policy.setdefault(row["policy"], dict.fromkeys(RECONCILE_COUNTS, 0))

@@ -19,8 +19,8 @@ from pyspark import daemon
 # What a worker of the purger imports: the stateful stage's (pandas, Arrow, the processor), the
 # purge's (the clients, the policies) and a reconcile's (its scan and feed, the orphan blobs).
 PRELOADED = ("pandas", "pyarrow", "pyspark.sql.pandas.serializers", "boto3", "cassandra.cluster", "kafka",
-             "purger.sinks.clients", "purger.sinks.purge", "purger.streams.processor", "purger.reconcile",
-             "purger.sinks.orphans")
+             "purger.sinks.clients", "purger.sinks.purge", "purger.streams.processor", "purger.reconcile.run",
+             "purger.reconcile.orphans")
 
 if __name__ == "__main__":
     for module in PRELOADED:

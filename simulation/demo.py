@@ -85,7 +85,7 @@ class DemoReport:
     outside_kept: tuple[int, int] = (0, 0)
     # The daily purge report's rows (sinks.ledger.Report) for the demo's ledger.
     purge_report: list[Any] = field(default_factory=list)
-    # The reconcile runs' report rows (purger.reconcile.ReportRow), from ledger.reconcile_path.
+    # The reconcile runs' report rows (purger.reconcile.verdict.ReportRow), from ledger.reconcile_path.
     reconcile: list[Any] = field(default_factory=list)
     # Where the demo's data stays for a look: "<what>" -> where.
     where: dict[str, str] = field(default_factory=dict)
@@ -166,7 +166,7 @@ def recorded_reconciles(spark: Any, config: PurgerConfig) -> list[Any]:
 
     from delta.tables import DeltaTable
 
-    from purger.reconcile import ReportRow
+    from purger.reconcile.verdict import ReportRow
 
     path = config.ledger.reconcile_path
     if not DeltaTable.isDeltaTable(spark, path):

@@ -49,7 +49,7 @@ _sessions: dict[str, "Session"] = {}
 
 def executor_session(config: PurgerConfig) -> "Session":
     """This executor process's Cassandra session for a configuration, made once: the purges' and the
-    reconcile scans' (``connectors.token_ranges``)."""
+    reconcile scans' (``reconcile.token_ranges``)."""
     with _lock:
         return _session(config)
 

@@ -62,7 +62,7 @@ class CassandraJournal(Journal):
         self.session.execute(self.insert, (kind, object_id, latest, entries))
 
     # A set of names kept in one row, added to and taken from without a read: the orphan sweep's notes
-    # (``sinks.orphans``: the sweeps under way, and the blobs each is about to delete).
+    # (``reconcile.orphans``: the sweeps under way, and the blobs each is about to delete).
 
     def note(self, kind: str, object_id: str, names: set[str]) -> None:
         self.session.execute(self.add, (names, kind, object_id))

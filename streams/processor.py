@@ -121,6 +121,16 @@ class _Stored:
              for owner in (cls, Schedule) for f in fields(owner)]
         )
 
+    def accepts_none(self, name: str) -> bool:
+        """Whether the field ``name`` takes None from the store (``from_row``): as it is read from state kept
+        before the field was added (``streams.checkpoint``)."""
+        for owner in (self.kind.state_class, Schedule):
+            for f in fields(owner):
+                if f.name == name:
+                    hint = typing.get_type_hints(owner)[name]
+                    return isinstance(f.default, tuple) or type(None) in typing.get_args(hint)
+        raise KeyError(name)
+
     def to_row(self, state: Any, schedule: Schedule) -> tuple:
         return tuple(
             list(v) if isinstance(v, tuple) else v

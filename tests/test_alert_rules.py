@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 from pyspark.sql.streaming.listener import QueryStartedEvent, QueryTerminatedEvent
 
-from purger.core.reconcile import ReportRow
+from purger.reconcile.verdict import ReportRow
 from purger.metrics import PurgerMetrics
 from tests.support.rules import ROOT, RULE_TESTS, RULES, alerts, run_promtool
 

@@ -67,8 +67,11 @@ class RecordedControl(Control):
 class Thing:
     """An object with ``n`` dependent rows, its row claimed before they go."""
 
-    def __init__(self, n: int, due_at_ms: int = 0) -> None:
+    def __init__(self, n: int, due_at_ms: int = 0, links: int = 0) -> None:
         self.rows = {f"r{i}" for i in range(n)}
+        # Rows that go after it (``ObjectPurge.followers``), as a message's reference to its payload.
+        self.links = {f"l{i}" for i in range(links)}
+        self.link_count = links
         self.present, self.claimed, self.due_at_ms = True, False, due_at_ms
         # The row's delete times out: "after" it applied, "before" it did; None: it answers.
         self.delete_times_out: str | None = None
@@ -107,6 +110,14 @@ class ThingPurge(ObjectPurge[Thing]):
 
     def dependents(self, candidate: Candidate, row: Thing) -> list[Dependent]:
         return [Dependent("row", r, partial(self._delete_row, row, r)) for r in sorted(row.rows)]
+
+    def followers(self, candidate: Candidate, row: Thing) -> list[Dependent]:
+        return [link for link in self.leftovers(candidate) if link.present()]
+
+    def leftovers(self, candidate: Candidate) -> list[Dependent]:
+        links = self.thing.links
+        return [Dependent("link", f"l{i}", partial(links.discard, f"l{i}"), present=partial(links.__contains__, f"l{i}"))
+                for i in range(self.thing.link_count)]
 
     @staticmethod
     def _delete_row(row: Thing, r: str) -> str | None:
@@ -155,6 +166,41 @@ def test_every_deleted_row_is_recorded_once_whatever_the_crashes(n, crashes):
     assert ledger.purged() == Counter({("row", f"r{i}"): 1 for i in range(n)} | {(None, None): 1})
     assert [o for o in outcomes if o.kind is None] == outcomes[-1:], "the object itself, once, last"
     assert all(o.status == PURGED for o in outcomes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 3), links=st.integers(1, 3), crashes=st.lists(st.integers(0, 8), max_size=4),
+       later=st.booleans())
+def test_what_goes_after_the_row_is_recorded_once_whatever_the_crashes(n, links, crashes, later):
+    """Followers (a message's reference to its payload) go after the row, named in its intent: a crash after the
+    row's delete leaves them to the retry, or to a later batch that finds the row gone; one record each."""
+    thing, journal, ledger, outcomes, attempt = Thing(n, links=links), MemoryJournal(), MemoryLedger(), None, 0
+    while outcomes is None:
+        outcomes = purge(thing, journal, "q/7", crash_after=crashes[attempt] if attempt < len(crashes) else None)
+        attempt += 1
+    ledger.write(outcomes, "q/7")
+    if later:
+        ledger.write(purge(thing, journal, "q/8"), "q/8")
+    assert thing.rows == set() and thing.links == set() and not thing.present
+    assert ledger.purged() == Counter({("row", f"r{i}"): 1 for i in range(n)} | {("link", f"l{i}"): 1 for i in range(links)}
+                                      | {(None, None): 1})
+
+
+def test_what_another_writers_removal_left_behind_is_deleted_and_recorded_only_if_there():
+    """The row gone without the purger's intent: a follower still there is the purger's deletion, one already
+    gone is nobody's record; and so when the row goes between the check and the delete."""
+    thing, journal, ledger = Thing(0, links=2), MemoryJournal(), MemoryLedger()
+    thing.present = False
+    thing.links.discard("l1")
+    outcomes = purge(thing, journal, "q/7")
+    assert [(o.status, o.kind, o.id) for o in outcomes] == [(ALREADY_GONE, None, None), (PURGED, "link", "l0")]
+    ledger.write(outcomes, "q/7")
+    ledger.write(purge(thing, journal, "q/8"), "q/8")
+    assert ledger.purged() == Counter({("link", "l0"): 1}) and thing.links == set()
+    racing = Thing(0, links=1)
+    racing.removed_meanwhile = True
+    assert [(o.status, o.kind) for o in purge(racing, MemoryJournal(), "q/9")] == [(ALREADY_GONE, None),
+                                                                                  (PURGED, "link")]
 
 
 def test_a_later_batch_or_a_replay_finds_the_object_gone_and_records_nothing_new():

@@ -65,9 +65,11 @@ def tool_modules() -> list[str]:
 
 
 def pure_modules() -> list[str]:
-    """The pure core: ``purger.core``, the built-in policies, and the configuration's loading."""
+    """The pure core: ``purger.core``, the built-in policies, the configuration's loading, and a reconcile's
+    verdict on a row."""
     return sorted(name for name in product_modules()
-                  if name.startswith(("purger.core", "purger.policies")) or name == "purger.config")
+                  if name.startswith(("purger.core", "purger.policies")) or name in ("purger.config",
+                                                                                       "purger.reconcile.verdict"))
 
 
 def fresh_python(code: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ RELIABILITY.md's ledger-path table names each test here.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -136,7 +137,7 @@ def test_a_conditional_delete_whose_answer_never_came_ends_purged_once(spark, co
 
     from purger.core.policy import Attempt, Candidate
     from purger.core.times import now_ms
-    from tests.support.mailbox import message_purge
+    from tests.support.mailbox import message_purge, own
 
     proxy, session = held_cassandra
     purge, _ = message_purge(session, config)
@@ -152,8 +153,13 @@ def test_a_conditional_delete_whose_answer_never_came_ends_purged_once(spark, co
     proxy.release()
     assert platform.row(m) is None, "the delete reached Cassandra and applied"
     error = outcome_row(m, "error", f"{query}/1", None)
-    [recheck] = purge.purge(candidate_, Attempt(batch=f"{query}/2"))
+    outcomes = list(purge.purge(candidate_, Attempt(batch=f"{query}/2")))
+    recheck = own(outcomes)
     assert (recheck.status, recheck.intent) == (PURGED, f"{query}/1")
+    # The payload_refs row its intent named, left by the attempt that raised: deleted at the recheck, recorded.
+    assert [(o.kind, o.status, o.intent) for o in outcomes if o.kind] == [("payload_refs", PURGED, f"{query}/1")]
+    assert platform.session.execute(f"SELECT * FROM {mailbox(config).payload_refs_table} WHERE payload_id = %s",
+                                    (f"p-{m}",)).one() is None
     ledger.append(spark.createDataFrame([error], OUTCOME_SCHEMA), query, 1, may_hold=False)
     ledger.append(spark.createDataFrame([outcome_row(m, PURGED, f"{query}/2", recheck.intent)], OUTCOME_SCHEMA),
                   query, 2)
@@ -167,3 +173,55 @@ def outcome_row(message_id, status, batch, intent):
     at = now_ms()
     return ("mailbox", "message", message_id, EXPIRED_BY_COUNTER, None, status, None, at, at,
             at if status == PURGED else None, int(batch.rsplit("/", 1)[1]), "test:1", intent)
+
+
+def test_the_platform_deleting_rows_under_a_running_purger_is_never_recorded_as_the_purgers(spark, config, tmp_path):
+    """A running purger purges due messages while the platform removes some of the same messages itself, each
+    with a conditional delete (``DELETE ... IF EXISTS``) racing the purger's own: exactly one of the two applies,
+    and Cassandra's answer says which (the oracle). A message the platform removed has no ``purged`` record
+    (``already_gone``); one the purger removed has exactly one; what the platform's removal left (the message's
+    ``payload_refs`` row, its payload) the purger deletes and records once."""
+    import random
+    import threading
+
+    from purger.running import start_purger
+    from simulation.mailbox import Platform
+    from tests.support.configs import own_config
+    from tests.support.mailbox import deletable, end_state
+    from tests.support.waits import wait_for
+
+    own = own_config(config, tmp_path, "platform-deletes")
+    platform = Platform(own)
+    ids = deletable(platform, own, 40, "removed")  # due at once
+    remove = platform.session.prepare(f"DELETE FROM {own.cassandra.keyspace}.{mailbox(own).messages_table} "
+                                      "WHERE message_id = ? IF EXISTS")
+    removed_by_platform: set[str] = set()
+    rng = random.Random(7)
+
+    def platform_removes() -> None:
+        # Spread over the purger's start and its first batches: some before, some racing, some after.
+        for m in rng.sample(ids, 24):
+            time.sleep(rng.uniform(0, 0.8))
+            if platform.session.execute(remove, (m,)).was_applied:
+                removed_by_platform.add(m)
+
+    running = start_purger(spark, own)
+    remover = threading.Thread(target=platform_removes, name="platform-removes")
+    remover.start()
+    try:
+        remover.join(timeout=120)
+        wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in ids), 180,
+                 "every message, platform's or purger's, and its payload gone")
+        decided = Ledger(spark, own.ledger)
+        wait_for(lambda: {r["id"] for r in decided.records().where(F.col("kind") == "message").collect()} >= set(ids),
+                 120, "a decision on every message in the ledger")
+    finally:
+        running.stop()
+    wrongly_deleted, missing, doubled, unexpected = end_state(spark, platform, own, ids, [])
+    platform.close()
+    assert removed_by_platform and len(removed_by_platform) < 24, "the race was real: each side won some"
+    # Only the platform's removals lack a record: the messages themselves, nothing they left behind.
+    assert (wrongly_deleted, missing, doubled, unexpected) == (
+        [], {("message", m, None) for m in removed_by_platform}, set(), set())
+    statuses = Counter((r["id"], r["status"]) for r in decided.records().where(F.col("kind") == "message").collect())
+    assert all(statuses[(m, ALREADY_GONE)] >= 1 for m in removed_by_platform)

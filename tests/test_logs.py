@@ -167,8 +167,8 @@ def test_a_run_logs_one_line_per_batch_and_no_per_key_warnings(spark, config, tm
         assert int(m["candidates"]) == sum(counts.values()), m.group(0)
         for status in (PURGED, SKIPPED, ERROR, DEAD_LETTERED):
             assert int(m[status]) == counts[status], (status, m.group(0))
-    # Each message's row, and its payload's row and two blobs.
-    assert sum(int(m[PURGED]) for m in logged.values()) == 4 * len(messages)
+    # Each message's row and payload_refs row, and its payload's row and two blobs.
+    assert sum(int(m[PURGED]) for m in logged.values()) == 5 * len(messages)
     # Besides the batch lines, a few at start and stop: the command's own, Spark's advice on the host, and what
     # the Python worker that sets the stateful stage up prints (once per query start).
     other = [line for line in lines if line.strip() and not BATCH_LINE.search(line)]

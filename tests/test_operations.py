@@ -29,6 +29,7 @@ from purger.core.vocabulary import EARLIER_ATTEMPT, STATUSES
 from purger.sinks.ledger import LAG_PERCENTILES, Ledger, Report
 from purger.sinks.purge import OUTCOME_SCHEMA
 from purger.running import start_purger
+from purger.core.policy import key_id
 from tests.support.configs import mailbox, own_config
 from tests.support.mailbox import deletable
 from tests.support.waits import ago, now, observed, wait_for, wait_for_watermark
@@ -117,6 +118,7 @@ def test_the_ledger_holds_one_record_per_deletion_across_forced_retries(spark, o
     ledger = Ledger(spark, ops.ledger)
     per_object = Counter((r["kind"], r["id"], r["dc"]) for r in purged(ledger).collect())
     expected = {("message", m, None) for m in first + second}
+    expected |= {("payload_refs", key_id([f"p-{m}", m]), None) for m in first + second}
     expected |= {("payload", f"p-{m}", dc) for m in first + second for dc in (None, "dc1", "dc2")}
     assert set(per_object) == expected
     assert set(per_object.values()) == {1}, "a deletion recorded twice"
@@ -230,6 +232,7 @@ def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_p
         written = objects.write(f"dry-{uuid.uuid4().hex[:6]}")
         objects.flush()
         would_go = set().union(*(ledger_rows(o) for o in written if o.eligible))
+        would_go |= {("mailbox", "payload_refs", key_id([f"p-{m}", m])) for m in messages}
         running = start_purger(spark, dry)
         ledger = Ledger(spark, dry.ledger)
         try:

@@ -1,4 +1,4 @@
-"""Dependent rows whose parent row is gone (SPEC 8.1; ``sinks.orphans``, ``OrphanRowPurge``) against the real
+"""Dependent rows whose parent row is gone (SPEC 8.1; ``reconcile.orphans``, ``OrphanRowPurge``) against the real
 Cassandra: found by a reconcile's scan, re-checked against the parent at the serial consistency just before the
 delete, deleted once older than ``orphan_grace`` and recorded once in the ledger; young ones, ones whose parent
 is there, and ones whose parent reappears are kept.
@@ -24,10 +24,10 @@ from purger.connectors import cassandra_session
 from purger.core.config import ReconcileConfig
 from purger.core.failpoints import injected
 from purger.core.vocabulary import ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, category
-from purger.reconcile import reconcile
+from purger.reconcile.run import reconcile
 from purger.sinks.ledger import Ledger
 from purger.core.vocabulary import ALL_DCS
-from purger.sinks.orphans import Sweep, decide, ledger_query_id, reconcile_orphan_rows
+from purger.reconcile.orphans import Sweep, decide, ledger_query_id, reconcile_orphan_rows
 from purger.core.times import duration_ms, now_ms, parse_timestamp
 from purger.policies.mailbox.state import RELEASED
 from simulation.policy_objects import SETTINGS

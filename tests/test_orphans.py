@@ -1,4 +1,4 @@
-"""Orphan blobs (sinks.orphans) against the real Cassandra and S3: listed, anti-joined with the payloads rows,
+"""Orphan blobs (reconcile.orphans) against the real Cassandra and S3: listed, anti-joined with the payloads rows,
 re-checked just before the delete, and recorded in the ledger once.
 
 Each test has buckets of its own (one per data centre), so what it counts is exactly what it wrote; the
@@ -25,7 +25,7 @@ from purger.core.vocabulary import (
 from purger.sinks.ledger import Ledger
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
-from purger.sinks.orphans import MAX_CHARACTER, Sweep, decide, ledger_query_id, list_shard, reconcile_orphans
+from purger.reconcile.orphans import MAX_CHARACTER, Sweep, decide, ledger_query_id, list_shard, reconcile_orphans
 from tests.support.faults import Stopped, stop_at
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from kafka.admin import KafkaAdminClient
 from devstack.stack import prepare
 from purger.config import with_policies
 from purger.connectors import cassandra_session, kafka_client
-from purger.reconcile import reconcile
+from purger.reconcile.run import reconcile
 from purger.replay import follow, start_replay
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects

@@ -1,6 +1,6 @@
 """Reconciliation's reverse of the fold (``Policy.row_events``), for every built-in policy and the push_clients
 example, as plain Python: a scanned row's records pass the stream's checks; their verdict
-(``core.reconcile.row_verdict``) says due exactly when the delete-time decision purges the row now; every scan of a
+(``reconcile.verdict.row_verdict``) says due exactly when the delete-time decision purges the row now; every scan of a
 row gives the same records; and they fold with the object's real events alike in any order.
 
 The delete-time decision is each policy's own purge (``ObjectPurge``), run as a dry run on the row through a handle
@@ -35,7 +35,7 @@ from purger.core.policy import (  # noqa: E402
     Attempt, Candidate, Control, EventField, Policy, Resources, Rule, Scanned, Tables,
 )
 from purger.core.policy_set import COMMON_FIELDS  # noqa: E402
-from purger.core.reconcile import RowVerdict, routed_events, row_verdict  # noqa: E402
+from purger.reconcile.verdict import RowVerdict, routed_events, row_verdict  # noqa: E402
 from purger.core.times import epoch_ms, format_timestamp, parse_timestamp  # noqa: E402
 from purger.core.vocabulary import WOULD_DELETE  # noqa: E402
 from purger.policies import build_policy_set, rule_events, units_of_work, users  # noqa: E402

@@ -27,7 +27,7 @@ from pyspark.sql import Row
 from purger.connectors import NotDelivered, kafka_client, kafka_producer
 from purger.core.config import KafkaConfig
 from purger.core.times import now_ms
-from purger.reconcile import _feed_task
+from purger.reconcile.run import _feed_task
 from purger.running import start_purger
 from purger.setup import set_up
 from purger.sinks.clients import executor_clients

@@ -10,7 +10,7 @@ import pytest
 
 from purger.connectors import cassandra_session
 from purger.connectors.request_counts import PAXOS_ROUNDS, RequestCounts
-from purger.core.policy import SELF, Attempt, Candidate, Dependent
+from purger.core.policy import SELF, Attempt, Candidate, Dependent, key_id
 from purger.core.times import now_ms
 from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, ERROR, PURGED, SKIPPED, WOULD_DELETE, category
 from purger.policies.mailbox.deletes import DELETING, payload_key
@@ -19,7 +19,8 @@ from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
 from purger.sinks.purge import purge_partition
 from tests.support.configs import mailbox
-from tests.support.mailbox import candidate, message_purge, new_id, purge, purge_message, unreferenced_payload
+from tests.support.mailbox import (candidate, message_purge, new_id, own, purge, purge_message, purge_message_all,
+                                   unreferenced_payload)
 from tests.support.waits import ago
 
 pytestmark = pytest.mark.integration
@@ -65,8 +66,11 @@ def test_an_eligible_row_is_deleted_once(platform, deleter, config, rule):
     m = new_id()
     ELIGIBLE[rule](platform, mailbox(config), m)
     purge, control = deleter
-    outcome = purge_message(purge, m, rule, payload_id=f"p-{m}")
+    outcomes = purge_message_all(purge, m, rule, payload_id=f"p-{m}")
+    outcome = own(outcomes)
     assert outcome.status == PURGED and platform.row(m) is None
+    # Its payload_refs row, deleted after it, recorded beside it.
+    assert [(o.status, o.kind, o.id) for o in outcomes if o.kind] == [(PURGED, "payload_refs", key_id([f"p-{m}", m]))]
     # Its payload, referred to by no other message, is released.
     assert [(event, payload) for event, payload, *_ in control.reports if payload == f"p-{m}"] == \
         [("payload_released", f"p-{m}")]
@@ -182,7 +186,7 @@ def test_a_decision_not_to_delete_takes_no_paxos_round_and_a_deleted_message_one
         counts.taken()
 
         def decided(purge, kind, object_id, rule, hint):
-            *_, outcome = purge.purge(Candidate(kind, object_id, rule, now_ms(), hint), Attempt())
+            outcome = own(purge.purge(Candidate(kind, object_id, rule, now_ms(), hint), Attempt()))
             taken = counts.taken()
             return outcome.status, sum(taken[k] for k in PAXOS_ROUNDS)
 
@@ -206,10 +210,12 @@ def test_a_partition_run_again_in_its_batch_records_what_the_first_run_deleted(p
                                                                     payload_id=f"p-{m}")], config, 7, query_id=query)]
             for _ in range(2)]
     assert [[(kind, status, why and category(why)) for kind, status, why in run] for run in runs] == [
-        [("message", PURGED, None)], [("message", PURGED, EARLIER_ATTEMPT)]]
-    [outcome] = purge_partition([candidate("message", m, EXPIRED_BY_COUNTER, payload_id=f"p-{m}")], config, 8,
-                                query_id=query)
-    assert (outcome[5], outcome[-1]) == (PURGED, f"{query}/7")
+        [("message", PURGED, None), ("payload_refs", PURGED, None)],
+        [("payload_refs", PURGED, EARLIER_ATTEMPT), ("message", PURGED, EARLIER_ATTEMPT)]]
+    later = purge_partition([candidate("message", m, EXPIRED_BY_COUNTER, payload_id=f"p-{m}")], config, 8,
+                            query_id=query)
+    assert [(o[1], o[5], o[-1]) for o in later] == [("payload_refs", PURGED, f"{query}/7"),
+                                                    ("message", PURGED, f"{query}/7")]
 
 
 def test_payload_blobs_go_from_every_data_centre(platform, config):

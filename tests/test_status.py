@@ -199,8 +199,8 @@ def test_status_reports_the_ledgers_and_reconciles_counts_and_a_line_for_the_che
     from typer.testing import CliRunner
 
     from purger.cli import app
-    from purger.core.reconcile import ReportRow
-    from purger.reconcile import _append
+    from purger.reconcile.verdict import ReportRow
+    from purger.reconcile.run import append_report
     from purger.sinks.ledger import Ledger
     from purger.sinks.purge import OUTCOME_SCHEMA
     from tests.support.configs import own_config, write_config
@@ -233,7 +233,7 @@ def test_status_reports_the_ledgers_and_reconciles_counts_and_a_line_for_the_che
         row.finished = now() - timedelta(seconds=finished_ago_s)
         return row
 
-    _append(spark, own, [run("older", 7200, scanned=10, unknown_fed=9, overdue_fed=9),
+    append_report(spark, own, [run("older", 7200, scanned=10, unknown_fed=9, overdue_fed=9),
                          run("last", 600, scanned=50, unknown_fed=4, overdue_fed=2),
                          run("dry", 60, dry_run=True, scanned=50, unknown_fed=8)])
 

@@ -31,7 +31,7 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, R
 from cassandra.policies import RoundRobinPolicy, TokenAwarePolicy
 
 from purger.connectors import cassandra_session
-from purger.connectors.token_ranges import partition_key, scan_ranges, token_ranges
+from purger.reconcile.token_ranges import partition_key, scan_ranges, token_ranges
 from purger.core.config import PurgerConfig
 from purger.core.vocabulary import PURGED
 from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER
@@ -230,7 +230,7 @@ def test_a_scan_goes_on_through_the_policy_once_its_replica_stops_answering(conf
         for payload_id in ids:
             session.execute(insert, (payload_id,))
         unreachable = Host("127.0.0.3", SimpleConvictionPolicy)
-        monkeypatch.setattr("purger.connectors.token_ranges._local_replica", lambda *_: unreachable)
+        monkeypatch.setattr("purger.reconcile.token_ranges._local_replica", lambda *_: unreachable)
         key = partition_key(session, config.cassandra.keyspace, table)
         rows = scan_ranges(session, config.cassandra.keyspace, table, key, ["payload_id"], token_ranges(session, 4),
                            "LOCAL_QUORUM", page_size=2)

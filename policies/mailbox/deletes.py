@@ -44,7 +44,9 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from purger.core.policy import Candidate, Dependent, Eligibility, Kept, ObjectPurge, Resources, Scanned, latest_write
+from purger.core.policy import (
+    Candidate, Dependent, Eligibility, Kept, ObjectPurge, Resources, Scanned, key_id, latest_write,
+)
 from purger.core.times import epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, RECENTLY_LINKED, REFERENCED, RELINKED, reason
 from purger.policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE
@@ -132,6 +134,7 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
         }
         self.read_row = prepare(f"SELECT {', '.join(MESSAGES.selected)} FROM {{messages}} WHERE message_id = ?")
         self.delete_ref = prepare("DELETE FROM {payload_refs} WHERE payload_id = ? AND message_id = ?")
+        self.read_ref = prepare("SELECT message_id FROM {payload_refs} WHERE payload_id = ? AND message_id = ?")
         self.two_refs = prepare("SELECT message_id FROM {payload_refs} WHERE payload_id = ? LIMIT 2")
 
     def read(self, candidate: Candidate, serial: bool = False) -> dict[str, Any] | None:
@@ -161,13 +164,29 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
             said = f"{said}; payload {payload_id} would be released"
         return said
 
+    def followers(self, candidate: Candidate, row: dict[str, Any]) -> list[Dependent]:
+        # The reference goes after the row: before it, a message revived in between would lose it.
+        payload_id, _ = _payload_of(candidate, row)
+        reference = self._reference(candidate.id, payload_id)
+        return [reference] if reference is not None and reference.present() else []
+
+    def leftovers(self, candidate: Candidate) -> list[Dependent]:
+        reference = self._reference(candidate.id, _payload_of(candidate, None)[0])
+        return [] if reference is None else [reference]
+
+    def _reference(self, message_id: str, payload_id: str | None) -> Dependent | None:
+        """The message's ``payload_refs`` row, as the ledger names it (its table and key)."""
+        if payload_id is None:
+            return None
+        return Dependent(
+            "payload_refs", key_id([payload_id, message_id]),
+            lambda: self.tables.execute(self.delete_ref, payload_id, message_id),
+            present=lambda: self.tables.one(self.read_ref, payload_id, message_id) is not None)
+
     def released(self, candidate: Candidate, row: dict[str, Any] | None) -> None:
         payload_id, inline = _payload_of(candidate, row)
-        if payload_id is None:
-            return
-        self.tables.execute(self.delete_ref, payload_id, candidate.id)
         # An inline payload goes with its row; only a stored one is released, when no reference is left.
-        if not inline and self.referrer(payload_id) is None:
+        if payload_id is not None and not inline and self.referrer(payload_id) is None:
             self.resources.control.report(RELEASED, payload_id, candidate.eligible_at_ms, message_id=candidate.id,
                                           observed_at_ms=now_ms(), dcs=list(candidate.hint.get("dcs") or ()))
 

@@ -8,7 +8,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from pyspark.sql import Row
 from pyspark.sql import functions as F
@@ -16,7 +16,7 @@ from tenacity import Retrying, stop_after_delay, wait_fixed
 
 from purger.connectors import CassandraTables
 from purger.core.config import PurgerConfig
-from purger.core.policy import Attempt, Candidate, Control, Outcome, Resources
+from purger.core.policy import Attempt, Candidate, Control, Outcome, Resources, key_id
 from purger.core.times import now_ms
 from purger.core.vocabulary import ERROR, PURGED
 from purger.policies.mailbox.deletes import MessagePurge
@@ -70,8 +70,19 @@ def purge_message(purge: MessagePurge, message_id: str, rule: str, payload_id: s
                   batch: str = "q/1") -> Outcome:
     """The message's own outcome of one purge (``payload_id``: the stream's hint; None, as after a replay
     from a timestamp, makes the purge ask the row)."""
+    return own(purge_message_all(purge, message_id, rule, payload_id, batch))
+
+
+def purge_message_all(purge: MessagePurge, message_id: str, rule: str, payload_id: str | None = None,
+                      batch: str = "q/1") -> list[Outcome]:
+    """Every outcome of one purge: the message's and those of what went with it (its ``payload_refs`` row)."""
     hint = {"payload_id": payload_id, "inline": False, "dcs": ["dc1", "dc2"]} if payload_id else {}
-    [outcome] = purge.purge(Candidate(MESSAGE, message_id, rule, now_ms(), hint), Attempt(batch=batch))
+    return list(purge.purge(Candidate(MESSAGE, message_id, rule, now_ms(), hint), Attempt(batch=batch)))
+
+
+def own(outcomes: Iterable[Outcome]) -> Outcome:
+    """The candidate's own outcome among a purge's (a dependent's or follower's names its kind)."""
+    [outcome] = [o for o in outcomes if o.kind is None]
     return outcome
 
 
@@ -119,14 +130,15 @@ def write_work(platform: Platform, prefix: str, n: int, config, eligible: list[s
 def end_state(spark, platform: Platform, config, eligible: list[str], live: list[str],
               objects: PolicyObjects | None = None, written: Sequence[PolicyObject] = ()) -> tuple[list, set, set, set]:
     """What a run left: the live messages deleted (row, payload row or a blob) and the kept objects of the
-    other policies not intact, and the ledger's `purged` records against one per eligible message, payload
-    row and blob, and per row of the other policies' eligible objects (``written``, through ``objects``):
+    other policies not intact, and the ledger's `purged` records against one per eligible message, its
+    reference, payload row and blob, and per row of the other policies' eligible objects (``written``, through ``objects``):
     (wrongly_deleted, missing, doubled, unexpected)."""
     wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
     wrongly_deleted += [o.id for o in written if not o.eligible and not objects.intact(o)]
     records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()
                       .where(F.col("status") == "purged").collect())
     expected = {("message", m, None) for m in eligible}
+    expected |= {("payload_refs", key_id([f"p-{m}", m]), None) for m in eligible}
     expected |= {("payload", f"p-{m}", dc) for m in eligible for dc in (None, "dc1", "dc2")}
     expected |= {(kind, row_id, None) for o in written if o.eligible for _, kind, row_id in ledger_rows(o)}
     return (wrongly_deleted, expected - set(records), {k for k, n in records.items() if n > 1},

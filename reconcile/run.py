@@ -1,21 +1,12 @@
-"""`purger reconcile`: the store as a second source of candidates (docs/reconciliation.md).
+"""A reconcile's run (`purger reconcile`, and the running purger's schedule; the package's docstring maps the rest).
 
-Per enabled policy, per table it scans (``Policy.scanned``), one Spark job:
-
-1. **Scan** the table by token range in Spark tasks on the executors (``connectors.token_ranges``),
-   each task paced so that all of them together read at most ``reconcile.max_rows_per_second``;
-2. **re-express** each row as its policy's events and fold them (``core.reconcile.row_verdict``);
-3. **compare** with the stream's state as of the checkpoint's last committed batch, copied out of the
-   checkpoint by a process of its own (``purger.known_objects``): known or not;
-4. **feed back** the rows the state does not know, and those their own events say are overdue, to the
-   reconcile topic, keyed by object id. The stream reads it beside the events topics and decides as for
-   any event, double-check included. A dry run feeds nothing and counts what it would feed.
-
-Before them, dependent rows whose parent row is gone; after them, orphan blobs (both ``purger.sinks.orphans``);
-then the run's report: a row per policy, table and data
-centre, appended to the Delta table at ``ledger.reconcile_path``.
-
-Rows stay on the executors: the driver gets the counts (accumulators) and nothing else.
+A table's job: **scan** it by token range (``token_ranges``), **re-express** each row and judge it on its own
+(``verdict``), **compare** with the stream's state (``known_objects``: known or not), **feed back** the rows the
+state does not know, and those their own events say are overdue, to the reconcile topic, keyed by object id.
+The stream reads it beside the events topics and decides as for any event, double-check included. A dry run
+feeds nothing and counts what it would feed. Rows stay on the executors: the driver gets the counts
+(accumulators) and nothing else. Before a policy's tables, its orphan rows; after them, its orphan blobs
+(``orphans``); then the run's report.
 
 Example::
 
@@ -41,17 +32,16 @@ from pyspark.sql.types import (
     ArrayType, BooleanType, DoubleType, LongType, StringType, StructField, StructType, TimestampType,
 )
 
-from purger.connectors.token_ranges import scan_plan, scan_ranges
 from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.policy import Policy, Scanned
-# ReportRow lives in the core, so that sinks.orphans builds its rows without importing this module.
-from purger.core.reconcile import (
-    OVERDUE, UNKNOWN, ReconcileError, ReportRow, RowVerdict, feed_reason, row_verdict,
-)
 from purger.core.times import duration_ms, now_ms
 from purger.core.vocabulary import ALL_DCS
-from purger.known_objects import known_objects
+from purger.reconcile.known_objects import known_objects
+from purger.reconcile.token_ranges import scan_plan, scan_ranges
+from purger.reconcile.verdict import (
+    OVERDUE, UNKNOWN, ReconcileError, ReportRow, RowVerdict, feed_reason, row_verdict,
+)
 from purger.sinks.clients import executor_session
 from purger.sinks.throttle import Pacer, per_task_rate
 
@@ -173,8 +163,8 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
     """Reconcile the enabled policies (``policy_names`` of them, if given): a row of the report per
     policy, table and data centre, also appended to ``ledger.reconcile_path``. The stream's state is read
     by a process of its own unless ``state_apart`` is False: for a process that ends after the reconcile
-    (``purger.known_objects``)."""
-    from purger.sinks.orphans import reconcile_orphan_rows, reconcile_orphans
+    (``purger.reconcile.known_objects``)."""
+    from purger.reconcile.orphans import reconcile_orphan_rows, reconcile_orphans
 
     policies = config.policy_set
     chosen = [p for p in policies.policies if policy_names is None or p.name in policy_names]
@@ -209,7 +199,7 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
                 report += reconcile_orphans(spark, records, policy, run_id, dry_run)
             except LookupError as error:  # its blobs' table missing or keyed otherwise
                 raise ReconcileError(f"reconcile of policies.{policy.name}: {error}") from None
-    _append(spark, records, report)
+    append_report(spark, records, report)
     return report
 
 
@@ -239,7 +229,8 @@ def next_reconcile_in_s(last_finished_s: float | None, config: PurgerConfig) -> 
     return max(0.0, config.reconcile.interval.total_seconds() - (time.time() - last_finished_s))
 
 
-def _append(spark: SparkSession, config: PurgerConfig, report: list[ReportRow]) -> None:
+def append_report(spark: SparkSession, config: PurgerConfig, report: list[ReportRow]) -> None:
+    """A run's rows added to the reconcile report (``ledger.reconcile_path``), a Delta table."""
     from purger.sinks.ledger import use_s3a
 
     use_s3a(spark, config.ledger)

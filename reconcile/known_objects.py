@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from purger.core.config import PurgerConfig
-from purger.core.reconcile import ReconcileError
+from purger.reconcile.verdict import ReconcileError
 
 
 # What the copying process is given, on its standard input (the configuration's secrets stay off its command
@@ -110,7 +110,7 @@ def _copy(config: PurgerConfig, batch: int, kinds: list[str], to: str) -> list[s
     """Run the copy in a Python process and a JVM of their own; the kinds copied (those with state)."""
     # Without the gateway of this process's JVM (spark-submit's), the copy starts a local JVM of its own.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
-    process = subprocess.Popen([sys.executable, "-m", "purger.known_objects"], stdin=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "purger.reconcile.known_objects"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     with _lock:
         _copying.add(process)

@@ -14,7 +14,7 @@ For each ``Blobs`` of the policy and each data centre, one Spark job:
    after the prefix: a shard per letter and digit (``ListObjectsV2`` with ``Prefix=<prefix><c>``) and a
    catch-all for every other first character (``list_shard``), so each key under the prefix is listed
    exactly once and no key outside it at all. Blobs younger than the grace are dropped at once.
-2. **Scan** the table's ids by token range (``connectors.token_ranges``) at ``reconcile.consistency``,
+2. **Scan** the table's ids by token range (``reconcile.token_ranges``) at ``reconcile.consistency``,
    paced at ``reconcile.max_rows_per_second`` over all tasks; scanned once per ``Blobs`` and kept for
    every data centre.
 3. **Anti-join** the two in Spark: the blobs left have no row. Nothing is collected on the driver.
@@ -59,18 +59,18 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from purger.connectors import CassandraTables, s3_client
-from purger.connectors.token_ranges import scan_plan, scan_ranges
 from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.policy import (
     SELF, Attempt, Blobs, Candidate, Control, Eligibility, ObjectPurge, OrphanRows, Outcome, Policy, Resources,
-    recorded_from_intent,
+    key_id, recorded_from_intent,
 )
-from purger.core.reconcile import ReportRow
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import (
     ALL_DCS, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, WOULD_DELETE, reason,
 )
+from purger.reconcile.token_ranges import scan_plan, scan_ranges
+from purger.reconcile.verdict import ReportRow
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
@@ -283,9 +283,8 @@ def _row_ids(spark: SparkSession, config: PurgerConfig, what: str, table: str, i
 
 
 def _row_id(orphans: OrphanRows, row: dict[str, Any]) -> str:
-    """A dependent row's id in the ledger: its key's value, or its key's values as a JSON list."""
-    values = [row[column] for column in orphans.key]
-    return str(values[0]) if len(values) == 1 else json.dumps(values, separators=(",", ":"))
+    """A dependent row's id in the ledger (``key_id``)."""
+    return key_id(row[column] for column in orphans.key)
 
 
 def _dependents(spark: SparkSession, config: PurgerConfig, policy: Policy, orphans: OrphanRows,

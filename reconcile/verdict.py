@@ -9,7 +9,7 @@ object, or when that verdict says it has been due for more than ``overdue_after`
 
 Example::
 
-    from purger.core.reconcile import row_verdict
+    from purger.reconcile.verdict import row_verdict
     verdict = row_verdict(policies, scanned, row)   # policies: a PolicySet; row: column -> value
     verdict.records      # the row's events, as records of the topics
     verdict.eligible_at_ms
@@ -105,9 +105,9 @@ def feed_reason(verdict: RowVerdict, known: bool, now_ms: int, overdue_after_ms:
 
 @dataclass
 class ReportRow:
-    """A row of a run's report (``ledger.reconcile_path``; ``purger.reconcile.REPORT_SCHEMA``): one per run,
+    """A row of a run's report (``ledger.reconcile_path``; ``purger.reconcile.run.REPORT_SCHEMA``): one per run,
     policy, table and data centre (``all`` for a table's scan, a data centre's name for its orphan blobs,
-    ``purger.sinks.orphans``)."""
+    ``purger.reconcile.orphans``)."""
 
     run_id: str
     policy: str
