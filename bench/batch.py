@@ -44,6 +44,7 @@ from purger.core.config import PurgerConfig
 from purger.running import start_purger
 from simulation.mailbox import Platform
 from simulation.workload import Workload, play_all
+from purger.streams.checkpoint import AVRO, ENCODING_CONF, UNSAFEROW
 from purger.streams.parse import parse_events
 from purger.streams.processor import routed
 from purger.streams.source import read_records
@@ -112,9 +113,14 @@ def main() -> None:
         parsed = parse_events(read_records(spark, config), config.kafka.written_by_purger, policies)
         counts = routed(parsed, policies).groupBy("kind", "id").agg(
             F.count(F.lit(1)).alias("events"), F.max("event_time_ms").alias("latest_ms"))
-        return (counts.writeStream.queryName(f"{run.run}-native").format("noop").outputMode("update")
-                .option("checkpointLocation", str(run.work / "checkpoint-native"))
-                .trigger(processingTime=f"{trigger_ms} milliseconds").start())
+        # Spark's aggregation keeps its state in unsaferow only (the purger's session says Avro: purger.spark).
+        spark.conf.set(ENCODING_CONF, UNSAFEROW)
+        try:
+            return (counts.writeStream.queryName(f"{run.run}-native").format("noop").outputMode("update")
+                    .option("checkpointLocation", str(run.work / "checkpoint-native"))
+                    .trigger(processingTime=f"{trigger_ms} milliseconds").start())
+        finally:
+            spark.conf.set(ENCODING_CONF, AVRO)
 
     with ticking(config):
         query = native()

@@ -92,7 +92,8 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         # State in Avro, so that a policy's state may gain a field across an upgrade (Spark's state schema
         # evolution; streams/checkpoint.py). A checkpoint keeps the encoding it was started with (its offsets
-        # log), so one started before 0.2.0 stays in unsaferow.
+        # log), so one started before 0.2.0 stays in unsaferow. Spark's own streaming aggregations refuse Avro:
+        # one run in this session sets unsaferow for its start (as bench.stateful does).
         .config("spark.sql.streaming.stateStore.encodingFormat", "avro")
         .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
         # The report's jobs (streams/query.py) share the cores with the micro-batches, so a batch does
