@@ -11,6 +11,7 @@
     purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
     purger submit-line --master URL [--config F] the spark-submit line of the purge job on a cluster
     purger schema [--config F]                   the enabled policies' reference CQL, under the configured names
+                  [--replication dc1:3,dc2:3]    ... and the keyspace's CREATE KEYSPACE
     purger --version                             the version
 """
 
@@ -83,11 +84,22 @@ def setup(config_file: Optional[Path] = ConfigOption) -> None:
 
 
 @app.command("schema")
-def schema(config_file: Optional[Path] = ConfigOption) -> None:
-    """Print the enabled policies' reference tables as CQL, under the configured keyspace and table names."""
+def schema(config_file: Optional[Path] = ConfigOption,
+           replication: Optional[str] = typer.Option(
+               None, "--replication", help="DC:REPLICAS,...: the keyspace's data centres and their replicas, for "
+                                           "its CREATE KEYSPACE (e.g. dc1:3,dc2:3).")) -> None:
+    """Print the enabled policies' reference tables as CQL, under the configured keyspace and table names; with
+    --replication, the keyspace's CREATE KEYSPACE first."""
     from purger.setup import reference_schema
 
-    typer.echo(reference_schema(load_or_exit(config_file)))
+    replicas = {}
+    for part in filter(None, (replication or "").split(",")):
+        dc, _, count = part.partition(":")
+        if not dc.strip() or not count.strip().isdigit() or int(count) < 1:
+            typer.echo(f"--replication takes DC:REPLICAS,... (e.g. dc1:3,dc2:3); {part!r} is not one", err=True)
+            raise typer.Exit(2)
+        replicas[dc.strip()] = int(count)
+    typer.echo(reference_schema(load_or_exit(config_file), replicas))
 
 
 def _exit_on_problems(findings: Findings) -> None:

@@ -137,3 +137,20 @@ def test_submit_line_with_a_conf_that_is_not_key_value_exits_2_in_one_line(tmp_p
 
     result = CliRunner().invoke(app, ["submit-line", "--master", "yarn", "--conf", "spark.ui.port"])
     assert result.exit_code == 2 and result.output.strip() == "--conf takes KEY=VALUE: spark.ui.port"
+
+
+def test_schema_with_replication_prints_the_keyspaces_create_keyspace_first(tmp_path):
+    from typer.testing import CliRunner
+
+    from purger.cli import app
+
+    config_file = tmp_path / "purger.toml"
+    config_file.write_text('[cassandra]\nkeyspace = "platform"\n')
+    result = CliRunner().invoke(app, ["schema", "--config", str(config_file), "--replication", "dc1:3,dc2:3"])
+    assert result.exit_code == 0, result.output
+    statements = [line for line in result.stdout.splitlines() if line.startswith("CREATE ")]
+    assert statements[0] == ("CREATE KEYSPACE IF NOT EXISTS platform WITH replication = "
+                             "{'class': 'NetworkTopologyStrategy', 'dc1': 3, 'dc2': 3};")
+    bad = CliRunner().invoke(app, ["schema", "--replication", "dc1:three"])
+    assert bad.exit_code == 2 and bad.output.strip() == (
+        "--replication takes DC:REPLICAS,... (e.g. dc1:3,dc2:3); 'dc1:three' is not one")
