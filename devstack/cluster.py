@@ -6,9 +6,10 @@ logs and work directories under the local stack's runtime directory. Like the st
 (``devstack.stack``, whose process handling it reuses) it records process ids, so ``down``
 stops exactly what ``up`` started, the executors included.
 
-``submit`` runs the job with ``spark-submit`` against that master the way it would run on
-a real cluster: the connector jars with ``--jars``, the product's packages (``PACKAGES``) zipped
-and shipped with ``--py-files``, so executors import the code the driver sent. The driver runs the same code path as ``purger run`` (``purger.job``).
+``submit`` runs the job against that master with the line ``purger submit-line`` prints for it
+(``purger.submit``): the connector jars with ``--jars``, the product's packages zipped and shipped
+with ``--py-files``, so executors import the code the driver sent, and ``purger/job.py`` as the main
+file, the same code path as ``purger run``.
 
 Example::
 
@@ -34,16 +35,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from devstack import artifacts
 from devstack.stack import Processes, Server, StackError, _port_open
-from purger import PACKAGES
-from purger.logs import log4j2_options
 from purger.output import human_duration
+from purger.submit import main_file, spark_home
 
 HOST = "127.0.0.1"
 # Clear of the stack (Kafka 9092/9093, Cassandra 9042/7000/7199, S3Proxy 9000) and of the
@@ -61,19 +60,10 @@ WORKER_MEMORY = "1g"
 DAEMON_MEMORY = "256m"  # SPARK_DAEMON_MEMORY: the master's and workers' own heaps
 EXECUTOR_MEMORY = "512m"  # one executor per worker, within WORKER_MEMORY
 
-ENTRY_SCRIPT = "purger_job.py"
-PACKAGES_ZIP = "purger-packages.zip"
 
 
 class ClusterError(StackError):
     pass
-
-
-def spark_home() -> Path:
-    """The pyspark package directory: it has bin/spark-class, bin/spark-submit and jars/."""
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
 
 
 def runtime_dir() -> Path:
@@ -275,88 +265,18 @@ class SparkCluster:
 # --- submitting the job --------------------------------------------------------------------
 
 
-def package_zip(target: Path | None = None) -> Path:
-    """Zip the product's packages (``PACKAGES``) for ``--py-files``, from where they are imported."""
-    import importlib
+def submit_command(config_path: str | Path | None = None, *, job_args: Sequence[str] = (),
+                   ui_port: int | None = None) -> list[str]:
+    """The product's spark-submit line (``purger submit-line``, ``purger.submit``) for this cluster: its master,
+    one executor of a worker's size per worker, the driver on 127.0.0.1."""
+    from purger.submit import submit_command as product_line
 
-    target = target or submit_dir() / PACKAGES_ZIP
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in PACKAGES:
-            # Each package's own files, under its installed name (purger.core is core/ in a clone).
-            package = Path(importlib.import_module(name).__file__).parent
-            for path in sorted(package.glob("*")):
-                if path.is_file() and path.suffix not in (".pyc", ".pyo"):
-                    archive.write(path, Path(*name.split(".")) / path.name)
-    partial.replace(target)  # a submit running meanwhile keeps the file it opened
-    return target
-
-
-def entry_script(target: Path | None = None) -> Path:
-    """The file spark-submit runs: it imports ``purger.job`` from the zip, as the executors do."""
-    target = target or submit_dir() / ENTRY_SCRIPT
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = "# Written by devstack.cluster: `purger run` in a driver started by spark-submit.\nfrom purger.job import main\n\nmain()\n"
-    if not target.exists() or target.read_text() != text:
-        target.write_text(text)
-    return target
-
-
-def submit_command(
-    config_path: str | Path | None = None,
-    *,
-    job_args: Sequence[str] = (),
-    master: str = MASTER_URL,
-    executor_memory: str = EXECUTOR_MEMORY,
-    driver_memory: str | None = None,
-    total_cores: int = len(WORKER_PORTS) * WORKER_CORES,
-    ui_port: int | None = None,
-    extra_conf: dict[str, str] | None = None,
-) -> list[str]:
-    """The spark-submit command line for the purge job; builds the zip and the entry script it names.
-
-    ``job_args`` go to ``purger run`` after ``--config`` (e.g. ``["--dry-run"]``). The driver's memory
-    is the configuration's ``stream.driver_memory`` unless given. The configuration is read here
-    first, so a mistake in it is reported before anything starts.
-    """
-    from purger.config import load_config
-
-    config = load_config(config_path)
-    conf = {
-        "spark.driver.host": HOST,
-        "spark.driver.bindAddress": HOST,
-        # This interpreter for the driver and the executors' Python workers: it has the purger's
-        # dependencies (cassandra-driver, boto3, kafka-python, pyarrow...); the code comes in the zip.
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        # One executor per worker, each with the worker's core.
-        "spark.executor.cores": str(WORKER_CORES),
-        "spark.cores.max": str(total_cores),
-        # A progress bar per micro-batch would fill the log; the Spark UI shows the query's progress.
-        "spark.ui.showConsoleProgress": "false",
-        # The purger's log settings for the driver and the executors, read from this machine's install.
-        **log4j2_options(),
-    }
+    conf = {"spark.executor.cores": str(WORKER_CORES)}
     if ui_port is not None:
         conf["spark.ui.port"] = str(ui_port)
-    conf.update(extra_conf or {})
-    command = [
-        str(spark_home() / "bin" / "spark-submit"),
-        "--master", master,
-        "--deploy-mode", "client",
-        "--name", "purger",
-        "--driver-memory", driver_memory or config.stream.driver_memory,
-        "--executor-memory", executor_memory,
-        "--jars", ",".join(str(jar) for jar in artifacts.spark_connector_jars()),
-        "--py-files", str(package_zip()),
-    ]
-    for key, value in conf.items():
-        command += ["--conf", f"{key}={value}"]
-    command.append(str(entry_script()))
-    if config_path is not None:
-        command += ["--config", str(Path(config_path).resolve())]
-    return [*command, *job_args]
+    return product_line(MASTER_URL, config_path, workdir=submit_dir(), job_args=job_args,
+                        executor_memory=EXECUTOR_MEMORY, total_cores=len(WORKER_PORTS) * WORKER_CORES,
+                        driver_host=HOST, conf=conf)
 
 
 @dataclass
@@ -377,7 +297,7 @@ class Submission:
                 cmdline = (stat.parent / "cmdline").read_bytes()
             except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
                 continue
-            if ENTRY_SCRIPT.encode() in cmdline:
+            if str(main_file()).encode() in cmdline:
                 return int(stat.parent.name)
         return None
 
@@ -396,19 +316,18 @@ class Submission:
             return "(no log)"
 
     def stop(self, timeout_s: float = 180) -> int:
-        """Stop the job cleanly: SIGTERM to the Python driver, which (``purger.job``) stops the query
-        between micro-batches, as Ctrl-C stops `purger run`, and exits; spark-submit's JVM then ends
-        the application. Escalates to SIGTERM, then SIGKILL, on the whole process group if that takes
-        longer than ``timeout_s``. Returns spark-submit's exit code (0 after a clean stop)."""
+        """Stop the job as docs/operations.md tells a user to: SIGTERM to spark-submit, whose JVM hands it to the
+        Python driver (``purger.cli._set_on_jvm_signal``), which stops the query between micro-batches, as
+        Ctrl-C stops `purger run`, and exits; spark-submit then ends the application. Escalates to SIGTERM,
+        then SIGKILL, on the whole process group if that takes longer than ``timeout_s``. Returns
+        spark-submit's exit code (0 after a clean stop)."""
         if self.process.poll() is not None:
             return self.process.returncode
-        pid = self.driver_pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-            try:
-                return self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
+        self.process.terminate()
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
         for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
             try:
                 os.killpg(self.process.pid, sig)
@@ -426,16 +345,18 @@ def submit(
     *,
     log_file: str | Path | None = None,
     cwd: str | Path | None = None,
+    command: Sequence[str] | None = None,
     **options,
 ) -> Submission:
-    """Start spark-submit for the purge job in the background; ``options`` go to ``submit_command``.
+    """Start spark-submit for the purge job in the background: ``command`` as it is (a line
+    ``purger submit-line`` printed), else ``submit_command``'s, to which ``options`` go.
 
     Output goes to ``log_file`` (appended), or to this process's stdout and stderr. The driver runs
     in ``cwd`` (default: this process's), so relative paths in the configuration (the checkpoint,
     the ledger) mean what they mean to `purger run` started there. spark-submit gets a session of
     its own: a Ctrl-C at the terminal reaches only the caller, which decides (``Submission.stop``).
     """
-    command = submit_command(config_path, **options)
+    command = list(command) if command is not None else submit_command(config_path, **options)
     output = open(log_file, "ab") if log_file is not None else None
     try:
         process = subprocess.Popen(

@@ -9,7 +9,9 @@
     purger status [--json] [--prometheus URL]    is it healthy: the query, the last batch, today's outcomes, alerts
                   [--dry-run]                    ... of the dry run
     purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
+    purger submit-line --master URL [--config F] the spark-submit line of the purge job on a cluster
     purger schema [--config F]                   the enabled policies' reference CQL, under the configured names
+                  [--replication dc1:3,dc2:3]    ... and the keyspace's CREATE KEYSPACE
     purger --version                             the version
 """
 
@@ -20,7 +22,7 @@ import signal
 import threading
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
@@ -82,11 +84,22 @@ def setup(config_file: Optional[Path] = ConfigOption) -> None:
 
 
 @app.command("schema")
-def schema(config_file: Optional[Path] = ConfigOption) -> None:
-    """Print the enabled policies' reference tables as CQL, under the configured keyspace and table names."""
+def schema(config_file: Optional[Path] = ConfigOption,
+           replication: Optional[str] = typer.Option(
+               None, "--replication", help="DC:REPLICAS,...: the keyspace's data centres and their replicas, for "
+                                           "its CREATE KEYSPACE (e.g. dc1:3,dc2:3).")) -> None:
+    """Print the enabled policies' reference tables as CQL, under the configured keyspace and table names; with
+    --replication, the keyspace's CREATE KEYSPACE first."""
     from purger.setup import reference_schema
 
-    typer.echo(reference_schema(load_or_exit(config_file)))
+    replicas = {}
+    for part in filter(None, (replication or "").split(",")):
+        dc, _, count = part.partition(":")
+        if not dc.strip() or not count.strip().isdigit() or int(count) < 1:
+            typer.echo(f"--replication takes DC:REPLICAS,... (e.g. dc1:3,dc2:3); {part!r} is not one", err=True)
+            raise typer.Exit(2)
+        replicas[dc.strip()] = int(count)
+    typer.echo(reference_schema(load_or_exit(config_file), replicas))
 
 
 def _exit_on_problems(findings: Findings) -> None:
@@ -116,6 +129,7 @@ def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., Running
     spark = spark_session(config.stream, log_level=spark_level(log_level))
     set_spark_log_level(spark, log_level)
     stop_requested = _set_on_signals(signal.SIGINT, signal.SIGTERM)  # after the session: PySpark sets its own
+    jvm_handler = _set_on_jvm_signal(spark, stop_requested)  # noqa: F841 - referenced while the JVM may call it
     try:
         running = start(spark, config, stop_requested)
     except CheckpointRefused as refused:
@@ -173,6 +187,37 @@ def _set_on_signals(*signals: signal.Signals) -> threading.Event:
     for each in signals:
         signal.signal(each, handler)
     return requested
+
+
+class _JvmSignalHandler:
+    """A ``sun.misc.SignalHandler`` of the driver's JVM, in Python through Py4J: the first signal sets
+    ``requested``, a second goes to the JVM's own handler (its shutdown)."""
+
+    def __init__(self, requested: threading.Event) -> None:
+        self.requested = requested
+        self.previous: Any = None
+
+    def handle(self, sig: Any) -> None:
+        if self.requested.is_set() and self.previous is not None:
+            self.previous.handle(sig)
+        self.requested.set()
+
+    class Java:
+        implements = ["sun.misc.SignalHandler"]
+
+
+def _set_on_jvm_signal(spark: Any, requested: threading.Event, name: str = "TERM") -> _JvmSignalHandler:
+    """Under spark-submit the JVM started this driver, and a SIGTERM to spark-submit reaches the JVM, whose own
+    handler ends it in the middle of a batch (exit 143, a traceback in the batch's write). Its handler then sets
+    ``requested`` as this process's does (``_set_on_signals``), so the query stops between micro-batches and this
+    process, then spark-submit, exit 0. Keep the returned handler referenced while it may be called."""
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    signals = spark.sparkContext._jvm.sun.misc.Signal
+    handler = _JvmSignalHandler(requested)
+    handler.previous = signals.handle(signals(name), handler)
+    return handler
 
 
 DryRunOption = typer.Option(False, "--dry-run", help="Decide and record would_delete in the dry run's own ledger "
@@ -316,6 +361,38 @@ def status(
         typer.echo(json_of(found))
     else:
         Console().print(render(found))
+
+
+@app.command("submit-line")
+def submit_line(
+    master: str = typer.Option(..., "--master", help="The cluster's master URL, as spark-submit takes it "
+                                                     "(spark://host:7077, yarn, k8s://...)."),
+    config_file: Optional[Path] = ConfigOption,
+    dry_run: bool = DryRunOption,
+    workdir: Path = typer.Option(Path("purger-submit"), "--workdir",
+                                 help="Where the zip of the purger's packages for --py-files is written."),
+    executor_memory: str = typer.Option("1g", "--executor-memory", help="Each executor's memory."),
+    total_cores: Optional[int] = typer.Option(None, "--total-cores", help="spark.cores.max: the cores the job "
+                                                                          "takes on a standalone cluster."),
+    driver_host: Optional[str] = typer.Option(None, "--driver-host", help="The address the executors reach the "
+                                                                          "driver at (default: Spark's choice)."),
+    conf: list[str] = typer.Option([], "--conf", help="KEY=VALUE: another spark-submit setting (repeatable)."),
+) -> None:
+    """Print the spark-submit line of the purge job on a cluster; fetches the jars and writes the zip it names
+    (docs/operations.md, "On a cluster")."""
+    import shlex
+
+    from purger.submit import submit_command
+
+    load_or_exit(config_file)
+    settings = dict(item.split("=", 1) for item in conf if "=" in item)
+    if len(settings) != len(conf):
+        typer.echo(f"--conf takes KEY=VALUE: {', '.join(c for c in conf if '=' not in c)}", err=True)
+        raise typer.Exit(2)
+    command = submit_command(master, config_file, workdir=workdir, job_args=["--dry-run"] if dry_run else [],
+                             executor_memory=executor_memory, total_cores=total_cores, driver_host=driver_host,
+                             conf=settings)
+    typer.echo(shlex.join(command))
 
 
 @app.command("reconcile")

@@ -1,8 +1,8 @@
 """The purge job as spark-submit runs it: exactly ``purger run``, with the same options.
 
-spark-submit needs a file to run; ``devstack.cluster.submit`` writes a small entry script
-that calls ``main`` from the ``--py-files`` zip. Without spark-submit the same thing runs as
-``python -m purger.job --config purger.toml``, which is ``purger run --config purger.toml``.
+This file is spark-submit's main file (``purger submit-line`` prints the whole line,
+``purger.submit``). Without spark-submit the same thing runs as ``python -m purger.job
+--config purger.toml``, which is ``purger run --config purger.toml``.
 
 The session it builds (``purger.spark.spark_session``) keeps the master and jars that
 spark-submit was given; the deletions run on the executors (``sinks.purge``).
@@ -14,6 +14,7 @@ between micro-batches and the process exits 0, after which spark-submit ends the
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,4 +25,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # Run as a file, its folder comes first on sys.path, where this package's modules would be top-level ones.
+    if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+        del sys.path[0]
     main()

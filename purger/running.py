@@ -193,8 +193,13 @@ class Every:
         self.stopped = threading.Event()
 
         def run() -> None:
-            setup()
-            wait_s = first_in() if first_in is not None else interval_s
+            try:
+                setup()
+                wait_s = first_in() if first_in is not None else interval_s
+            except Exception:  # a stop that came first (the session going); else the rounds go on all the same
+                if not self.stopped.is_set():
+                    log.exception("%s: starting failed", name)
+                wait_s = interval_s
             while not self.stopped.wait(wait_s):
                 try:
                     action()

@@ -422,14 +422,22 @@ def policy_schema(config: PurgerConfig) -> dict[str, list[str]]:
     return rendered
 
 
-def reference_schema(config: PurgerConfig) -> str:
+def reference_schema(config: PurgerConfig, replication: dict[str, int] | None = None) -> str:
     """``policy_schema`` as one CQL script, a comment before each policy's statements, and the purger's own
-    journal table last (``purger setup`` creates that one). The keyspace is only named in a comment: its
-    data centres are the platform's, and the configuration does not know them."""
+    journal table last (``purger setup`` creates that one). The keyspace's data centres are the platform's,
+    which the configuration does not know: with ``replication`` (data centre -> replicas), its CREATE KEYSPACE
+    comes first; without, a comment says how to get it."""
     keyspace, journal = config.cassandra.keyspace, config.cassandra.journal_table
-    parts = [f"-- keyspace {keyspace} (cassandra.keyspace): the platform's, to create first with "
-             "NetworkTopologyStrategy and replicas\n-- in each data centre, whose counts set the consistency levels "
-             f"the platform's writes need\n-- ({WRITER_CONTRACT_DOC}: `purger setup` names them)"]
+    head = (f"-- keyspace {keyspace} (cassandra.keyspace): the platform's, with NetworkTopologyStrategy and replicas "
+            "in each data centre,\n-- whose counts set the consistency levels the platform's writes need\n"
+            f"-- ({WRITER_CONTRACT_DOC}: `purger setup` names them)")
+    if replication:
+        factors = ", ".join(f"'{dc}': {count}" for dc, count in replication.items())
+        head += (f"\nCREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = "
+                 f"{{'class': 'NetworkTopologyStrategy', {factors}}};")
+    else:
+        head += "\n-- (`purger schema --replication dc1:3,dc2:3` prints its CREATE KEYSPACE)"
+    parts = [head]
     parts += [f"-- {name}: the policy's reference tables (cassandra.keyspace, [policies.{name}])\n"
               + "\n".join(statements) for name, statements in policy_schema(config).items()]
     parts.append("-- the purger's own journal (cassandra.journal_table): `purger setup` creates it\n"

@@ -90,3 +90,67 @@ def test_the_runs_last_line_says_whether_it_stopped_cleanly_and_after_which_batc
     assert how_it_stopped(running(7, cleanly=False)).startswith("stopped after batch 7, cutting the next batch")
     assert how_it_stopped(running(7, failure=RuntimeError("Kafka went away\nat ..."))) == (
         "stopped after batch 7: the query failed: Kafka went away")
+
+
+# --- purger submit-line -------------------------------------------------------------------------------
+
+
+def test_submit_line_prints_the_spark_submit_line_with_what_a_cluster_needs(tmp_path):
+    """What the line ships and sets (the cluster test submits exactly such a line, tests/test_cluster.py)."""
+    import shlex
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import purger.job
+    from purger.cli import app
+
+    config_file = tmp_path / "purger.toml"
+    config_file.write_text('[stream]\ndriver_memory = "3g"\n')
+    result = CliRunner().invoke(app, ["submit-line", "--master", "spark://10.0.0.5:7077", "--config", str(config_file),
+                                      "--workdir", str(tmp_path / "submit"), "--driver-host", "10.0.0.9",
+                                      "--conf", "spark.ui.port=4999", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    line = shlex.split(result.stdout.strip().splitlines()[-1])
+    options = dict(zip(line[1:], line[2:]))
+    assert Path(line[0]).name == "spark-submit" and options["--master"] == "spark://10.0.0.5:7077"
+    assert options["--deploy-mode"] == "client" and options["--driver-memory"] == "3g"
+    jars = options["--jars"].split(",")
+    assert all(Path(jar).is_file() for jar in jars)
+    assert any("spark-sql-kafka-0-10" in jar for jar in jars) and any("delta-spark" in jar for jar in jars)
+    names = zipfile.ZipFile(options["--py-files"]).namelist()
+    assert {"purger/job.py", "purger/core/policy.py", "purger/streams/processor.py"} <= set(names)
+    settings = dict(line[i + 1].split("=", 1) for i, word in enumerate(line) if word == "--conf")
+    assert settings["spark.pyspark.python"] == settings["spark.pyspark.driver.python"] == sys.executable
+    assert settings["spark.driver.host"] == "10.0.0.9" and settings["spark.ui.port"] == "4999"
+    assert "log4j2.configurationFile" in settings["spark.driver.extraJavaOptions"]
+    main = line.index(str(Path(purger.job.__file__).resolve()))
+    assert line[main + 1:] == ["--config", str(config_file.resolve()), "--dry-run"]
+
+
+def test_submit_line_with_a_conf_that_is_not_key_value_exits_2_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from purger.cli import app
+
+    result = CliRunner().invoke(app, ["submit-line", "--master", "yarn", "--conf", "spark.ui.port"])
+    assert result.exit_code == 2 and result.output.strip() == "--conf takes KEY=VALUE: spark.ui.port"
+
+
+def test_schema_with_replication_prints_the_keyspaces_create_keyspace_first(tmp_path):
+    from typer.testing import CliRunner
+
+    from purger.cli import app
+
+    config_file = tmp_path / "purger.toml"
+    config_file.write_text('[cassandra]\nkeyspace = "platform"\n')
+    result = CliRunner().invoke(app, ["schema", "--config", str(config_file), "--replication", "dc1:3,dc2:3"])
+    assert result.exit_code == 0, result.output
+    statements = [line for line in result.stdout.splitlines() if line.startswith("CREATE ")]
+    assert statements[0] == ("CREATE KEYSPACE IF NOT EXISTS platform WITH replication = "
+                             "{'class': 'NetworkTopologyStrategy', 'dc1': 3, 'dc2': 3};")
+    bad = CliRunner().invoke(app, ["schema", "--replication", "dc1:three"])
+    assert bad.exit_code == 2 and bad.output.strip() == (
+        "--replication takes DC:REPLICAS,... (e.g. dc1:3,dc2:3); 'dc1:three' is not one")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import time
 import urllib.request
@@ -20,9 +21,15 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
+from typer.testing import CliRunner
 
-from devstack.cluster import PACKAGES_ZIP, SparkCluster, executor_pids, master_state, submit, worker_state
+from devstack.cluster import (
+    EXECUTOR_MEMORY, HOST, MASTER_URL, WORKER_CORES, WORKER_PORTS, SparkCluster, executor_pids, master_state, submit,
+    worker_state,
+)
+from purger.cli import app
 from purger.config import load_config
+from purger.submit import PACKAGES_ZIP
 from simulation.mailbox import Platform
 from devstack.stack import prepare
 from purger.sinks.ledger import Ledger
@@ -121,7 +128,14 @@ def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(clust
         ui_port = free_port()
         log_file = tmp_path / "spark-submit.log"
         started = time.monotonic()
-        submission = submit(job_config_path, log_file=log_file, ui_port=ui_port)
+        # Exactly the line `purger submit-line` prints for this cluster, as a user would copy it.
+        printed = CliRunner().invoke(app, [
+            "submit-line", "--master", MASTER_URL, "--config", str(job_config_path), "--workdir",
+            str(tmp_path / "submit"), "--executor-memory", EXECUTOR_MEMORY, "--total-cores",
+            str(len(WORKER_PORTS) * WORKER_CORES), "--driver-host", HOST, "--conf", f"spark.executor.cores={WORKER_CORES}",
+            "--conf", f"spark.ui.port={ui_port}"])
+        assert printed.exit_code == 0, printed.output
+        submission = submit(log_file=log_file, command=shlex.split(printed.stdout.strip().splitlines()[-1]))
         try:
             def purged() -> bool:
                 if not submission.running():
@@ -159,8 +173,10 @@ def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(clust
             # The ledger names the process of each deletion: executor processes, one per executor.
             driver_pid = submission.driver_pid()
         finally:
-            exit_code = submission.stop()
+            exit_code = submission.stop()  # SIGTERM to spark-submit, as docs/operations.md says
         assert exit_code == 0, f"spark-submit did not stop cleanly ({exit_code}):\n{submission.log_tail()}"
+        output = log_file.read_text(errors="replace")
+        assert "stopped cleanly" in output and "Traceback" not in output, submission.log_tail(80)
         finished = {a["id"]: a["state"] for a in master_state()["completedapps"]}
         assert finished.get(app_id) == "FINISHED", finished
 

@@ -123,15 +123,18 @@ def test_a_table_that_does_not_exist_under_its_configured_name_is_one_line(confi
 
 def test_the_reference_schema_makes_the_tables_setup_checks_under_their_configured_names(config, tmp_path):
     """What `purger schema` prints, run on a fresh keyspace, is what `purger setup` then finds in place."""
-    from devstack.stack import keyspace_replication
-    from purger.setup import policy_schema
+    from purger.setup import policy_schema, reference_schema
 
     keyspace = f"test_schema_{uuid.uuid4().hex[:8]}"
     renamed = with_policies(variant(config, cassandra={"keyspace": keyspace}),
                             {**config.policies, "mailbox": {**config.policies.get("mailbox", {}),
                                                             "payloads_table": "blobs"}})
     session = cassandra_session(config.cassandra)
-    session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = {keyspace_replication(session)}", timeout=60)
+    # The keyspace as `purger schema --replication <the stack's data centre>:1` creates it.
+    data_centre = session.cluster.metadata.all_hosts()[0].datacenter
+    [create_keyspace] = [line for line in reference_schema(renamed, {data_centre: 1}).splitlines()
+                         if line.startswith("CREATE KEYSPACE")]
+    session.execute(create_keyspace, timeout=60)
     try:
         for statements in policy_schema(renamed).values():
             for statement in statements:

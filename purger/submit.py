@@ -1,0 +1,107 @@
+"""The purge job on a Spark cluster, the Spark way: the spark-submit line for a master, and what it ships.
+
+``purger submit-line --master spark://host:7077 --config purger.toml`` prints the line that the tests submit
+to a standalone cluster (docs/operations.md, "On a cluster"):
+
+- the connector jars with ``--jars``, fetched with Maven into the local cache (``purger.artifacts``);
+- the product's packages as a zip with ``--py-files`` (``package_zip``), for the executors;
+- this module's ``purger/job.py`` as the main file (``purger run`` with the same options), from this
+  installation, as the driver needs the purger installed anyway to read the configuration;
+- the settings a submitted job needs: the Python of the driver and of the executors (this interpreter, with
+  the purger's dependencies), the driver's memory (``stream.driver_memory``), the purger's log settings
+  (``purger.logs.log4j2_options``), no console progress bar.
+
+A SIGTERM to spark-submit stops the job cleanly (``purger.cli._set_on_jvm_signal``).
+
+Example::
+
+    command = submit_command("spark://10.0.0.5:7077", "purger.toml", workdir=Path("purger-submit"))
+    subprocess.run(command)
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import zipfile
+from pathlib import Path
+from typing import Sequence
+
+from purger import PACKAGES
+from purger.logs import log4j2_options
+
+PACKAGES_ZIP = "purger-packages.zip"
+
+
+def package_zip(target: Path) -> Path:
+    """The product's packages (``PACKAGES``) zipped for ``--py-files``, from where they are imported, each under
+    its installed name (``purger.core`` is ``core/`` in a clone)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in PACKAGES:
+            package = Path(importlib.import_module(name).__file__).parent
+            for path in sorted(package.glob("*")):
+                if path.is_file() and path.suffix not in (".pyc", ".pyo"):
+                    archive.write(path, Path(*name.split(".")) / path.name)
+    partial.replace(target)  # a submission running meanwhile keeps the file it opened
+    return target
+
+
+def spark_home() -> Path:
+    """The installed pyspark's directory, a Spark distribution: bin/spark-submit, bin/spark-class and jars/."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def main_file() -> Path:
+    """spark-submit's main file: ``purger/job.py`` of this installation."""
+    from purger import job
+
+    return Path(job.__file__).resolve()
+
+
+def submit_command(master: str, config_path: str | Path | None, *, workdir: Path, job_args: Sequence[str] = (),
+                   executor_memory: str = "1g", total_cores: int | None = None, driver_host: str | None = None,
+                   conf: dict[str, str] | None = None) -> list[str]:
+    """The spark-submit command line of the purge job on ``master``; writes the zip it ships into ``workdir``.
+    The configuration is read first, so a mistake in it is reported before anything is fetched or started.
+    ``job_args`` go to ``purger run`` after ``--config`` (e.g. ``["--dry-run"]``); without a configuration file,
+    the job runs with the defaults, as `purger run` does."""
+    from purger.artifacts import spark_connector_jars
+    from purger.config import load_config
+
+    config = load_config(config_path)
+    settings = {
+        # This interpreter for the driver and the executors' Python workers: it has the purger's dependencies
+        # (cassandra-driver, boto3, kafka-python, pyarrow...); the executors import the code from the zip.
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        # A progress bar per micro-batch would fill the log; the Spark UI shows the query's progress.
+        "spark.ui.showConsoleProgress": "false",
+        # The purger's log settings for the driver and the executors (no line per key or per batch).
+        **log4j2_options(),
+    }
+    if driver_host is not None:  # the address the executors reach the driver at
+        settings |= {"spark.driver.host": driver_host, "spark.driver.bindAddress": driver_host}
+    if total_cores is not None:
+        settings["spark.cores.max"] = str(total_cores)
+    settings |= conf or {}
+    command = [
+        str(spark_home() / "bin" / "spark-submit"),
+        "--master", master,
+        "--deploy-mode", "client",
+        "--name", "purger",
+        "--driver-memory", config.stream.driver_memory,
+        "--executor-memory", executor_memory,
+        "--jars", ",".join(str(jar) for jar in spark_connector_jars()),
+        "--py-files", str(package_zip(workdir / PACKAGES_ZIP)),
+    ]
+    for key, value in settings.items():
+        command += ["--conf", f"{key}={value}"]
+    command.append(str(main_file()))
+    if config_path is not None:
+        command += ["--config", str(Path(config_path).resolve())]
+    return [*command, *job_args]
