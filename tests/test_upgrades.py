@@ -105,17 +105,35 @@ def test_the_stored_fields_say_which_accept_none():
                            "fired_rule", "fired_at_ms", "linger_until_ms"}
 
 
+def test_the_release_upgraded_from_is_found_by_its_tag_or_by_the_commit_that_set_its_version():
+    commit = release_commit(RELEASE)
+    shown = subprocess.run(["git", "show", f"{commit}:purger/__init__.py"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout
+    assert f'__version__ = "{RELEASE}"' in shown
+
+
 # --- against the servers --------------------------------------------------------------------------------
 
 
 
+def release_commit(version: str) -> str:
+    """Release ``version``'s commit: its tag ``v<version>`` (README, "Releases"), or in a clone without tags the
+    first commit that set ``__version__`` to it, as the release did."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    found = git("rev-parse", "--verify", "--quiet", f"v{version}^{{commit}}") or next(iter(
+        git("log", "--reverse", "--format=%H", "-S", f'__version__ = "{version}"', "--", "purger/__init__.py")
+        .splitlines()), "")
+    assert found, f"neither a tag v{version} nor the commit that set it in {ROOT}: clone with history and tags"
+    return found
+
+
 def release_source(version: str, destination: Path) -> Path:
-    """The files of release ``version``, by its tag ``v<version>`` (README, "Releases")."""
-    tag = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"v{version}^{{commit}}"], cwd=ROOT,
-                         capture_output=True, text=True)
-    assert tag.returncode == 0, f"no tag v{version} in {ROOT}: fetch the tags (git fetch --tags)"
+    """The files of release ``version`` (``release_commit``)."""
     destination.mkdir()
-    archive = subprocess.run(["git", "archive", tag.stdout.strip()], cwd=ROOT, check=True, capture_output=True)
+    archive = subprocess.run(["git", "archive", release_commit(version)], cwd=ROOT, check=True,
+                             capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(destination)], input=archive.stdout, check=True)
     return destination
 
