@@ -8,6 +8,8 @@ blob is made by waiting past a short ``orphan_grace`` (``orphan_grace_check = fa
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -26,7 +28,11 @@ from purger.sinks.ledger import Ledger
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
 from purger.reconcile.orphans import MAX_CHARACTER, Sweep, decide, ledger_query_id, list_shard, reconcile_orphans
+from devstack.stack import create_schema
+from purger.running import RECONCILE_JOB_GROUP, start_purger
+from tests.support.configs import own_config
 from tests.support.faults import Stopped, stop_at
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -337,3 +343,82 @@ def test_the_shards_list_every_key_under_the_prefix_exactly_once_and_none_outsid
         # A filesystem-backed store lists folders as keys ending in "/": the sweep leaves them alone.
         seen = [key for key in seen if not key.endswith("/")]
         assert sorted(seen) == sorted(inside), page_size
+
+
+def test_a_purger_stopped_in_its_scheduled_sweep_has_each_deletion_recorded_after_its_restart(
+        spark, config, stores, tmp_path, caplog):
+    """A running purger's scheduled reconcile is held in its sweep of dc1's orphan blobs, after their deletes and
+    before its ledger write, and the purger is stopped the way SIGTERM stops it (``RunningPurger.stop``, which
+    cancels the reconcile's Spark jobs): the write is cut. Restarted, the purger reconciles at once (no run was
+    recorded) and records those deletions under the cut sweep, then sweeps dc2. Checked against the blobs the
+    test put and finds gone: one ``purged`` record each.
+
+    A keyspace of its own, so that the scheduled reconcile scans only what this test wrote."""
+    uid = uuid.uuid4().hex[:8]
+    own = own_config(config, tmp_path, "stopped-sweep")
+    endpoint = config.stores["dc1"].endpoint
+    own = own.model_copy(update={
+        "cassandra": own.cassandra.model_copy(update={"keyspace": f"stopped_sweep_{uid}"}),
+        "stores": {dc: own.stores[dc].model_copy(update={"bucket": bucket, "endpoint": endpoint})
+                   for dc, bucket in stores.buckets.items()},
+        "reconcile": own.reconcile.model_copy(update={"interval": timedelta(hours=1), "orphan_grace": GRACE}),
+    })
+    create_schema(own)
+    orphans = [f"o{i}{uid}" for i in range(4)]
+    for key in orphans:
+        stores.put(PREFIX + key)
+    past_grace()
+
+    held, stopping = threading.Event(), threading.Event()
+
+    def hold_the_first_write(name: str) -> None:
+        if name == "before_orphan_ledger_write" and not held.is_set():
+            held.set()
+            stopping.wait(120)
+
+    def cancel_often() -> None:
+        # The stop's cancelling, every 10 ms rather than its 200: it lands on the ledger write's first job.
+        for _ in range(300):
+            spark.sparkContext.cancelJobGroup(RECONCILE_JOB_GROUP)
+            time.sleep(0.01)
+
+    try:
+        with injected(hold_the_first_write):
+            running = start_purger(spark, own)
+            stopper = threading.Thread(target=running.stop)
+            try:
+                wait_for(held.is_set, 180, "the scheduled sweep to reach its ledger write")
+                stopper.start()
+                wait_for(running.reconciling.stopped.is_set, 30, "the stop to begin")
+            finally:
+                canceller = threading.Thread(target=cancel_often)
+                canceller.start()
+                stopping.set()
+                if stopper.ident is None:  # the hold never reached
+                    running.stop()
+                stopper.join(180)
+                canceller.join()
+        assert running.failure is None
+        assert not any(stores.exists(PREFIX + orphan, "dc1") for orphan in orphans)
+        assert all(stores.exists(PREFIX + orphan, "dc2") for orphan in orphans)  # its sweep never began
+        assert records(spark, own) == []  # deleted, and not recorded
+
+        with caplog.at_level(logging.WARNING, logger="purger.reconcile.orphans"):
+            running = start_purger(spark, own)
+            try:
+                wait_for(lambda: running.metrics.reconcile_last_run._value.get() > 0, 180,
+                         "the restart's scheduled reconcile")
+            finally:
+                running.stop()
+        assert any("stopped before its ledger write; 4 of its deletions recorded now" in r.getMessage()
+                   for r in caplog.records)
+        assert not any(stores.exists(PREFIX + orphan, dc) for orphan in orphans for dc in ("dc1", "dc2"))
+        found = records(spark, own)
+        assert sorted((r.id, r.dc, r.status, r.rule) for r in found) == sorted(
+            (orphan, dc, PURGED, ORPHAN) for orphan in orphans for dc in ("dc1", "dc2"))
+        cut = {r.query_id for r in found if r.dc == "dc1"}
+        assert len(cut) == 1 and cut != {r.query_id for r in found if r.dc == "dc2"}
+    finally:
+        session = cassandra_session(own.cassandra)
+        session.execute(f"DROP KEYSPACE IF EXISTS {own.cassandra.keyspace}", timeout=60)
+        session.cluster.shutdown()
