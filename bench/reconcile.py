@@ -43,7 +43,7 @@ from pyspark.sql import SparkSession
 from bench.common import BenchRun, PeakMemory
 from devstack.stack import prepare
 from purger.connectors import cassandra_session, s3_client
-from purger.reconcile.token_ranges import scan_plan, scan_ranges
+from purger.reconcile.token_ranges import scan_pages, scan_plan
 from purger.core.config import PurgerConfig
 from purger.policies.mailbox.deletes import payload_key
 from purger.reconcile.run import reconcile
@@ -175,8 +175,9 @@ def spark_scan_alone(spark: SparkSession, config: PurgerConfig) -> tuple[int, fl
 
     def count(task_ranges: Iterator[tuple[int, int]]) -> Iterator[int]:
         session = executor_session(config)
-        yield sum(1 for _ in scan_ranges(session, config.cassandra.keyspace, table, key, list(scanned.selected),
-                                         list(task_ranges), settings.consistency, settings.page_size))
+        yield sum(len(rows) for _, rows in scan_pages(session, config.cassandra.keyspace, table, key,
+                                                      list(scanned.selected), list(task_ranges), settings.consistency,
+                                                      settings.page_size))
 
     started = time.perf_counter()
     rows = spark.sparkContext.parallelize(ranges, max(1, len(ranges) // settings.ranges_per_task)) \
@@ -235,8 +236,12 @@ def main() -> None:
     parser.add_argument("--ranges", type=int, default=64, help="token ranges of the baseline's scan")
     parser.add_argument("--scan-only", action="store_true", help="stop after the scan's figures (steps 1 and 2)")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds the bootstrap may take")
+    parser.add_argument("--reuse", metavar="TAG", help="the existing data of an earlier run of the same --messages "
+                        "and --blob-every (its keyspace bench_reconcile_TAG), not written again; with --scan-only")
     args = parser.parse_args()
-    tag = uuid.uuid4().hex[:6]
+    if args.reuse and not args.scan_only:
+        parser.error("--reuse needs --scan-only: a bootstrap deletes the data it reuses")
+    tag = args.reuse or uuid.uuid4().hex[:6]
     run = BenchRun.start(
         "reconcile",
         cassandra={"keyspace": f"bench_reconcile_{tag}"},
@@ -248,9 +253,10 @@ def main() -> None:
     config = run.config
     prepare(config)
     objects = Objects(args.messages, args.blob_every)
-    rate = write_existing(config, objects)
-    run.record("existing data written (rows, references, blobs; no events)", rate, "messages/s",
-               messages=args.messages)
+    if not args.reuse:
+        rate = write_existing(config, objects)
+        run.record("existing data written (rows, references, blobs; no events)", rate, "messages/s",
+                   messages=args.messages)
 
     rows, seconds = plain_driver_scan(config, args.baseline_threads, args.ranges)
     if rows != args.messages:

@@ -7,7 +7,8 @@
 - ``token_ranges``: a table read whole by token range, in Spark tasks, paced at ``reconcile.max_rows_per_second``
   over all of them;
 - ``verdict`` (pure): what a scanned row says, re-expressed as its policy's events and folded
-  (``row_verdict``), and whether it is fed back (``feed_reason``); the report's rows (``ReportRow``);
+  (``row_verdict``), or a page's rows judged on whole columns where the policy can (``page_verdicts``);
+  the report's rows (``ReportRow``);
 - ``known_objects``: the stream's state as of the checkpoint's last committed batch, copied out of the
   checkpoint by a process of its own, to compare with;
 - ``orphans``: orphan rows and orphan blobs, found by anti-joins and deleted through the engine's purge

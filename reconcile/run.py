@@ -1,12 +1,14 @@
 """A reconcile's run (`purger reconcile`, and the running purger's schedule; the package's docstring maps the rest).
 
-A table's job: **scan** it by token range (``token_ranges``), **re-express** each row and judge it on its own
-(``verdict``), **compare** with the stream's state (``known_objects``: known or not), **feed back** the rows the
-state does not know, and those their own events say are overdue, to the reconcile topic, keyed by object id.
-The stream reads it beside the events topics and decides as for any event, double-check included. A dry run
-feeds nothing and counts what it would feed. Rows stay on the executors: the driver gets the counts
-(accumulators) and nothing else. Before a policy's tables, its orphan rows; after them, its orphan blobs
-(``orphans``); then the run's report.
+A table's job: **scan** it by token range (``token_ranges``), a page at a time, and judge each row on its own
+(``verdict.page_verdicts``: on whole columns when the policy can, ``Policy.page_verdicts``), the pages going to
+the JVM as Arrow batches; **compare** with the stream's state (``known_objects``: known or not); **feed back** the
+rows the state does not know, and those their own verdict says are overdue: each re-expressed as its policy's
+events (``Policy.row_events``), sent to the reconcile topic keyed by object id. Only the rows fed back pay for
+their re-expression; a dry run keeps no row's values and counts what it would feed. The stream reads the topic
+beside the events topics and decides as for any event, double-check included. Rows stay on the executors: the
+driver gets the counts Spark observes on the way and nothing else. Before a policy's tables, its orphan rows;
+after them, its orphan blobs (``orphans``); then the run's report.
 
 Example::
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import time
 import uuid
 from contextlib import nullcontext
@@ -26,10 +29,11 @@ from datetime import datetime, timezone
 from functools import partial
 from typing import Any, Iterator
 
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
-    ArrayType, BooleanType, DoubleType, LongType, StringType, StructField, StructType, TimestampType,
+    BinaryType, BooleanType, DoubleType, LongType, StringType, StructField, StructType, TimestampType,
 )
 
 from purger.core.config import PurgerConfig
@@ -38,20 +42,24 @@ from purger.core.policy import Policy, Scanned
 from purger.core.times import duration_ms, now_ms
 from purger.core.vocabulary import ALL_DCS
 from purger.reconcile.known_objects import known_objects
-from purger.reconcile.token_ranges import scan_plan, scan_ranges
+from purger.reconcile.token_ranges import scan_pages, scan_plan
 from purger.reconcile.verdict import (
-    OVERDUE, UNKNOWN, ReconcileError, ReportRow, RowVerdict, feed_reason, row_verdict,
+    OVERDUE, UNKNOWN, ReconcileError, ReportRow, page_verdicts,
 )
 from purger.sinks.clients import executor_session
 from purger.sinks.throttle import Pacer, per_task_rate
 
 log = logging.getLogger(__name__)
 
-# A scanned row, on the executors: its object, when its own events make it due, and those events (JSON).
+# A scanned row, on the executors: its object, whether its re-expression has records, when they make it due,
+# and the row's values (pickled, in ``Scanned.row_fields`` order; only when rows are fed back, to re-express the
+# ones that are; none in a dry run).
 _ROWS = StructType([
-    StructField("kind", StringType()), StructField("id", StringType()), StructField("rule", StringType()),
-    StructField("eligible_at_ms", LongType()), StructField("records", ArrayType(StringType())),
+    StructField("kind", StringType()), StructField("id", StringType()), StructField("says", BooleanType()),
+    StructField("rule", StringType()), StructField("eligible_at_ms", LongType()), StructField("row", BinaryType()),
 ])
+_ARROW_ROWS = pa.schema([("kind", pa.string()), ("id", pa.string()), ("says", pa.bool_()), ("rule", pa.string()),
+                         ("eligible_at_ms", pa.int64()), ("row", pa.binary())])
 # The report's rows (``ledger.reconcile_path``).
 REPORT_SCHEMA = StructType([
     StructField("run_id", StringType()), StructField("policy", StringType()), StructField("table", StringType()),
@@ -64,22 +72,38 @@ REPORT_SCHEMA = StructType([
 ])
 
 
-def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str], rate: float,
-               ranges: Iterator[tuple[int, int]]) -> Iterator[tuple[Any, ...]]:
-    """One Spark task: its token ranges read, each row re-expressed and judged on its own."""
+def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str], rate: float, keep_rows: bool,
+               batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One Spark task: its token ranges read, each page's rows judged on their own (``page_verdicts``), a batch
+    of Arrow columns per page."""
     settings = config.reconcile
     session = executor_session(config)
     policies = config.policy_set
     pacer = Pacer(rate)
     failpoint("in_reconcile_scan")
+    ranges = [(start, end) for batch in batches for start, end in zip(*batch.to_pydict().values())]
     referenced_by = scanned.referenced_by and policies.policy_of(scanned.kind).table_names()[scanned.referenced_by]
-    rows = scan_ranges(session, config.cassandra.keyspace, table, key, list(scanned.selected), list(ranges),
-                       settings.consistency, settings.page_size, referenced_by)
-    for row in rows:
-        pacer.wait()
-        verdict = row_verdict(policies, scanned, row)
-        yield (verdict.kind, verdict.id, verdict.rule, verdict.eligible_at_ms,
-               [json.dumps(record, separators=(",", ":")) for record in verdict.records])
+    for names, rows in scan_pages(session, config.cassandra.keyspace, table, key, list(scanned.selected), ranges,
+                                  settings.consistency, settings.page_size, referenced_by):
+        if list(names) != list(scanned.row_fields):  # the feed re-expresses a row from its values in this order
+            raise ReconcileError(f"reconcile of {table}: the scan read {names}, not {list(scanned.row_fields)}")
+        pacer.wait(len(rows))
+        verdicts = page_verdicts(policies, scanned, names, rows)
+        at = names.index(scanned.id_column)
+        yield pa.RecordBatch.from_pydict({
+            "kind": [scanned.kind] * len(rows), "id": [str(row[at]) for row in rows], "says": verdicts.says,
+            "rule": verdicts.rules, "eligible_at_ms": verdicts.eligible_at_ms,
+            "row": [pickle.dumps(tuple(row)) for row in rows] if keep_rows else [None] * len(rows),
+        }, schema=_ARROW_ROWS)
+
+
+def _feed_reason(now: int, overdue_after_ms: int) -> Column:
+    """Why a scanned row is fed back, or null: ``unknown`` when the stream's state does not hold its object,
+    ``overdue`` when its own verdict says it has been due for more than ``overdue_after_ms``. A row that says
+    nothing (no records) is never fed back."""
+    known = F.coalesce(F.col("known"), F.lit(False))
+    return (F.when(~F.col("says"), None).when(~known, UNKNOWN)
+            .when(F.col("eligible_at_ms") < now - overdue_after_ms, OVERDUE))
 
 
 def _last_committed_batch(spark: SparkSession, checkpoint: str) -> int | None:
@@ -108,54 +132,58 @@ def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scann
                              f"policy's table name") from None
     tasks = max(1, len(ranges) // settings.ranges_per_task)
     rate = per_task_rate(settings.max_rows_per_second, tasks, cores)
-    scan = spark.sparkContext.parallelize(ranges, tasks).mapPartitions(
-        partial(_scan_task, config, scanned, table, key, rate))
-    rows = spark.createDataFrame(scan, _ROWS)
+    # A partition per task as planned (no shuffle), each with its token ranges.
+    ranges_df = spark.createDataFrame(spark.sparkContext.parallelize(ranges, tasks), "start long, end long")
+    rows = ranges_df.mapInArrow(partial(_scan_task, config, scanned, table, key, rate, not dry_run), _ROWS)
     if known is not None:
         rows = rows.join(known, ["kind", "id"], "left")
     else:
         rows = rows.withColumn("known", F.lit(None).cast("boolean"))
-    counters = [spark.sparkContext.accumulator(0) for _ in range(4)]
+    rows = rows.withColumn("reason", _feed_reason(now_ms(), duration_ms(settings.overdue_after)))
+    # Counted on the way, in the JVM, from the tasks that succeed (Spark's observed metrics): only the rows fed
+    # back go on to Python.
+    counts = Observation(f"reconcile {run_id} {policy.name}.{table}")
+    rows = rows.observe(counts, F.count(F.lit(1)).alias("scanned"),
+                        F.count(F.when(F.col("known"), True)).alias("known"),
+                        F.count(F.when(F.col("reason") == UNKNOWN, True)).alias("unknown"),
+                        F.count(F.when(F.col("reason") == OVERDUE, True)).alias("overdue"))
+    fed = rows.where(F.col("reason").isNotNull()).select("kind", "id", "row")
     spark.sparkContext.setJobDescription(f"reconcile {policy.name}: {table}")
     try:
-        rows.foreachPartition(partial(_feed_task, config, dry_run, now_ms(), duration_ms(settings.overdue_after),
-                                      counters))
+        if not dry_run:
+            fed = fed.mapInArrow(partial(_feed_task, config, scanned), "kind string")
+        fed.write.format("noop").mode("overwrite").save()
     finally:
         spark.sparkContext.setJobDescription(None)
-    report.scanned, report.known, report.unknown_fed, report.overdue_fed = (c.value for c in counters)
+    found = counts.get
+    report.scanned, report.known, report.unknown_fed, report.overdue_fed = (
+        found["scanned"], found["known"], found["unknown"], found["overdue"])
     return report.finish()
 
 
-def _feed_task(config: PurgerConfig, dry_run: bool, now: int, overdue_after_ms: int, counters: list[Any],
-               rows: Iterator[Any]) -> None:
-    """One Spark task of the feed: each scanned row judged (``feed_reason``), those fed back sent to the
-    reconcile topic, keyed by object id, and all delivered before the task ends (a record Kafka did not take
-    fails the task, ``connectors.NotDelivered``, which runs again); its counts added to ``counters``
-    (scanned, known, unknown, overdue) only then, which Spark applies once per task however often it runs."""
+def _feed_task(config: PurgerConfig, scanned: Scanned, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One Spark task of the feed: each row fed back re-expressed (``Policy.row_events``) and sent to the reconcile
+    topic, keyed by object id, and all delivered before the task ends (a record Kafka did not take fails the task,
+    ``connectors.NotDelivered``, which runs again, and is counted only then). Yields nothing."""
     from purger.connectors import TASK_RUNS_AGAIN, kafka_producer
 
-    counts = [0, 0, 0, 0]
-    producer = None if dry_run else kafka_producer(config.kafka, acks="all", linger_ms=20)
+    policy = config.policy_set.policy_of(scanned.kind)
+    producer = kafka_producer(config.kafka, acks="all", linger_ms=20)
+    sent = 0
     try:
-        for row in rows:
-            verdict = RowVerdict(row.kind, row.id, row.records, row.rule, row.eligible_at_ms)
-            reason = feed_reason(verdict, bool(row.known), now, overdue_after_ms)
-            counts[0] += 1
-            counts[1] += bool(row.known)
-            counts[2] += reason == UNKNOWN
-            counts[3] += reason == OVERDUE
-            if reason is not None and producer is not None:
-                for record in row.records:
-                    producer.send(config.kafka.reconcile_topic, key=row.id.encode(), value=record.encode())
-        if producer is not None:
-            producer.flush(TASK_RUNS_AGAIN)
-            if counts[2] + counts[3]:  # the kill tests' moment: a task's rows fed back, before it is counted
-                failpoint("in_reconcile_feed")
+        for batch in batches:
+            columns = batch.to_pydict()
+            for object_id, row in zip(columns["id"], columns["row"]):
+                for record in policy.row_events(scanned.table, dict(zip(scanned.row_fields, pickle.loads(row)))):
+                    producer.send(config.kafka.reconcile_topic, key=object_id.encode(),
+                                  value=json.dumps(record, separators=(",", ":")).encode())
+                sent += 1
+        producer.flush(TASK_RUNS_AGAIN)
+        if sent:  # the kill tests' moment: a task's rows fed back, before it is counted
+            failpoint("in_reconcile_feed")
     finally:
-        if producer is not None:
-            producer.close()
-    for counter, n in zip(counters, counts):
-        counter.add(n)
+        producer.close()
+    yield from ()
 
 
 def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str] | None = None,

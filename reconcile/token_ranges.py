@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from purger.connectors import cassandra_session
 from purger.core.config import CassandraConfig
+from purger.core.policy import REFERENCED
 
 if TYPE_CHECKING:
     from cassandra.cluster import ResultSet, Session
@@ -83,10 +84,21 @@ def scan_plan(config: CassandraConfig, table: str, count: int) -> tuple[list[str
 def scan_ranges(session: "Session", keyspace: str, table: str, key: list[str], columns: list[str],
                 ranges: list[tuple[int, int]], consistency: str, page_size: int,
                 referenced_by: str | None = None) -> Iterator[dict[str, Any]]:
-    """Every row of the table in ``ranges``, as column -> value, paged (``page_size`` rows a request) at
-    ``consistency``. Rows come as the pages do: nothing is held beyond one page.
+    """Every row of the table in ``ranges``, as column -> value (``scan_pages``, a row at a time)."""
+    for names, rows in scan_pages(session, keyspace, table, key, columns, ranges, consistency, page_size,
+                                  referenced_by):
+        for row in rows:
+            yield dict(zip(names, row))
 
-    With ``referenced_by``, a table partitioned by the same key, each row also has ``referenced``: whether
+
+def scan_pages(session: "Session", keyspace: str, table: str, key: list[str], columns: list[str],
+               ranges: list[tuple[int, int]], consistency: str, page_size: int,
+               referenced_by: str | None = None) -> Iterator[tuple[list[str], list[tuple[Any, ...]]]]:
+    """Every row of the table in ``ranges``, a page at a time (``page_size`` rows a request, at
+    ``consistency``): the columns' names, and the page's rows as tuples of values in that order. Nothing is
+    held beyond the page and the one read ahead (``_pages``).
+
+    With ``referenced_by``, a table partitioned by the same key, each row ends with ``referenced``: whether
     that table holds a partition for the row's key. Its partition keys in the same range are read beside
     the rows, both in token order, and merged: nothing is held beyond a page of each."""
     from cassandra import ConsistencyLevel
@@ -101,47 +113,55 @@ def scan_ranges(session: "Session", keyspace: str, table: str, key: list[str], c
 
     if referenced_by is None:
         select = prepared(f"SELECT {', '.join(columns)} FROM {keyspace}.{table}")
-        for start, end in ranges:
-            for page in _pages(session, keyspace, select, start, end):
-                names = page.column_names
-                for row in page.current_rows:  # the session's rows are named tuples
-                    yield dict(zip(names, row))
+        for page in _pages(session, keyspace, select, ranges):
+            yield page.column_names, page.current_rows
         return
     select = prepared(f"SELECT {token} AS scan_token, {', '.join(columns)} FROM {keyspace}.{table}")
     referring = prepared(f"SELECT DISTINCT {token} AS scan_token, {', '.join(key)} FROM {keyspace}.{referenced_by}")
     for start, end in ranges:
-        references = _KeysByToken(row for page in _pages(session, keyspace, referring, start, end)
+        references = _KeysByToken(row for page in _pages(session, keyspace, referring, [(start, end)])
                                   for row in page.current_rows)
-        for page in _pages(session, keyspace, select, start, end):
+        for page in _pages(session, keyspace, select, [(start, end)]):
             names = page.column_names[1:]
-            for scan_token, *values in page.current_rows:
-                row = dict(zip(names, values))
-                row["referenced"] = tuple(row[column] for column in key) in references.at(scan_token)
-                yield row
+            at = [names.index(column) for column in key]
+            yield [*names, REFERENCED], [
+                (*values, tuple(values[i] for i in at) in references.at(scan_token))
+                for scan_token, *values in page.current_rows]
 
 
-def _pages(session: "Session", keyspace: str, statement: Any, start: int, end: int) -> Iterator["ResultSet"]:
-    """The pages of ``statement`` over the range ``(start, end]``, one request each, sent to a replica of the
-    range. A statement bound to token bounds has no partition key for the session's token-aware policy to
-    route by, and cassandra-driver 3.30 takes no token in its place, so the replica is named to the request
-    (``host``); that disables the driver's failover to another node, so when the replica stops answering, the
-    rest of the range goes through the load-balancing policy, from the page it had reached."""
+def _pages(session: "Session", keyspace: str, statement: Any, ranges: list[tuple[int, int]]) -> Iterator["ResultSet"]:
+    """The pages of ``statement`` over each range ``(start, end]`` in turn, one request each, sent to a replica of
+    its range. The request for the next page (or the next range's first) goes out before a page is handed on, so
+    that Cassandra reads it while the caller works on this one: two pages at most are held.
+
+    A statement bound to token bounds has no partition key for the session's token-aware policy to route by, and
+    cassandra-driver 3.30 takes no token in its place, so the replica is named to the request (``host``); that
+    disables the driver's failover to another node, so when the replica stops answering, the rest of the range
+    goes through the load-balancing policy, from the page it had reached."""
     from cassandra.cluster import NoHostAvailable
 
-    replica = _local_replica(session, keyspace, end)
-    paging_state = None
-    while True:
+    def send(start: int, end: int, replica: "Host | None", paging_state: bytes | None) -> tuple[Any, ...]:
+        future = session.execute_async(statement, (start, end), paging_state=paging_state, host=replica)
+        return start, end, replica, paging_state, future
+
+    todo = iter(ranges)
+
+    def next_range() -> tuple[Any, ...] | None:
+        found = next(todo, None)
+        return None if found is None else send(*found, _local_replica(session, keyspace, found[1]), None)
+
+    pending = next_range()
+    while pending is not None:
+        start, end, replica, paging_state, future = pending
         try:
-            page = session.execute(statement, (start, end), paging_state=paging_state, host=replica)
+            page = future.result()
         except NoHostAvailable:
             if replica is None:
                 raise
-            replica = None
+            pending = send(start, end, None, paging_state)
             continue
+        pending = next_range() if page.paging_state is None else send(start, end, replica, page.paging_state)
         yield page
-        paging_state = page.paging_state
-        if paging_state is None:
-            return
 
 
 def _local_replica(session: "Session", keyspace: str, end: int) -> "Host | None":

@@ -5,7 +5,9 @@ produced it (``Policy.row_events``). Folded as the stream would fold them, they 
 row's object a state, hence an eligibility: the row's own verdict, independent of the
 stream. A row is fed back to the reconcile topic when the stream's state does not know its
 object, or when that verdict says it has been due for more than ``overdue_after``
-(``feed_reason``).
+(``purger.reconcile.run``, in the JVM). A scan judges a page of rows at once (``page_verdicts``): on whole columns when
+the policy says how (``Policy.page_verdicts``, held equal to the fold by tests/test_row_events.py),
+else one row at a time.
 
 Example::
 
@@ -22,11 +24,11 @@ from datetime import datetime, timezone
 from functools import cache
 from typing import Any
 
-from purger.core.policy import Eligibility, Scanned
+from purger.core.policy import Eligibility, PageVerdicts, Scanned
 from purger.core.policy_set import PolicySet
 from purger.core.times import parse_timestamp
 
-# Why a row is fed back (``feed_reason``), as the reconcile report counts them.
+# Why a row is fed back, as the reconcile report counts them.
 UNKNOWN = "unknown"
 OVERDUE = "overdue"
 
@@ -90,17 +92,17 @@ def row_verdict(policies: PolicySet, scanned: Scanned, row: dict[str, Any]) -> R
     return RowVerdict(scanned.kind, object_id, records, due and due.rule, due and due.eligible_at_ms)
 
 
-def feed_reason(verdict: RowVerdict, known: bool, now_ms: int, overdue_after_ms: int) -> str | None:
-    """Why the row is fed back, or None: ``unknown`` when the stream's state does not hold its object,
-    ``overdue`` when its row says it has been due for more than ``overdue_after_ms``. A row that said
-    nothing (no records) is never fed back."""
-    if not verdict.records:
-        return None
-    if not known:
-        return UNKNOWN
-    if verdict.eligible_at_ms is not None and verdict.eligible_at_ms < now_ms - overdue_after_ms:
-        return OVERDUE
-    return None
+def page_verdicts(policies: PolicySet, scanned: Scanned, names: list[str],
+                  rows: list[tuple[Any, ...]]) -> PageVerdicts:
+    """Each row of a page of ``scanned`` (values in the order of ``names``) judged on its own: by its policy on
+    whole columns (``Policy.page_verdicts``), or else one row at a time (``row_verdict``)."""
+    columns = {name: list(values) for name, values in zip(names, zip(*rows))} if rows else {name: [] for name in names}
+    found = policies.policy_of(scanned.kind).page_verdicts(scanned.table, columns)
+    if found is not None:
+        return found
+    verdicts = [row_verdict(policies, scanned, dict(zip(names, row))) for row in rows]
+    return PageVerdicts([bool(v.records) for v in verdicts], [v.rule for v in verdicts],
+                        [v.eligible_at_ms for v in verdicts])
 
 
 @dataclass

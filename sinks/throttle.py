@@ -35,7 +35,7 @@ def per_task_rate(cap_per_second: float, partitions: int, cores: int) -> float:
 
 
 class Pacer:
-    """Lets the n-th call through no sooner than ``n / per_second`` after the first."""
+    """Lets the n-th item through no sooner than ``n / per_second`` after the first (``wait(count)``: so many at once)."""
 
     def __init__(self, per_second: float, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -44,14 +44,14 @@ class Pacer:
         self.sleep = sleep
         self.next_at: float | None = None
 
-    def wait(self) -> None:
+    def wait(self, count: int = 1) -> None:
         now = self.clock()
         if self.next_at is None or self.next_at < now:
             # Idle time is not saved up: after a pause the task does not burst above the cap.
             self.next_at = now
         elif self.next_at > now:
             self.sleep(self.next_at - now)
-        self.next_at += self.interval_s
+        self.next_at += self.interval_s * count
 
 
 def bounded_map(pool: Executor, function: Callable[[T], R], items: Iterable[T], in_flight: int) -> Iterator[R]:

@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "push_
 import push_clients_policy  # noqa: E402
 from purger.core import policy as core_policy  # noqa: E402
 from purger.core.policy import (  # noqa: E402
-    Attempt, Candidate, Control, EventField, Policy, Resources, Rule, Scanned, Tables,
+    Attempt, Candidate, Control, EventField, PageVerdicts, Policy, Resources, Rule, Scanned, Tables,
 )
 from purger.core.policy_set import COMMON_FIELDS  # noqa: E402
-from purger.reconcile.verdict import RowVerdict, routed_events, row_verdict  # noqa: E402
+from purger.reconcile.verdict import RowVerdict, page_verdicts, routed_events, row_verdict  # noqa: E402
 from purger.core.times import epoch_ms, format_timestamp, parse_timestamp  # noqa: E402
 from purger.core.vocabulary import WOULD_DELETE  # noqa: E402
 from purger.policies import build_policy_set, rule_events, units_of_work, users  # noqa: E402
@@ -423,6 +423,12 @@ def fold_all(records: list[dict[str, Any]], random: _random.Random) -> dict[tupl
 # --- the properties --------------------------------------------------------------------------------
 
 
+def test_every_table_judged_on_whole_columns_is_tested():
+    judged = {str(table) for table in TABLES
+              if POLICY[table.policy].page_verdicts(table.table, {n: [] for n in table.scanned.row_fields}) is not None}
+    assert judged == {str(table) for table in COLUMNAR}
+
+
 def test_every_scanned_table_is_tested():
     assert {(p.name, s.table) for p in POLICIES.policies for s in p.scanned} == {(t.policy, t.table) for t in TABLES}
 
@@ -490,6 +496,38 @@ def test_a_rows_events_and_the_real_ones_fold_alike_in_any_order(table):
         records = POLICY[table.policy].row_events(table.table, sample.row) + [
             {"event_id": f"real-{number}", **found} for number, found in enumerate(real)]
         assert fold_all(records, _random.Random(one)) == fold_all(records, _random.Random(another))
+
+    check()
+
+
+@st.composite
+def any_message_rows(draw: Any) -> Sample:
+    """``messages`` rows no platform writes: each cell set or not on its own, ``updated_at`` before ``created_at``."""
+    row = {"message_id": draw(ids), "mailbox": draw(maybe(st.just("inbox"))), "payload_id": draw(maybe(ids)),
+           "payload_size": draw(maybe(st.integers(0, 10**12))), "inline_payload": draw(maybe(st.just(b"bytes"))),
+           "extract_count": draw(st.sampled_from((None, 0, 0, 1, 3))), "extract_until": draw(maybe(moments())),
+           "complete": draw(st.sampled_from((True, False, None))), "deleted": draw(st.sampled_from((None, False, True))),
+           "created_at": draw(maybe(moments())), "updated_at": draw(maybe(moments()))}
+    return Sample({**row, **written(row, deletes.MESSAGES,
+                                    lambda column: micros(draw(moments())) + draw(st.integers(0, 999)))})
+
+
+# The tables a policy judges on whole columns (``Policy.page_verdicts``); the others go a row at a time.
+COLUMNAR = [table for table in TABLES if str(table) == "mailbox.messages"]
+
+
+@pytest.mark.parametrize("table", [*COLUMNAR, Table("mailbox", "messages", any_message_rows(), message_events,
+                                                    lambda row: False)], ids=str)
+def test_a_page_judged_on_whole_columns_is_each_of_its_rows_judged_alone(table):
+    """``Policy.page_verdicts`` (the scan's) against ``row_verdict`` (the fold of each row's records)."""
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(table.rows, max_size=6))
+    def check(samples):
+        names = list(table.scanned.row_fields)
+        alone = [row_verdict(POLICIES, table.scanned, sample.row) for sample in samples]
+        page = page_verdicts(POLICIES, table.scanned, names, [tuple(s.row[n] for n in names) for s in samples])
+        assert page == PageVerdicts([bool(v.records) for v in alone], [v.rule for v in alone],
+                                    [v.eligible_at_ms for v in alone])
 
     check()
 

@@ -27,13 +27,14 @@ from pydantic import field_validator
 
 from purger.core.config import Duration
 from purger.core.policy import (
-    REFERENCED, Blobs, Eligibility, EventField, EventType, Link, ObjectKind, OrphanRows, Policy, Purge, Resources,
-    Settings, row_event,
+    REFERENCED, Blobs, Eligibility, EventField, EventType, Link, ObjectKind, OrphanRows, PageVerdicts, Policy, Purge,
+    Resources, Settings, row_event,
 )
 from purger.policies.mailbox.deletes import (
     DELETING, LIVE, MESSAGES, PAYLOADS, MessagePurge, PayloadPurge, last_change, last_link,
 )
 from purger.policies.mailbox.rules import Retention, eligibility, payload_eligibility
+from purger.policies.mailbox.verdicts import message_verdicts
 from purger.policies.mailbox.state import (
     DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, LINK, MESSAGE, PAYLOAD, RELEASED, UPLOAD_COMPLETE,
     Event, MessageState, PayloadState, apply_all, apply_all_payload,
@@ -228,3 +229,8 @@ CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
         if table == "messages":
             return message_events(row)
         return payload_events(row, self.settings.payload_grace)
+
+    def page_verdicts(self, table: str, columns: dict[str, list[Any]]) -> PageVerdicts | None:
+        """A page of ``messages`` judged on whole columns (``verdicts.message_verdicts``); ``payloads``, a few
+        rows per blob, one row at a time."""
+        return message_verdicts(self.retention, columns) if table == "messages" else None
