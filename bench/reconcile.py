@@ -236,11 +236,10 @@ def main() -> None:
     parser.add_argument("--ranges", type=int, default=64, help="token ranges of the baseline's scan")
     parser.add_argument("--scan-only", action="store_true", help="stop after the scan's figures (steps 1 and 2)")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds the bootstrap may take")
-    parser.add_argument("--reuse", metavar="TAG", help="the existing data of an earlier run of the same --messages "
-                        "and --blob-every (its keyspace bench_reconcile_TAG), not written again; with --scan-only")
+    parser.add_argument("--reuse", metavar="TAG", help="the existing data of an earlier --scan-only run of the same "
+                        "--messages and --blob-every (its keyspace bench_reconcile_TAG), not written again; a "
+                        "bootstrap purges it, so it can be reused only until one runs")
     args = parser.parse_args()
-    if args.reuse and not args.scan_only:
-        parser.error("--reuse needs --scan-only: a bootstrap deletes the data it reuses")
     tag = args.reuse or uuid.uuid4().hex[:6]
     run = BenchRun.start(
         "reconcile",
