@@ -269,12 +269,13 @@ def submit_command(config_path: str | Path | None = None, *, job_args: Sequence[
                    ui_port: int | None = None) -> list[str]:
     """The product's spark-submit line (``purger submit-line``, ``purger.submit``) for this cluster: its master,
     one executor of a worker's size per worker, the driver on 127.0.0.1."""
+    from purger.config import load_config
     from purger.submit import submit_command as product_line
 
     conf = {"spark.executor.cores": str(WORKER_CORES)}
     if ui_port is not None:
         conf["spark.ui.port"] = str(ui_port)
-    return product_line(MASTER_URL, config_path, workdir=submit_dir(), job_args=job_args,
+    return product_line(MASTER_URL, load_config(config_path), config_path, workdir=submit_dir(), job_args=job_args,
                         executor_memory=EXECUTOR_MEMORY, total_cores=len(WORKER_PORTS) * WORKER_CORES,
                         driver_host=HOST, conf=conf)
 

@@ -384,14 +384,14 @@ def submit_line(
 
     from purger.submit import submit_command
 
-    load_or_exit(config_file)
+    config = load_or_exit(config_file)
     settings = dict(item.split("=", 1) for item in conf if "=" in item)
     if len(settings) != len(conf):
         typer.echo(f"--conf takes KEY=VALUE: {', '.join(c for c in conf if '=' not in c)}", err=True)
         raise typer.Exit(2)
-    command = submit_command(master, config_file, workdir=workdir, job_args=["--dry-run"] if dry_run else [],
-                             executor_memory=executor_memory, total_cores=total_cores, driver_host=driver_host,
-                             conf=settings)
+    command = submit_command(master, config, config_file, workdir=workdir,
+                             job_args=["--dry-run"] if dry_run else [], executor_memory=executor_memory,
+                             total_cores=total_cores, driver_host=driver_host, conf=settings)
     typer.echo(shlex.join(command))
 
 

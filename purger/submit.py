@@ -15,7 +15,8 @@ A SIGTERM to spark-submit stops the job cleanly (``purger.cli._set_on_jvm_signal
 
 Example::
 
-    command = submit_command("spark://10.0.0.5:7077", "purger.toml", workdir=Path("purger-submit"))
+    command = submit_command("spark://10.0.0.5:7077", load_config("purger.toml"), "purger.toml",
+                             workdir=Path("purger-submit"))
     subprocess.run(command)
 """
 
@@ -26,10 +27,13 @@ import os
 import sys
 import zipfile
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from purger import PACKAGES
 from purger.logs import log4j2_options
+
+if TYPE_CHECKING:
+    from purger.core.config import PurgerConfig
 
 PACKAGES_ZIP = "purger-packages.zip"
 
@@ -63,17 +67,15 @@ def main_file() -> Path:
     return Path(job.__file__).resolve()
 
 
-def submit_command(master: str, config_path: str | Path | None, *, workdir: Path, job_args: Sequence[str] = (),
-                   executor_memory: str = "1g", total_cores: int | None = None, driver_host: str | None = None,
-                   conf: dict[str, str] | None = None) -> list[str]:
+def submit_command(master: str, config: PurgerConfig, config_path: str | Path | None, *, workdir: Path,
+                   job_args: Sequence[str] = (), executor_memory: str = "1g", total_cores: int | None = None,
+                   driver_host: str | None = None, conf: dict[str, str] | None = None) -> list[str]:
     """The spark-submit command line of the purge job on ``master``; writes the zip it ships into ``workdir``.
-    The configuration is read first, so a mistake in it is reported before anything is fetched or started.
-    ``job_args`` go to ``purger run`` after ``--config`` (e.g. ``["--dry-run"]``); without a configuration file,
-    the job runs with the defaults, as `purger run` does."""
+    ``config`` is what ``config_path`` holds (read by the caller, so that a mistake in it is reported before
+    anything is fetched or started). ``job_args`` go to ``purger run`` after ``--config`` (e.g.
+    ``["--dry-run"]``); without a configuration file, the job runs with the defaults, as `purger run` does."""
     from purger.artifacts import spark_connector_jars
-    from purger.config import load_config
 
-    config = load_config(config_path)
     settings = {
         # This interpreter for the driver and the executors' Python workers: it has the purger's dependencies
         # (cassandra-driver, boto3, kafka-python, pyarrow...); the executors import the code from the zip.

@@ -506,7 +506,8 @@ def any_message_rows(draw: Any) -> Sample:
     row = {"message_id": draw(ids), "mailbox": draw(maybe(st.just("inbox"))), "payload_id": draw(maybe(ids)),
            "payload_size": draw(maybe(st.integers(0, 10**12))), "inline_payload": draw(maybe(st.just(b"bytes"))),
            "extract_count": draw(st.sampled_from((None, 0, 0, 1, 3))), "extract_until": draw(maybe(moments())),
-           "complete": draw(st.sampled_from((True, False, None))), "deleted": draw(st.sampled_from((None, False, True))),
+           "complete": draw(st.sampled_from((True, False, None))),
+           "deleted": draw(st.sampled_from((None, False, True))),
            "created_at": draw(maybe(moments())), "updated_at": draw(maybe(moments()))}
     return Sample({**row, **written(row, deletes.MESSAGES,
                                     lambda column: micros(draw(moments())) + draw(st.integers(0, 999)))})
