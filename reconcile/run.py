@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from dataclasses import asdict
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any, Iterator
+from typing import Iterator
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Observation, SparkSession

@@ -35,7 +35,8 @@ def per_task_rate(cap_per_second: float, partitions: int, cores: int) -> float:
 
 
 class Pacer:
-    """Lets the n-th item through no sooner than ``n / per_second`` after the first (``wait(count)``: so many at once)."""
+    """Lets the n-th item through no sooner than ``n / per_second`` after the first (``wait(count)``: so many
+    at once)."""
 
     def __init__(self, per_second: float, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
