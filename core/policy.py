@@ -408,6 +408,13 @@ class ObjectPurge(Purge, Generic[R]):
         """What goes before the row, in the order of deletion."""
         return []
 
+    def keep_progress(self, candidate: Candidate, row: R, went: list[Dependent]) -> None:
+        """A store failed: keep in the row which of ``dependents`` went, so that the recheck lists only those left
+        (and takes those that went from the intent rather than deleting and recording them again). Only for
+        dependents listed from the row, which ``dependents`` would still name once gone (a blob in each data
+        centre of the row's list): one write when a store fails, none when all go. Default: nothing (a child row
+        gone is not listed)."""
+
     @abstractmethod
     def delete(self, candidate: Candidate, row: R) -> bool:
         """The row's conditional delete: on its claim, or (``deletes_first``) on the candidate's rule; whether
@@ -471,7 +478,10 @@ class ObjectPurge(Purge, Generic[R]):
         found = self.dependents(candidate, row)
         following = self.followers(candidate, row)
         intent = yield from self._intend(candidate, found + following, claimed_before, attempt)
-        if not (yield from self._deleted_all(candidate, found)):
+        went = yield from self._deleted_all(candidate, found)
+        if len(went) < len(found):
+            if went:
+                self.keep_progress(candidate, row, went)
             return
         failpoint(f"before_{candidate.kind}_delete")
         if not self._deleted(candidate, row):
@@ -484,22 +494,23 @@ class ObjectPurge(Purge, Generic[R]):
         yield from self._deleted_all(candidate, following)
         self.released(candidate, row)
 
-    def _deleted_all(self, candidate: Candidate, found: list[Dependent]) -> Generator[Outcome, None, bool]:
-        """``found`` deleted in order, each one's outcome; whether all went. A store that failed leaves the object
+    def _deleted_all(self, candidate: Candidate, found: list[Dependent]
+                     ) -> Generator[Outcome, None, list[Dependent]]:
+        """``found`` deleted in order, each one's outcome; those that went. A store that failed leaves the object
         for a recheck after ``stream.retry_interval``."""
-        failed = False
+        went = []
         for number, dependent in enumerate(found):
             error = dependent.delete()
             if error is None:
                 if number == 0:
                     failpoint(f"after_{candidate.kind}_dependent_delete")
+                went.append(dependent)
                 yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, dc=dependent.dc, deleted_at_ms=now_ms())
             else:
-                failed = True
                 yield Outcome(ERROR, error, kind=dependent.kind, id=dependent.id, dc=dependent.dc)
-        if failed:
+        if len(went) < len(found):
             self._recheck(candidate, Eligibility(candidate.rule, now_ms() + self.resources.retry_ms))
-        return not failed
+        return went
 
     def _intend(self, candidate: Candidate, found: list[Dependent], claimed_before: bool, attempt: Attempt
                 ) -> Generator[Outcome, None, dict[str, str]]:

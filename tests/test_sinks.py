@@ -171,8 +171,10 @@ def test_a_dry_run_decides_as_a_real_run_and_deletes_nothing_nor_rechecks(platfo
         session.cluster.shutdown()
 
 
-def test_a_decision_not_to_delete_takes_no_paxos_round_and_a_deleted_message_one(platform, config):
-    """Counted by the driver's own hook: a lightweight transaction or a serial read is a Paxos round."""
+def test_a_decision_not_to_delete_takes_no_paxos_round_a_deleted_message_one_and_a_deleted_payload_two(
+        platform, config):
+    """Counted by the driver's own hook: a lightweight transaction or a serial read is a Paxos round. A payload
+    in two data centres: its claim and its row's delete, none for the blobs' progress when both go."""
     session = cassandra_session(config.cassandra)
     counts = RequestCounts.attach(session)
     try:
@@ -195,6 +197,10 @@ def test_a_decision_not_to_delete_takes_no_paxos_round_and_a_deleted_message_one
             assert decided(messages, "message", m, EXPIRED_BY_COUNTER, {"payload_id": f"p-{m}"}) == expected, m
         assert decided(payloads, "payload", f"p-{live}", PAYLOAD, {}) == (SKIPPED, 0)  # referenced
         assert decided(payloads, "payload", new_id("pay"), PAYLOAD, {}) == (ALREADY_GONE, 0)
+        unreferenced = unreferenced_payload(platform, config)
+        counts.taken()
+        assert decided(payloads, "payload", unreferenced, PAYLOAD, {}) == (PURGED, 2)
+        assert platform.payload_gone(unreferenced)
     finally:
         counts.detach()
         session.cluster.shutdown()
@@ -298,7 +304,7 @@ def test_one_data_centre_failing_does_not_hold_the_others_back(platform, config,
     finally:
         dc2_proxy.restore()
     assert [(o["dc"], o["status"]) for o in outcomes] == [("dc1", PURGED), ("dc2", ERROR)]
-    # dc1's progress is kept in the row; writers can no longer link to it.
+    # dc1's progress is kept in the row, in the one write dc2's failure calls for; writers can no longer link to it.
     row = platform.payload_row(p)
     assert row["state"] == DELETING and row["dcs"] == {"dc2"}
     assert not platform.blob_exists(p, "dc1") and platform.blob_exists(p, "dc2")

@@ -12,9 +12,10 @@ A message candidate: its row goes by the conditional delete, then its
 released (a ``payload_released`` control event) and its grace period starts. A
 payload candidate, once its grace has passed, goes by the writer contract
 (docs/policies.md, mailbox): no reference left, ``live`` -> ``deleting`` on the ``last_ref_at``
-seen, its blob deleted from each data centre with the progress kept in the
-row's ``dcs``, and the row last. One store failing does not hold the others
-back; the failed ones are retried after ``retry_interval``.
+seen, its blob deleted from each data centre, and the row last. One store
+failing does not hold the others back: the data centres done then leave the
+row's ``dcs`` in one write, and the failed ones are retried after
+``retry_interval``.
 
 A row that lacks the timestamp its rule runs from (a message's ``updated_at``, a
 payload's ``last_ref_at``) is dated by the write time of its cells, read with it
@@ -217,8 +218,8 @@ class PayloadRow:
 
 class PayloadPurge(ObjectPurge[PayloadRow]):
     """A payload, by the writer contract (docs/policies.md, mailbox): no reference left, ``live`` -> ``deleting`` on the
-    ``last_ref_at`` seen, its blob deleted from each data centre with the progress kept in the row's
-    ``dcs``, and the row last. One store failing does not hold the others back."""
+    ``last_ref_at`` seen, its blob deleted from each data centre, and the row last. One store failing does not
+    hold the others back: the data centres done leave the row's ``dcs`` then (``keep_progress``)."""
 
     def __init__(self, resources: Resources, tables: dict[str, str], retention: Retention,
                  messages: MessagePurge) -> None:
@@ -229,8 +230,8 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         self.read_row = prepare(f"SELECT {', '.join(PAYLOADS.selected)} FROM {{payloads}} WHERE payload_id = ?")
         self.mark_deleting = prepare(
             f"UPDATE {{payloads}} SET state = '{DELETING}' WHERE payload_id = ? IF state = '{LIVE}' AND last_ref_at = ?")
-        # Each data centre's progress is kept in the row: `dcs` are the stores that still hold the payload.
-        self.remove_dc = prepare(f"UPDATE {{payloads}} SET dcs = dcs - ? WHERE payload_id = ? IF state = '{DELETING}'")
+        # `dcs` are the stores that still hold the payload: those whose blob went leave it when another fails.
+        self.remove_dcs = prepare(f"UPDATE {{payloads}} SET dcs = dcs - ? WHERE payload_id = ? IF state = '{DELETING}'")
         self.delete_row = prepare(f"DELETE FROM {{payloads}} WHERE payload_id = ? IF state = '{DELETING}'")
 
     def read(self, candidate: Candidate, serial: bool = False) -> PayloadRow | None:
@@ -269,24 +270,20 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         return Kept(reason(RELINKED, "while being purged"), Eligibility(PAYLOAD_RULE, now_ms() + self.grace_ms))
 
     def dependents(self, candidate: Candidate, row: PayloadRow) -> list[Dependent]:
-        # One data centre at a time, its progress in the row at once: a slow or failing store after it does
-        # not hold back the record of what is done.
         return [Dependent(PAYLOAD, candidate.id, partial(self._delete_blob, candidate.id, dc), dc=dc)
                 for dc in sorted(row.dcs)]
+
+    def keep_progress(self, candidate: Candidate, row: PayloadRow, went: list[Dependent]) -> None:
+        # One lightweight transaction when a store fails, none when every blob goes (the row's delete follows).
+        self.tables.execute(self.remove_dcs, {dependent.dc for dependent in went}, candidate.id)
 
     def delete(self, candidate: Candidate, row: PayloadRow) -> bool:
         return self.tables.applied(self.delete_row, candidate.id)
 
     def leftovers(self, candidate: Candidate) -> list[Dependent]:
         # The blobs go before the row, so they are usually gone too; deleting again is harmless.
-        return [Dependent(PAYLOAD, candidate.id, partial(self._delete_left_blob, candidate.id, dc), dc=dc)
+        return [Dependent(PAYLOAD, candidate.id, partial(self._delete_blob, candidate.id, dc), dc=dc)
                 for dc in sorted(candidate.hint.get("dcs") or ())]
 
-    def _delete_left_blob(self, payload_id: str, dc: str) -> str | None:
-        return self.resources.stores.delete(payload_key(payload_id), [dc])[dc]
-
     def _delete_blob(self, payload_id: str, dc: str) -> str | None:
-        error = self.resources.stores.delete(payload_key(payload_id), [dc])[dc]
-        if error is None:
-            self.tables.execute(self.remove_dc, {dc}, payload_id)
-        return error
+        return self.resources.stores.delete(payload_key(payload_id), [dc])[dc]
