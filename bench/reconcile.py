@@ -16,7 +16,11 @@ blob (kept), and two due ones sharing a blob (purged). Then:
    alone, the reconcile's own Spark tasks reading the same ranges through the same sessions and counting
    rows, with no re-expression, judgement or feed: what the Spark side costs apart from the policy's work;
 3. **bootstrap**: the purger runs, and a reconcile feeds every row back; timed from the reconcile's start
-   to the last deletion in the ledger. Every due message and purged payload gone, every live one intact;
+   to the last deletion of an existing object in the ledger. Every due message and purged payload gone,
+   every live one intact. Meanwhile the platform goes on: new messages (the default workload, ``--live-rate``
+   a second, retention periods of seconds) are written with their events, and the purge lag of those that
+   came due during the bootstrap (the ledger's ``lag_s``) says whether the purger stays live during a
+   catch-up (target: p99 under 60 s);
 4. **steady state**: a second reconcile of the same objects, the purger still running: its time, and what
    it feeds back (target: nothing).
 
@@ -40,8 +44,13 @@ from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import PreparedStatement
 from pyspark.sql import SparkSession
 
+import numpy as np
+from pyspark.sql import functions as F
+
 from bench.common import BenchRun, PeakMemory
 from devstack.stack import prepare
+from simulation.mailbox import Platform
+from simulation.workload import MessagePlan, Workload, is_purged, play_all
 from purger.connectors import cassandra_session, s3_client
 from purger.reconcile.token_ranges import scan_pages, scan_plan
 from purger.core.config import PurgerConfig
@@ -49,6 +58,7 @@ from purger.policies.mailbox.deletes import payload_key
 from purger.reconcile.run import reconcile
 from purger.running import start_purger
 from purger.sinks.clients import executor_session
+from purger.sinks.ledger import Ledger
 
 WRITTEN_AGO = timedelta(days=40)
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
@@ -185,6 +195,41 @@ def spark_scan_alone(spark: SparkSession, config: PurgerConfig) -> tuple[int, fl
     return rows, time.perf_counter() - started
 
 
+class LivePlatform:
+    """The platform at work beside a bootstrap: the default workload's new messages, ``rate`` a second, written
+    with their events on a thread of its own until ``stop``; their ids start with ``prefix``."""
+
+    def __init__(self, config: PurgerConfig, prefix: str, rate: float) -> None:
+        self.prefix = prefix
+        self.played: list[MessagePlan] = []
+        self._stop = threading.Event()
+        self._failed: BaseException | None = None
+        self._platform = Platform(config)
+        self._thread = threading.Thread(target=self._play, args=(rate,), name="live platform", daemon=True)
+        self._thread.start()
+
+    def _plans(self) -> Iterator[MessagePlan]:
+        for plan in Workload(late_share=0.05, duplicate_share=0.05).plans(self.prefix, 10**8):
+            if self._stop.is_set():
+                return
+            yield plan
+
+    def _play(self, rate: float) -> None:
+        try:
+            play_all(self._platform, self._plans(), rate=rate, on_played=lambda plan, _: self.played.append(plan))
+        except BaseException as error:
+            self._failed = error
+
+    def stop(self) -> int:
+        """Stops writing; the number of messages written due to be purged."""
+        self._stop.set()
+        self._thread.join()
+        self._platform.close()
+        if self._failed is not None:
+            raise RuntimeError(f"the live platform failed: {self._failed}") from self._failed
+        return sum(is_purged(plan.scenario) for plan in self.played)
+
+
 def record_memory(run: BenchRun, step: str, memory: PeakMemory, rows: int) -> None:
     """The driver's peak during a step: its JVM's resident memory (in local mode the tasks' too), and how
     far this Python process grew (it holds the benchmark's own lists of objects, written before)."""
@@ -236,6 +281,7 @@ def main() -> None:
     parser.add_argument("--ranges", type=int, default=64, help="token ranges of the baseline's scan")
     parser.add_argument("--scan-only", action="store_true", help="stop after the scan's figures (steps 1 and 2)")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds the bootstrap may take")
+    parser.add_argument("--live-rate", type=float, default=5, help="new messages a second during the bootstrap")
     parser.add_argument("--reuse", metavar="TAG", help="the existing data of an earlier --scan-only run of the same "
                         "--messages and --blob-every (its keyspace bench_reconcile_TAG), not written again; a "
                         "bootstrap purges it, so it can be reused only until one runs")
@@ -245,7 +291,10 @@ def main() -> None:
         "reconcile",
         cassandra={"keyspace": f"bench_reconcile_{tag}"},
         stores={dc: {"bucket": f"bench-reconcile-{tag}-{dc}"} for dc in ("dc1", "dc2")},
-        policies={"mailbox": {"payload_grace": "5s"}},
+        # The new messages of the bootstrap's step come due in seconds (as in bench.lag); the existing ones are
+        # 40 days old, due or live whatever the periods.
+        policies={"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
+                              "payload_grace": "5s"}},
         stream={"trigger_interval": "1s", "clock_interval": "1s", "max_deletions_per_second": 1_000_000},
         reconcile={"interval": "0", "max_rows_per_second": 1_000_000_000},
     )
@@ -282,6 +331,10 @@ def main() -> None:
 
     running = start_purger(spark, config)
     try:
+        # Decided: purged, or found gone after a delete whose outcome a timeout hid (RELIABILITY.md).
+        decided = lambda: (running.sink.totals[("message", "purged")]  # noqa: E731
+                           + running.sink.totals[("message", "already_gone")])
+        live = LivePlatform(config, f"live-{run.run}", args.live_rate)
         started = time.time()
         with PeakMemory() as memory:
             report = reconcile(spark, config, ["mailbox"])
@@ -289,28 +342,46 @@ def main() -> None:
             run.record("bootstrap reconcile, messages (scan and feed)", fed.rows_per_s, "rows/s",
                        rows=fed.scanned, unknown=fed.unknown_fed, overdue=fed.overdue_fed)
             deadline = time.monotonic() + args.timeout
-            # Decided: purged, or found gone after a delete whose outcome a timeout hid (RELIABILITY.md).
-            while (decided := running.sink.totals[("message", "purged")]
-                   + running.sink.totals[("message", "already_gone")]) < objects.due:
+            # The sink's totals count the new messages too: at the existing ones' count, the table says.
+            while decided() < objects.due or remaining(config, objects)[0]:
                 if running.query.exception() is not None:
                     raise RuntimeError(f"the purger failed: {running.query.exception()}")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{decided} of {objects.due} due messages decided")
-                time.sleep(1)
+                    raise TimeoutError(f"{decided()} of {objects.due} due messages decided")
+                time.sleep(1 if decided() < objects.due else 15)
             while payloads_left(config, objects) and time.monotonic() < deadline:
                 time.sleep(5)  # the payloads follow their last reference after payload_grace
-            bootstrap_s = time.time() - started
+            polled_s = time.time() - started
+        live_due = live.stop()
         left_due, live_gone, payload_left, payload_gone = remaining(config, objects)
-        run.record("bootstrap: reconcile start to last deletion", bootstrap_s, "s", messages=args.messages,
-                   due=objects.due, due_left=len(left_due), live_deleted=len(live_gone),
-                   purged_payloads_left=len(payload_left), kept_payloads_deleted=len(payload_gone),
-                   deletions_per_s=round(objects.due / bootstrap_s, 1),
-                   **{f"message_{status}": running.sink.totals[("message", status)]
-                      for status in ("purged", "already_gone", "error")})
         record_memory(run, "bootstrap", memory, args.messages)
         if left_due or live_gone or payload_left or payload_gone:
             raise RuntimeError(f"wrong end state: {len(left_due)} due left, {len(live_gone)} live deleted, "
                                f"{len(payload_left)} payloads left, {len(payload_gone)} kept payloads deleted")
+        # The new messages written up to the bootstrap's end purged too (their payloads then follow).
+        while decided() < objects.due + live_due and time.monotonic() < deadline:
+            time.sleep(1)
+        time.sleep(30)
+        deleted = (Ledger(spark, config.ledger).records().where(F.col("status") == "purged")
+                   .select("kind", "id", "dc", "lag_s", F.col("deleted_at").cast("double").alias("deleted_s"))
+                   .collect())
+        existing = [r for r in deleted if not r["id"].startswith(live.prefix)]
+        bootstrap_s = max(r["deleted_s"] for r in existing) - started
+        run.record("bootstrap: reconcile start to last deletion", bootstrap_s, "s", messages=args.messages,
+                   due=objects.due, due_left=len(left_due), live_deleted=len(live_gone),
+                   purged_payloads_left=len(payload_left), kept_payloads_deleted=len(payload_gone),
+                   deletions_per_s=round(objects.due / bootstrap_s, 1), polled_s=round(polled_s, 1),
+                   **{f"message_{status}": running.sink.totals[("message", status)]
+                      for status in ("purged", "already_gone", "error")})
+        new = [r for r in deleted if r["id"].startswith(live.prefix) and r["kind"] == "message"]
+        during = np.array([r["lag_s"] for r in new if r["deleted_s"] - r["lag_s"] <= started + bootstrap_s])
+        floor = config.stream.watermark_delay.total_seconds() + config.stream.trigger_interval.total_seconds()
+        if len(new) < live_due:
+            raise RuntimeError(f"{len(new)} of the {live_due} new messages due purged")
+        for p in (50, 99):
+            run.record(f"purge lag p{p} of new messages during the bootstrap", float(np.percentile(during, p)), "s",
+                       baseline=("watermark delay + trigger interval", floor), target="< 60 s" if p == 99 else None,
+                       deletions=len(during), live_rate=args.live_rate, messages=args.messages)
 
         with PeakMemory() as memory:
             report = reconcile(spark, config, ["mailbox"])
