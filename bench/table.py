@@ -1,4 +1,5 @@
-"""The figures table of BENCHMARKS.md from bench/results.jsonl: the latest run of each figure.
+"""The figures table of BENCHMARKS.md from bench/results.jsonl: the latest run of each figure at each size it
+was taken at (its ``messages``, else its ``rows``).
 
     python -m bench.table
 """
@@ -6,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from bench.common import RESULTS
 
@@ -15,10 +17,11 @@ def _number(value: float, unit: str) -> str:
 
 
 def main() -> None:
-    latest: dict[tuple[str, str], dict] = {}
+    latest: dict[tuple[str, str, Any], dict] = {}
     for line in RESULTS.read_text().splitlines():
         entry = json.loads(line)
-        latest[(entry["bench"], entry["figure"])] = entry  # the file is in time order
+        # The file is in time order.
+        latest[(entry["bench"], entry["figure"], entry.get("messages", entry.get("rows")))] = entry
     print("| figure | command | value | baseline (same run) | ratio | target | commit |")
     print("|---|---|---|---|---|---|---|")
     for entry in latest.values():

@@ -117,6 +117,9 @@ class KafkaConfig(_Section):
     # The purger's own topic of rows re-expressed as events by `purger reconcile`, read by the stream beside
     # the events topics (docs/reconciliation.md); only the purger writes it.
     reconcile_topic: str = "purger.reconcile"
+    # The reconcile topic's records read per batch at most (a source of its own): a bootstrap's feed is read
+    # a slice a batch, beside the live events, and the clock ticks on through its backlog (streams.clock).
+    reconcile_max_offsets_per_trigger: int = Field(default=20_000, gt=0)
 
     @property
     def written_by_purger(self) -> list[str]:

@@ -27,7 +27,7 @@ from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
 from purger.core.times import duration_ms
 from purger.streams.candidates import candidates_stream
-from purger.streams.checkpoint import check_continuable
+from purger.streams.checkpoint import check_continuable, reconcile_apart
 from purger.streams.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -110,9 +110,15 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     stream = config.stream
     for warning in check_continuable(spark, config):
         log.warning(warning)
+    apart = reconcile_apart(spark, config)
+    if not apart:
+        log.warning("checkpoint %s reads kafka.reconcile_topic %s within the events' source, as started by 0.2.0 or "
+                    "earlier: a reconcile's feed shares kafka.max_offsets_per_trigger with the events, and a bootstrap "
+                    "holds new purges back; a new checkpoint (purger replay --from earliest) reads it apart",
+                    stream.checkpoint_location, config.kafka.reconcile_topic)
     ledger = Ledger(spark, config.ledger)
     ledger.create()
-    candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms)
+    candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms, apart)
     metrics = PurgerMetrics(stream.max_deletions_per_second, config.reconcile.interval.total_seconds())
     listener = metrics.listener(stream.query_name)
     spark.streams.addListener(listener)

@@ -24,7 +24,7 @@ from purger.streams.source import read_records
 
 
 def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
-                      starting_timestamp_ms: int | None = None) -> DataFrame:
+                      starting_timestamp_ms: int | None = None, reconcile_apart: bool = True) -> DataFrame:
     """The purge candidates and dead letters of the configuration's enabled policies (``OUTPUT_SCHEMA``).
 
     Each batch's progress carries the purger's observed metrics (the Spark UI's streaming page and
@@ -32,8 +32,8 @@ def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offset
     policy's, ``purger`` the candidates per kind and the dead letters.
     """
     policies = config.policy_set
-    # 1. The events topics (and the policies' own), then the control topic, as one stream of records.
-    records = read_records(spark, config, starting_offsets, starting_timestamp_ms)
+    # 1. The events topics (and the policies' own), the reconcile topic and the control topic, as one stream.
+    records = read_records(spark, config, starting_offsets, starting_timestamp_ms, reconcile_apart)
     # 2. Typed events of the enabled policies; a bad record carries its reason.
     events = parse_events(records, config.kafka.written_by_purger, policies).observe(
         "purger.input", F.count(F.when(F.col("ignored"), True)).alias("ignored"))

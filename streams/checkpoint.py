@@ -168,6 +168,18 @@ def stored_state(spark: SparkSession, location: str) -> StoredState | None:
                        kinds)
 
 
+def reconcile_apart(spark: SparkSession, config: PurgerConfig) -> bool:
+    """Whether the stream reads the reconcile topic as a Kafka source of its own (``streams.source.read_records``):
+    yes, unless the checkpoint was started with it within the events' source (by 0.2.0 or earlier), which
+    Spark keeps: a checkpoint's offsets name each source's topics, one line per source."""
+    files = CheckpointFiles(spark, config.stream.checkpoint_location)
+    offsets = files.log("offsets") if files.exists() else {}
+    if not offsets:
+        return True
+    sources = [json.loads(line) for line in files.text(offsets[max(offsets)]).splitlines()[2:] if line.startswith("{")]
+    return not any(config.kafka.reconcile_topic in source and len(source) > 1 for source in sources)
+
+
 def check_continuable(spark: SparkSession, config: PurgerConfig) -> list[str]:
     """Raise ``CheckpointRefused`` when this release cannot continue ``stream.checkpoint_location``; else the
     warnings of ``drift`` (nothing to say for a new checkpoint)."""

@@ -1,11 +1,18 @@
 """The clock: ticks on the control topic, the only thing that moves the watermark.
 
-While the query has read everything there is (its sources' end offsets equal
+While the query has read every event there is (its sources' end offsets equal
 the latest ones), the clock produces a tick stamped with the wall clock to the
 control topic every ``interval``. The watermark is the last tick less the
 watermark delay, so deadlines fire on time even when no event arrives. During
-a backlog or a replay no tick is sent: no deadline fires before the purger has
-read what happened up to now, so it decides with everything it can know.
+a backlog of events or a replay no tick is sent: no deadline fires before the
+purger has read what the platform said up to now, so it decides with everything
+it can know.
+
+The reconcile topic's backlog does not stop the clock: its records are rows
+read from Cassandra, re-expressed, and each deletion rests on the row read again
+at delete time, not on them. A bootstrap's feed, read a slice a batch
+(``kafka.reconcile_max_offsets_per_trigger``), would otherwise hold back the
+purge of every new object until its last record is read.
 
 A tick that Kafka does not take (the send or its flush fails) is logged and
 not tried again: the next one, an interval later, stands for it.
@@ -19,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -31,14 +39,18 @@ from purger.streams.control import tick
 log = logging.getLogger(__name__)
 
 
-def caught_up(query: StreamingQuery) -> bool:
-    """True when the last batch read up to the latest offsets of every source."""
+def caught_up(query: StreamingQuery, ignoring: frozenset[str] = frozenset()) -> bool:
+    """True when the last batch read up to the latest offsets of every source, the topics ``ignoring`` aside."""
     progress = query.lastProgress
-    if not progress or not progress.get("sources"):
+    # The progress's own JSON: its dict view gives offsets as Python reprs.
+    sources = json.loads(progress.json).get("sources") if progress is not None else None
+    if not sources:
         return False
-    for source in progress["sources"]:
+    for source in sources:
         end, latest = source.get("endOffset"), source.get("latestOffset")
-        if latest is None or end != latest:
+        if not isinstance(end, dict) or not isinstance(latest, dict):
+            return False
+        if any(end.get(topic) != partitions for topic, partitions in latest.items() if topic not in ignoring):
             return False
     return True
 
@@ -56,7 +68,7 @@ class Clock:
         def run() -> None:
             try:
                 while not self._stopped.wait(self.interval_s) and query.isActive:
-                    if caught_up(query):
+                    if caught_up(query, ignoring=frozenset({self.kafka.reconcile_topic})):
                         producer.send(self.kafka.control_topic, tick())
                         try:
                             producer.flush(consequence=f"the next tick goes in {self.interval_s:g} s")

@@ -8,6 +8,7 @@ Example::
 from __future__ import annotations
 
 import json
+from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -17,7 +18,7 @@ from purger.policies import events_topics
 
 
 def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_offsets: str,
-           starting_timestamp_ms: int | None = None) -> DataFrame:
+           max_offsets_per_trigger: int, starting_timestamp_ms: int | None = None) -> DataFrame:
     reader = (
         spark.readStream.format("kafka")
         .options(**spark_kafka_options(kafka))
@@ -30,7 +31,7 @@ def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_
     else:
         reader = reader.option("startingOffsets", starting_offsets)
     return (
-        reader.option("maxOffsetsPerTrigger", kafka.max_offsets_per_trigger)
+        reader.option("maxOffsetsPerTrigger", max_offsets_per_trigger)
         # A topic recreated or truncated under us must not stop the purge; lost offsets are logged.
         .option("failOnDataLoss", "false")
         .load()
@@ -38,36 +39,45 @@ def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_
 
 
 def read_records(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
-                 starting_timestamp_ms: int | None = None) -> DataFrame:
-    """The raw records of the events topics and the reconcile topic, then of the control topic, as one
-    streaming DataFrame.
+                 starting_timestamp_ms: int | None = None, reconcile_apart: bool = True) -> DataFrame:
+    """The raw records of the events topics, the reconcile topic and the control topic, as one streaming
+    DataFrame.
 
     ``starting_offsets`` applies to a fresh checkpoint only: ``earliest``, ``latest`` or Spark's JSON
     offsets, or else ``starting_timestamp_ms`` (a replay from a time); an existing checkpoint resumes
-    where it stopped. The reconcile topic is one more topic of the events' source, so a checkpoint made
-    before it existed keeps its sources and reads it from its start, as Spark's Kafka source reads any
-    partition new to it; what a reconcile feeds again makes up for a fresh checkpoint that starts it at
-    its end. The control topic starts from its end: a replay rebuilds its rechecks and releases from the
-    events, and old clock ticks would only move the watermark ahead of the replay.
+    where it stopped. The reconcile topic is a source of its own (``reconcile_apart``), read at most
+    ``kafka.reconcile_max_offsets_per_trigger`` records a batch: Spark shares a source's limit among its
+    partitions in proportion to their backlog, so within the events' source a bootstrap's feed would take
+    nearly all of each batch and the live events a sliver. A checkpoint started before it was apart
+    (``streams.checkpoint.reconcile_apart``) keeps it in the events' source, as Spark fixes a checkpoint's
+    sources. A partition new to a checkpoint is read from its start, so what a reconcile feeds again makes
+    up for a fresh checkpoint that starts the reconcile topic at its end. The control topic starts from its
+    end: a replay rebuilds its rechecks and releases from the events, and old clock ticks would only move the
+    watermark ahead of the replay.
     """
     kafka = config.kafka
-    topics = [*events_topics(config), kafka.reconcile_topic]
-    events = _kafka(spark, kafka, topics, every_topic_named(kafka, topics, starting_offsets or kafka.starting_offsets),
-                    starting_timestamp_ms)
-    control = _kafka(spark, kafka, [kafka.control_topic], "latest")
-    return events.unionByName(control)
+    start = starting_offsets or kafka.starting_offsets
+    events = [*events_topics(config)] + ([] if reconcile_apart else [kafka.reconcile_topic])
+    sources = [(events, kafka.max_offsets_per_trigger)]
+    if reconcile_apart:
+        sources.append(([kafka.reconcile_topic], kafka.reconcile_max_offsets_per_trigger))
+    records = [_kafka(spark, kafka, topics, every_topic_named(kafka, topics, start), limit, starting_timestamp_ms)
+               for topics, limit in sources]
+    records.append(_kafka(spark, kafka, [kafka.control_topic], "latest", kafka.max_offsets_per_trigger))
+    return reduce(DataFrame.unionByName, records)
 
 
 def every_topic_named(kafka: KafkaConfig, topics: list[str], starting_offsets: str) -> str:
-    """Spark's JSON starting offsets must name every partition of the source: a topic they leave out (the
-    reconcile topic, which a user's offsets for the events topics would not name) starts at its earliest
-    offset (-2). ``earliest`` and ``latest`` pass as they are."""
+    """Spark's JSON starting offsets for a source of ``topics`` must name each of its partitions and no
+    other: those of ``topics`` are kept, and a topic they leave out (the reconcile topic, which a user's
+    offsets for the events topics would not name) starts at its earliest offset (-2). ``earliest`` and
+    ``latest`` pass as they are."""
     if not starting_offsets.lstrip().startswith("{"):
         return starting_offsets
-    offsets = json.loads(starting_offsets)
+    offsets = {topic: partitions for topic, partitions in json.loads(starting_offsets).items() if topic in topics}
     missing = [topic for topic in topics if topic not in offsets]
     if not missing:
-        return starting_offsets
+        return json.dumps(offsets)
     from kafka import KafkaConsumer
 
     consumer = kafka_client(KafkaConsumer, kafka)

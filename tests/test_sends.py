@@ -36,6 +36,7 @@ from purger.sinks.clients import executor_clients
 from purger.sinks.dead_letters import DeadLetters
 from purger.streams.clock import Clock
 from purger.streams.control import ControlWriter
+from simulation.mailbox import Platform
 from tests.support.configs import own_config
 from tests.support.waits import now, wait_for, wait_for_watermark
 
@@ -167,6 +168,45 @@ def feed(config, topic: str, ids: list[str]) -> None:
     assert list(_feed_task(own, scanned, iter([batch]))) == []
 
 
+def test_a_reconcile_feeds_backlog_is_read_a_slice_a_batch_and_holds_back_neither_the_clock_nor_new_purges(
+        spark, config, tmp_path):
+    """A bootstrap's feed (6,000 records: live rows, 100 a batch at most here) and, once it is being read, a
+    message that comes due 6 s later: it is purged while the reconcile topic still has a backlog, so the clock
+    ticked on through it (a clock that waited for it would hold the purge back until the last record)."""
+    bound = 100
+    own = own_config(config, tmp_path, "feed-backlog")
+    own = own.model_copy(update={"kafka": own.kafka.model_copy(update={"reconcile_max_offsets_per_trigger": bound})})
+    topic = own.kafka.reconcile_topic
+    running = start_purger(spark, own)
+    platform = Platform(own)
+    try:
+        wait_for(lambda: running.query.lastProgress is not None, 120, "the purger's first batch")
+        feed(own, topic, [f"backlog-{i}" for i in range(2_000)])
+        wait_for(lambda: read_of(running.query, topic)[0] > 0, 60, "the feed being read")
+        m = f"due-{uuid.uuid4().hex[:8]}"
+        platform.enqueue(m, f"p-{m}", extract_count=1)
+        platform.dequeue(m, 0)  # due in expired_ttl (6 s)
+        platform.flush()
+        wait_for(lambda: platform.row(m) is None, 90, "the message come due during the feed's backlog, purged")
+        read, latest = read_of(running.query, topic)
+        assert read < latest, f"the feed was read to its end ({read} of {latest}) before the purge: no backlog"
+        batches = [json.loads(p.json) for p in running.query.recentProgress]
+        assert max(source["numInputRows"] for p in batches for source in p["sources"]
+                   if topic in source["description"]) <= bound
+    finally:
+        running.stop()
+        platform.close()
+
+
+def read_of(query, topic: str) -> tuple[int, int]:
+    """How many records of ``topic`` the query's last batch had read, and how many there were."""
+    progress = query.lastProgress
+    for source in json.loads(progress.json)["sources"] if progress is not None else []:
+        if topic in (source.get("latestOffset") or {}):
+            return sum((source.get("endOffset") or {}).get(topic, {}).values()), sum(source["latestOffset"][topic].values())
+    return 0, 0
+
+
 def test_the_reconcile_feed_fails_its_task_when_a_record_is_not_delivered(config, new_topic, refusing_topic):
     """Its rows are then not counted (the counts are the metrics Spark observes of the tasks that succeed)."""
     with pytest.raises(NotDelivered) as refused:
@@ -183,7 +223,9 @@ def test_the_reconcile_feed_fails_its_task_when_a_record_is_not_delivered(config
 
 def test_the_clock_logs_a_tick_kafka_refuses_and_ticks_on(config, refusing_topic, caplog):
     # A query that has read everything, as the clock asks of Spark's, so that it ticks.
-    query = SimpleNamespace(isActive=True, lastProgress={"sources": [{"endOffset": "1", "latestOffset": "1"}]})
+    read = {"events": {"0": 1}}
+    query = SimpleNamespace(isActive=True, lastProgress=SimpleNamespace(
+        json=json.dumps({"sources": [{"endOffset": read, "latestOffset": read}]})))
     kafka = config.kafka.model_copy(update={"control_topic": refusing_topic})
     def told() -> list[str]:
         return [r.getMessage() for r in caplog.records if r.name == "purger.streams.clock"]

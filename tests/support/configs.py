@@ -58,13 +58,15 @@ def toml(raw: dict, prefix: str = "") -> str:
     return "\n".join([*head, *lines, "", *tables])
 
 
-def write_config(config: PurgerConfig, path: Path, secrets: bool = True) -> Path:
+def write_config(config: PurgerConfig, path: Path, secrets: bool = True, leaving_out: frozenset[str] = frozenset()
+                 ) -> Path:
     """The configuration as a TOML file, for a purger in another process; without ``secrets``, the file has
-    no password or secret key (the process is to take them from its environment)."""
-    def plain(value):
+    no password or secret key (the process is to take them from its environment); ``leaving_out``: keys
+    (``section.key``) an earlier release does not know, at their defaults."""
+    def plain(value, at=""):
         if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()
-                    if v is not None and (secrets or not isinstance(v, SecretStr))}
+            return {k: plain(v, f"{at}{k}.") for k, v in value.items()
+                    if v is not None and (secrets or not isinstance(v, SecretStr)) and f"{at}{k}" not in leaving_out}
         if isinstance(value, timedelta):
             return value.total_seconds()
         if isinstance(value, SecretStr):
