@@ -47,7 +47,7 @@ from pyspark.sql import SparkSession
 import numpy as np
 from pyspark.sql import functions as F
 
-from bench.common import BenchRun, PeakMemory
+from bench.common import BenchRun, PeakMemory, overrides
 from devstack.stack import prepare
 from simulation.mailbox import Platform
 from simulation.workload import MessagePlan, Workload, is_purged, play_all
@@ -286,22 +286,26 @@ def main() -> None:
     parser.add_argument("--scan-only", action="store_true", help="stop after the scan's figures (steps 1 and 2)")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds the bootstrap may take")
     parser.add_argument("--live-rate", type=float, default=5, help="new messages a second during the bootstrap")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a setting other than the run's, e.g. kafka.reconcile_max_offsets_per_trigger=5000")
     parser.add_argument("--reuse", metavar="TAG", help="the existing data of an earlier --scan-only run of the same "
                         "--messages and --blob-every (its keyspace bench_reconcile_TAG), not written again; a "
                         "bootstrap purges it, so it can be reused only until one runs")
     args = parser.parse_args()
     tag = args.reuse or uuid.uuid4().hex[:6]
-    run = BenchRun.start(
-        "reconcile",
-        cassandra={"keyspace": f"bench_reconcile_{tag}"},
-        stores={dc: {"bucket": f"bench-reconcile-{tag}-{dc}"} for dc in ("dc1", "dc2")},
+    sections = {
+        "cassandra": {"keyspace": f"bench_reconcile_{tag}"},
+        "stores": {dc: {"bucket": f"bench-reconcile-{tag}-{dc}"} for dc in ("dc1", "dc2")},
         # The new messages of the bootstrap's step come due in seconds (as in bench.lag); the existing ones are
         # 40 days old, due or live whatever the periods.
-        policies={"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
-                              "payload_grace": "5s"}},
-        stream={"trigger_interval": "1s", "clock_interval": "1s", "max_deletions_per_second": 1_000_000},
-        reconcile={"interval": "0", "max_rows_per_second": 1_000_000_000},
-    )
+        "policies": {"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
+                                 "payload_grace": "5s"}},
+        "stream": {"trigger_interval": "1s", "clock_interval": "1s", "max_deletions_per_second": 1_000_000},
+        "reconcile": {"interval": "0", "max_rows_per_second": 1_000_000_000},
+    }
+    for section, settings in overrides(args.set).items():
+        sections[section] = {**sections.get(section, {}), **settings}
+    run = BenchRun.start("reconcile", **sections)
     config = run.config
     prepare(config)
     objects = Objects(args.messages, args.blob_every)
@@ -374,7 +378,7 @@ def main() -> None:
         run.record("bootstrap: reconcile start to last deletion", bootstrap_s, "s", messages=args.messages,
                    due=objects.due, due_left=len(left_due), live_deleted=len(live_gone),
                    purged_payloads_left=len(payload_left), kept_payloads_deleted=len(payload_gone),
-                   deletions_per_s=round(objects.due / bootstrap_s, 1), polled_s=round(polled_s, 1),
+                   deletions_per_s=round(objects.due / bootstrap_s, 1), polled_s=round(polled_s, 1), settings=args.set,
                    **{f"message_{status}": running.sink.totals[("message", status)]
                       for status in ("purged", "already_gone", "error")})
         new = [r for r in deleted if r["id"].startswith(live.prefix) and r["kind"] == "message"]
@@ -386,7 +390,7 @@ def main() -> None:
             run.record(f"purge lag p{p} of new messages during the bootstrap", float(np.percentile(during, p)), "s",
                        baseline=("watermark delay + trigger interval", floor), target="< 60 s" if p == 99 else None,
                        deletions=len(during), live_rate=args.live_rate, messages=args.messages,
-                       platform_write_failures=len(live.failures))
+                       platform_write_failures=len(live.failures), settings=args.set)
 
         with PeakMemory() as memory:
             report = reconcile(spark, config, ["mailbox"])

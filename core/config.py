@@ -119,7 +119,7 @@ class KafkaConfig(_Section):
     reconcile_topic: str = "purger.reconcile"
     # The reconcile topic's records read per batch at most (a source of its own): a bootstrap's feed is read
     # a slice a batch, beside the live events, and the clock ticks on through its backlog (streams.clock).
-    reconcile_max_offsets_per_trigger: int = Field(default=20_000, gt=0)
+    reconcile_max_offsets_per_trigger: int = Field(default=5_000, gt=0)
 
     @property
     def written_by_purger(self) -> list[str]:
