@@ -171,13 +171,11 @@ def stored_state(spark: SparkSession, location: str) -> StoredState | None:
 def reconcile_apart(spark: SparkSession, config: PurgerConfig) -> bool:
     """Whether the stream reads the reconcile topic as a Kafka source of its own (``streams.source.read_records``):
     yes, unless the checkpoint was started with it within the events' source (by 0.2.0 or earlier), which
-    Spark keeps: a checkpoint's offsets name each source's topics, one line per source."""
+    Spark keeps. A checkpoint's offsets have a line per source after their version and metadata: two then
+    (the events' and the control topic's), three now."""
     files = CheckpointFiles(spark, config.stream.checkpoint_location)
     offsets = files.log("offsets") if files.exists() else {}
-    if not offsets:
-        return True
-    sources = [json.loads(line) for line in files.text(offsets[max(offsets)]).splitlines()[2:] if line.startswith("{")]
-    return not any(config.kafka.reconcile_topic in source and len(source) > 1 for source in sources)
+    return not offsets or len(files.text(offsets[max(offsets)]).splitlines()[2:]) != 2
 
 
 def check_continuable(spark: SparkSession, config: PurgerConfig) -> list[str]:
