@@ -41,10 +41,9 @@ from datetime import datetime, timedelta, timezone
 
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
+import numpy as np
 from cassandra.query import PreparedStatement
 from pyspark.sql import SparkSession
-
-import numpy as np
 from pyspark.sql import functions as F
 
 from bench.common import BenchRun, PeakMemory, overrides
@@ -254,12 +253,26 @@ def payloads_left(config: PurgerConfig, objects: Objects) -> list[str]:
     return [p for p in objects.purged_payloads if p in rows or payload_key(p) in keys]
 
 
+def present_messages(config: PurgerConfig) -> set[str]:
+    """The ids of the messages table's rows."""
+    mailbox = config.policy_set.policy_of("message").settings
+    session = cassandra_session(config.cassandra, config.cassandra.keyspace)
+    present = {row.message_id for row in session.execute(f"SELECT message_id FROM {mailbox.messages_table}")}
+    session.cluster.shutdown()
+    return present
+
+
+def due_left(objects: Objects, present: set[str]) -> list[str]:
+    """The due messages among ``present``."""
+    return [m for m, due in objects.messages.items() if due and m in present]
+
+
 def remaining(config: PurgerConfig, objects: Objects) -> tuple[list[str], list[str], list[str], list[str]]:
     """What the bootstrap left wrong: due messages still there, live ones gone, purged payloads with a row
     or blob left, kept payloads without theirs."""
     mailbox = config.policy_set.policy_of("message").settings
+    present = present_messages(config)
     session = cassandra_session(config.cassandra, config.cassandra.keyspace)
-    present = {row.message_id for row in session.execute(f"SELECT message_id FROM {mailbox.messages_table}")}
     payload_rows = {row.payload_id for row in session.execute(f"SELECT payload_id FROM {mailbox.payloads_table}")}
     session.cluster.shutdown()
     blobs: dict[str, set[str]] = {}
@@ -268,7 +281,7 @@ def remaining(config: PurgerConfig, objects: Objects) -> tuple[list[str], list[s
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket):
             keys |= {item["Key"] for item in page.get("Contents", [])}
         blobs[dc] = keys
-    left_due = [m for m, due in objects.messages.items() if due and m in present]
+    left_due = due_left(objects, present)
     live_gone = [m for m, due in objects.messages.items() if not due and m not in present]
     payload_left = [p for p in objects.purged_payloads
                     if p in payload_rows or any(payload_key(p) in keys for keys in blobs.values())]
@@ -351,7 +364,7 @@ def main() -> None:
                        rows=fed.scanned, unknown=fed.unknown_fed, overdue=fed.overdue_fed)
             deadline = time.monotonic() + args.timeout
             # The sink's totals count the new messages too: at the existing ones' count, the table says.
-            while decided() < objects.due or remaining(config, objects)[0]:
+            while decided() < objects.due or due_left(objects, present_messages(config)):
                 if running.query.exception() is not None:
                     raise RuntimeError(f"the purger failed: {running.query.exception()}")
                 if time.monotonic() > deadline:
