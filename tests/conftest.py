@@ -35,6 +35,13 @@ ENDPOINT_VARIABLES = ("PURGER_KAFKA_BOOTSTRAP", "PURGER_CASSANDRA_HOSTS", "PURGE
 INTEGRATION_FIXTURES = frozenset({"servers", "config", "spark", "secure_kafka_broker", "secure_cassandra_node"})
 
 
+def pytest_configure(config):
+    """Every Spark JVM of the session (its SparkSession, each `python -m purger.job` and spark-submit it starts)
+    compiles with C1 alone: the tests' JVMs are short-lived, and on two cores C2's compiler threads took CPU from
+    their first batches (docs/development.md, "Where the suite's time goes"). A value already set is kept."""
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """Mark ``integration`` every test whose fixture closure reaches a server or a JVM, so that none can

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import zipimport
 
 import pytest
 
@@ -13,11 +14,15 @@ pytestmark = pytest.mark.integration  # Spark (a JVM), though no server
 def test_python_workers_are_forked_from_the_purgers_daemon_with_its_libraries_imported(spark):
     preloaded = PRELOADED  # a local, so the task carries the names and imports nothing of the purger
 
-    def seen_by_a_worker(_: int) -> tuple[str, list[str]]:
+    def seen_by_a_worker(_: int) -> tuple[str, list[str], list[str]]:
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as parent:
             daemon = parent.read().replace(b"\0", b" ").decode()
-        return daemon, sorted(name for name in preloaded if name in sys.modules)
+        # Archives a task's start would read again (its importlib.invalidate_caches()).
+        archives = sorted({importer.archive for importer in sys.path_importer_cache.values()
+                           if isinstance(importer, zipimport.zipimporter)})
+        return daemon, sorted(name for name in preloaded if name in sys.modules), archives
 
-    for daemon, loaded in spark.sparkContext.parallelize(range(2), 2).map(seen_by_a_worker).collect():
+    for daemon, loaded, archives in spark.sparkContext.parallelize(range(2), 2).map(seen_by_a_worker).collect():
         assert "-m purger.worker_daemon" in daemon
         assert loaded == sorted(PRELOADED)
+        assert archives == []  # PySpark and Py4J imported from their installed packages, not Spark's zips
