@@ -33,10 +33,10 @@ def _off_spark_archives() -> None:
     pyspark = PathFinder.find_spec("pyspark", directories)
     if pyspark is None or pyspark.origin is None or PathFinder.find_spec("py4j", directories) is None:
         return
-    home = os.path.dirname(pyspark.origin)
+    home = os.path.abspath(os.path.dirname(pyspark.origin))
 
     def spark_archive(path: str) -> bool:
-        return os.path.isfile(path) and os.path.commonpath([home, path]) == home
+        return os.path.isfile(path) and os.path.commonpath([home, os.path.abspath(path)]) == home
 
     sys.path[:] = [entry for entry in sys.path if not spark_archive(entry)]
     for path, importer in list(sys.path_importer_cache.items()):

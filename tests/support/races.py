@@ -35,6 +35,9 @@ from tests.support.waits import ago, now
 # A lightweight transaction's outcome unknown: "CAS operation result is unknown", or a timeout.
 UNDECIDED = (ErrorMessage, WriteTimeout, ReadTimeout)
 T = TypeVar("T")
+# Each side starts within this long after the other: wide enough that either side's lightweight transaction
+# often comes first, though the purger's double-check reads the row before its own (each side wins some).
+JITTER_S = 0.012
 
 
 @dataclass
@@ -81,12 +84,12 @@ def revival_race(platform: Platform, deleter: MessagePurge, revive_session: Any,
 
         def delete() -> None:
             gate.wait()
-            time.sleep(random.random() * 0.004)
+            time.sleep(random.random() * JITTER_S)
             sides["delete"] = decided(lambda: purge_message(deleter, m, "expired_by_counter", f"p-{m}").status)
 
         def revival() -> None:
             gate.wait()
-            time.sleep(random.random() * 0.004)
+            time.sleep(random.random() * JITTER_S)
             sides["revived"] = decided(lambda: revive_session.execute(revive, (now(), m)).was_applied)
 
         threads = [threading.Thread(target=delete), threading.Thread(target=revival)]
