@@ -10,9 +10,12 @@ one reads. Once they are all due:
 1. the baselines delete the second half with the driver's asynchronous requests,
    ``--baseline-concurrency`` messages in flight: one quarter of the messages by the
    same conditional ``DELETE ... IF extract_count = 0 AND updated_at <= ?`` alone (the
-   ceiling of the delete path), the other quarter by the purger's statements for such
-   a message, in its order: the conditional delete, the read of its ``payload_refs``
-   row and that row's delete;
+   ceiling of the delete path), the other quarter by every statement the purger runs
+   for such a message, in its order: the row's read, the read of its ``payload_refs``
+   row, the intent's write to the journal, the conditional delete and the reference's
+   delete;
+   With ``--statement-costs N``, the loop also runs the conditional delete with
+   each other statement of the purger's (``PARTS``), over N more messages each;
 2. the purger runs on the first half: events read, timers fired, candidates
    double-checked and deleted with their references, every outcome in the ledger.
 
@@ -25,10 +28,12 @@ query's start to the last deletion.
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Callable
 
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
@@ -39,13 +44,18 @@ from purger.connectors import cassandra_session
 from simulation.mailbox import Platform
 from devstack.stack import prepare
 from simulation.workload import EXPIRED_ONLY, Workload, play_all
+from purger.core.policy import SELF, Dependent, key_id
+from purger.policies.mailbox.deletes import MESSAGES
+from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
 from purger.running import start_purger
 from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER
 
 EXPIRED_TTL = timedelta(seconds=5)
+Statement = tuple[PreparedStatement, tuple]
 # The baseline the purger's deletes are held to: its own statements, in its order, per message.
-SAME_STATEMENTS = "plain cassandra-driver loop of the purger's statements (delete, reference read and delete)"
+SAME_STATEMENTS = ("plain cassandra-driver loop of the purger's statements (row and reference reads, intent, delete, "
+                   "reference delete)")
 
 
 def write(run: BenchRun, name: str, messages: int, topic: str) -> dict[str, str]:
@@ -64,27 +74,55 @@ def write(run: BenchRun, name: str, messages: int, topic: str) -> dict[str, str]
     return written
 
 
-def plain_driver_loop(run: BenchRun, messages: dict[str, str], concurrency: int, references: bool) -> float:
-    """Deletions per second of the driver's asynchronous requests, ``concurrency`` messages in flight: each
-    message's conditional delete and, with ``references``, then the read of its reference row and that row's
-    delete (the purger's statements for a message with an inline payload), timed by ``deletion_rate``."""
+# The purger's statements for a message with an inline payload, in its order (``core.policy.ObjectPurge.purge``):
+# the row's read, its ``payload_refs`` row's (whether the intent names it), the intent's write to the journal,
+# the conditional delete, the reference's delete.
+ROW_READ, REFERENCE_READ, INTENT, CONDITIONAL_DELETE, REFERENCE_DELETE = (
+    "row read", "reference read", "intent", "conditional delete", "reference delete")
+PURGER_ORDER = (ROW_READ, REFERENCE_READ, INTENT, CONDITIONAL_DELETE, REFERENCE_DELETE)
+# What each statement adds to the conditional delete (``--statement-costs``).
+PARTS = ((ROW_READ, CONDITIONAL_DELETE), (INTENT, CONDITIONAL_DELETE),
+         (CONDITIONAL_DELETE, REFERENCE_READ, REFERENCE_DELETE))
+
+
+def plain_driver_loop(run: BenchRun, messages: dict[str, str], concurrency: int, statements: tuple[str, ...]) -> float:
+    """Deletions per second of the driver's asynchronous requests, ``concurrency`` messages in flight, each
+    message's ``statements`` (of ``PURGER_ORDER``) one after the other, timed by ``deletion_rate``."""
     cassandra = run.config.cassandra
     session = cassandra_session(cassandra, cassandra.keyspace)
-    mailbox = run.config.policy_set.policy_of("message")
-    rule = mailbox.retention.message_rules[EXPIRED_BY_COUNTER]
-    delete = session.prepare(f"DELETE FROM {mailbox.settings.messages_table} WHERE message_id = ? IF {rule.condition}")
-    read_ref = session.prepare(
-        f"SELECT message_id FROM {mailbox.settings.payload_refs_table} WHERE payload_id = ? AND message_id = ?")
-    delete_ref = session.prepare(
-        f"DELETE FROM {mailbox.settings.payload_refs_table} WHERE payload_id = ? AND message_id = ?")
-    cutoff = datetime.now(timezone.utc) - EXPIRED_TTL
-    chains = [[(delete, (m, cutoff))] + ([(read_ref, (p, m)), (delete_ref, (p, m))] if references else [])
-              for m, p in messages.items()]
     try:
+        made = message_statements(session, run)
+        chains = [Chain([made[name](m, p) for name in statements], deletes_at=statements.index(CONDITIONAL_DELETE))
+                  for m, p in messages.items()]
         deleted_at = Chains(session, chains, concurrency).run()
     finally:
         session.cluster.shutdown()
     return deletion_rate(len(deleted_at), min(deleted_at), max(deleted_at))
+
+
+def message_statements(session: Session, run: BenchRun) -> dict[str, Callable[[str, str], Statement]]:
+    """Each of ``PURGER_ORDER``, prepared as the purger prepares it: (message id, payload id) -> the statement
+    and its values."""
+    mailbox = run.config.policy_set.policy_of("message")
+    settings = mailbox.settings
+    rule = mailbox.retention.message_rules[EXPIRED_BY_COUNTER]
+    delete = session.prepare(f"DELETE FROM {settings.messages_table} WHERE message_id = ? IF {rule.condition}")
+    read_row = session.prepare(f"SELECT {', '.join(MESSAGES.selected)} FROM {settings.messages_table} "
+                               "WHERE message_id = ?")
+    read_ref = session.prepare(
+        f"SELECT message_id FROM {settings.payload_refs_table} WHERE payload_id = ? AND message_id = ?")
+    delete_ref = session.prepare(
+        f"DELETE FROM {settings.payload_refs_table} WHERE payload_id = ? AND message_id = ?")
+    journal = CassandraJournal(session, run.config.cassandra.keyspace, run.config.cassandra.journal_table)
+    cutoff = datetime.now(timezone.utc) - EXPIRED_TTL
+    batch = f"{run.run}/0"
+
+    def intent(m: str, p: str) -> Statement:
+        reference = Dependent("payload_refs", key_id([p, m]), delete=lambda: None)
+        return journal.insert, ("message", m, batch, {json.dumps([reference.key, batch]), json.dumps([SELF, batch])})
+
+    return {ROW_READ: lambda m, p: (read_row, (m,)), REFERENCE_READ: lambda m, p: (read_ref, (p, m)), INTENT: intent,
+            CONDITIONAL_DELETE: lambda m, p: (delete, (m, cutoff)), REFERENCE_DELETE: lambda m, p: (delete_ref, (p, m))}
 
 
 def deletion_rate(deletions: int, first_s: float, last_s: float) -> float:
@@ -92,12 +130,20 @@ def deletion_rate(deletions: int, first_s: float, last_s: float) -> float:
     return deletions / (last_s - first_s)
 
 
+@dataclass(frozen=True)
+class Chain:
+    """One message's statements, in order; the one at ``deletes_at`` is its conditional delete."""
+
+    statements: list[Statement]
+    deletes_at: int
+
+
 class Chains:
     """Each chain's statements in order, ``concurrency`` chains in flight, on the driver's callbacks (as
-    ``execute_concurrent`` runs single statements). The first statement of each is a conditional delete that must
-    apply; ``run`` returns the moments those were answered."""
+    ``execute_concurrent`` runs single statements). Each chain's conditional delete must apply; ``run`` returns
+    the moments those were answered."""
 
-    def __init__(self, session: Session, chains: list[list[tuple[PreparedStatement, tuple]]], concurrency: int):
+    def __init__(self, session: Session, chains: list[Chain], concurrency: int):
         self.session, self.chains, self.concurrency = session, chains, concurrency
         self.next, self.left, self.lock, self.done = 0, len(chains), threading.Lock(), threading.Event()
         self.deleted_at: list[float] = []
@@ -118,20 +164,20 @@ class Chains:
         if chain is not None:
             self._step(chain, 0)
 
-    def _step(self, chain: list[tuple[PreparedStatement, tuple]], index: int) -> None:
-        statement, values = chain[index]
+    def _step(self, chain: Chain, index: int) -> None:
+        statement, values = chain.statements[index]
         self.session.execute_async(statement, values).add_callbacks(
             self._answered, self._failed, callback_args=(chain, index))
 
-    def _answered(self, rows: list, chain: list[tuple[PreparedStatement, tuple]], index: int) -> None:
-        if index == 0:
+    def _answered(self, rows: list, chain: Chain, index: int) -> None:
+        if index == chain.deletes_at:
             if not rows[0][0]:
-                self._failed(RuntimeError(f"a conditional delete did not apply: {chain[0][1]}"))
+                self._failed(RuntimeError(f"a conditional delete did not apply: {chain.statements[index][1]}"))
                 return
             at = time.time()
             with self.lock:
                 self.deleted_at.append(at)
-        if index + 1 < len(chain):
+        if index + 1 < len(chain.statements):
             self._step(chain, index + 1)
             return
         with self.lock:
@@ -152,6 +198,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--baseline-concurrency", type=int, default=64)
     parser.add_argument("--delete-concurrency", type=int, default=16, help="stream.delete_concurrency")
+    parser.add_argument("--statement-costs", type=int, default=0, metavar="N",
+                        help="also the loop of the conditional delete with each other statement, over N messages each")
     args = parser.parse_args()
     run = BenchRun.start(
         "deletes",
@@ -162,16 +210,24 @@ def main() -> None:
     config = run.config
     purged = write(run, "purger", args.messages, config.kafka.topics[0])
     baseline = write(run, "baseline", args.messages, f"bench.{run.run}.unread")
+    extra = list(write(run, "statement costs", args.statement_costs * len(PARTS), f"bench.{run.run}.unread").items()
+                 if args.statement_costs else [])
+    parts = [dict(extra[i::len(PARTS)]) for i in range(len(PARTS))] if extra else []
     time.sleep(EXPIRED_TTL.total_seconds() + 1)
 
     half = dict(list(baseline.items())[: len(baseline) // 2])
-    plain_rate = plain_driver_loop(run, half, args.baseline_concurrency, references=False)
+    plain_rate = plain_driver_loop(run, half, args.baseline_concurrency, (CONDITIONAL_DELETE,))
     run.record("plain cassandra-driver conditional deletes", plain_rate, "deletions/s",
                concurrency=args.baseline_concurrency, messages=len(half))
     other_half = {m: p for m, p in baseline.items() if m not in half}
-    same_work_rate = plain_driver_loop(run, other_half, args.baseline_concurrency, references=True)
+    same_work_rate = plain_driver_loop(run, other_half, args.baseline_concurrency, PURGER_ORDER)
     run.record(SAME_STATEMENTS, same_work_rate, "deletions/s",
                concurrency=args.baseline_concurrency, messages=len(other_half))
+    for part, messages in zip(PARTS, parts):
+        rate = plain_driver_loop(run, messages, args.baseline_concurrency, part)
+        run.record(f"plain cassandra-driver loop: {', '.join(part)}", rate, "deletions/s",
+                   baseline=("plain cassandra-driver conditional deletes", plain_rate),
+                   concurrency=args.baseline_concurrency, messages=len(messages))
 
     spark = run.spark()
     running = start_purger(spark, config)
