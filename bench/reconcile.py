@@ -31,6 +31,7 @@ recorded for each step: run at two sizes to see whether it grows with the table.
 from __future__ import annotations
 
 import argparse
+import json
 import queue
 import threading
 import time
@@ -45,8 +46,9 @@ import numpy as np
 from cassandra.query import PreparedStatement
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
-from bench.common import BenchRun, PeakMemory, overrides
+from bench.common import BenchRun, PeakMemory, epoch_s, job_steps, overrides, spark_jobs
 from devstack.stack import prepare
 from simulation.mailbox import Platform
 from simulation.workload import MessagePlan, Workload, is_purged, play_all
@@ -290,6 +292,20 @@ def remaining(config: PurgerConfig, objects: Objects) -> tuple[list[str], list[s
     return left_due, live_gone, payload_left, payload_gone
 
 
+def bootstrap_profile(run: BenchRun, spark: SparkSession, query: StreamingQuery, start_s: float, end_s: float) -> None:
+    """What the bootstrap's batches were made of: their duration and input rows (the query's progress) and the
+    median of each step's Spark jobs (the sink's purge and ledger), for the batches from ``start_s`` to
+    ``end_s`` (epoch seconds)."""
+    progress = [p for p in (json.loads(p.json) for p in query.recentProgress)
+                if start_s <= epoch_s(p["timestamp"]) <= end_s and p["numInputRows"]]
+    durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
+    run.record("bootstrap batch duration p50 (triggerExecution)", float(np.median(durations)), "s",
+               batches=len(progress), input_rows_p50=float(np.median([p["numInputRows"] for p in progress])))
+    jobs = [job for job in spark_jobs(spark, start_s * 1000) if job["end_ms"] <= end_s * 1000]
+    for step, seconds in sorted(job_steps(jobs).items()):
+        run.record(f"bootstrap batch step median ({step} job)", seconds, "s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
@@ -394,6 +410,7 @@ def main() -> None:
                    deletions_per_s=round(objects.due / bootstrap_s, 1), polled_s=round(polled_s, 1), settings=args.set,
                    **{f"message_{status}": running.sink.totals[("message", status)]
                       for status in ("purged", "already_gone", "error")})
+        bootstrap_profile(run, spark, running.query, started, started + bootstrap_s)
         new = [r for r in deleted if r["id"].startswith(live.prefix) and r["kind"] == "message"]
         during = np.array([r["lag_s"] for r in new if r["deleted_s"] - r["lag_s"] <= started + bootstrap_s])
         floor = config.stream.watermark_delay.total_seconds() + config.stream.trigger_interval.total_seconds()
