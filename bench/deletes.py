@@ -28,7 +28,6 @@ query's start to the last deletion.
 from __future__ import annotations
 
 import argparse
-import json
 import threading
 import time
 from dataclasses import dataclass
@@ -119,7 +118,7 @@ def message_statements(session: Session, run: BenchRun) -> dict[str, Callable[[s
 
     def intent(m: str, p: str) -> Statement:
         reference = Dependent("payload_refs", key_id([p, m]), delete=lambda: None)
-        return journal.insert, ("message", m, batch, {json.dumps([reference.key, batch]), json.dumps([SELF, batch])})
+        return journal.insert, journal.intent_values("message", m, {reference.key: batch, SELF: batch})
 
     return {ROW_READ: lambda m, p: (read_row, (m,)), REFERENCE_READ: lambda m, p: (read_ref, (p, m)), INTENT: intent,
             CONDITIONAL_DELETE: lambda m, p: (delete, (m, cutoff)), REFERENCE_DELETE: lambda m, p: (delete_ref, (p, m))}

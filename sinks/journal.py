@@ -57,9 +57,13 @@ class CassandraJournal(Journal):
         self.take = session.prepare(f"UPDATE {name} SET rows = rows - ? WHERE kind = ? AND object_id = ?")
 
     def intend(self, kind: str, object_id: str, intent: dict[str, str]) -> None:
-        latest = max(intent.values(), default="")
+        self.session.execute(self.insert, self.intent_values(kind, object_id, intent))
+
+    @staticmethod
+    def intent_values(kind: str, object_id: str, intent: dict[str, str]) -> tuple[str, str, str, set[str]]:
+        """The values ``insert`` binds for ``intent`` (each key with the batch that means to delete it)."""
         entries = {json.dumps([key, batch]) for key, batch in intent.items()}
-        self.session.execute(self.insert, (kind, object_id, latest, entries))
+        return kind, object_id, max(intent.values(), default=""), entries
 
     # A set of names kept in one row, added to and taken from without a read: the orphan sweep's notes
     # (``reconcile.orphans``: the sweeps under way, and the blobs each is about to delete).
