@@ -297,7 +297,8 @@ def bootstrap_profile(run: BenchRun, spark: SparkSession, query: StreamingQuery,
     median of each step's Spark jobs (the sink's purge and ledger), for the batches from ``start_s`` to
     ``end_s`` (epoch seconds)."""
     progress = [p for p in (json.loads(p.json) for p in query.recentProgress)
-                if start_s <= epoch_s(p["timestamp"]) <= end_s and p["numInputRows"]]
+                if start_s <= epoch_s(p["timestamp"]) <= end_s and p["numInputRows"]
+                and "triggerExecution" in p["durationMs"]]  # not in the progress of a batch cut short by a stop
     durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
     run.record("bootstrap batch duration p50 (triggerExecution)", float(np.median(durations)), "s",
                batches=len(progress), input_rows_p50=float(np.median([p["numInputRows"] for p in progress])))
@@ -410,7 +411,6 @@ def main() -> None:
                    deletions_per_s=round(objects.due / bootstrap_s, 1), polled_s=round(polled_s, 1), settings=args.set,
                    **{f"message_{status}": running.sink.totals[("message", status)]
                       for status in ("purged", "already_gone", "error")})
-        bootstrap_profile(run, spark, running.query, started, started + bootstrap_s)
         new = [r for r in deleted if r["id"].startswith(live.prefix) and r["kind"] == "message"]
         during = np.array([r["lag_s"] for r in new if r["deleted_s"] - r["lag_s"] <= started + bootstrap_s])
         floor = config.stream.watermark_delay.total_seconds() + config.stream.trigger_interval.total_seconds()
@@ -421,6 +421,7 @@ def main() -> None:
                        baseline=("watermark delay + trigger interval", floor), target="< 60 s" if p == 99 else None,
                        deletions=len(during), live_rate=args.live_rate, messages=args.messages,
                        platform_write_failures=len(live.failures), settings=args.set)
+        bootstrap_profile(run, spark, running.query, started, started + bootstrap_s)
 
         with PeakMemory() as memory:
             report = reconcile(spark, config, ["mailbox"])
