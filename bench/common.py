@@ -123,18 +123,23 @@ def _commit() -> str:
 
 
 def overrides(pairs: list[str]) -> dict[str, dict[str, str]]:
-    """``section.key=value`` pairs (a benchmark's ``--set``) as configuration sections.
+    """``section.key=value`` pairs (a benchmark's ``--set``) as configuration sections; ``section.key.name=value``
+    sets one entry of a table such as ``kafka.properties``.
 
-    >>> overrides(["stream.watermark_delay=2s", "ledger.report_interval=10m"])
-    {'stream': {'watermark_delay': '2s'}, 'ledger': {'report_interval': '10m'}}
+    >>> overrides(["stream.watermark_delay=2s", "kafka.properties.fetch.max.wait.ms=50"])
+    {'stream': {'watermark_delay': '2s'}, 'kafka': {'properties': {'fetch.max.wait.ms': '50'}}}
     """
-    sections: dict[str, dict[str, str]] = defaultdict(dict)
+    sections: dict[str, dict[str, Any]] = defaultdict(dict)
     for pair in pairs:
         name, _, value = pair.partition("=")
         section, _, key = name.partition(".")
         if not (section and key and value):
             raise SystemExit(f"--set {pair}: expected section.key=value, e.g. stream.watermark_delay=2s")
-        sections[section][key] = value
+        key, _, entry = key.partition(".")
+        if entry:
+            sections[section].setdefault(key, {})[entry] = value
+        else:
+            sections[section][key] = value
     return dict(sections)
 
 

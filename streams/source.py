@@ -17,10 +17,18 @@ from purger.core.config import KafkaConfig, PurgerConfig
 from purger.policies import events_topics
 
 
+# How long the broker may hold a fetch at a partition's end (Kafka's default: 500 ms). After each poll, Spark's
+# consumer asks for the partition's offset range; the broker answers a connection's requests in order, so that
+# request waits behind the fetch the consumer sends ahead for the next records, and a task that read a quiet
+# partition took this long (BENCHMARKS.md, "Kafka's fetch wait"). ``kafka.properties`` may set another.
+SOURCE_FETCH_MAX_WAIT_MS = 10
+
+
 def _kafka(spark: SparkSession, kafka: KafkaConfig, topics: list[str], starting_offsets: str,
            max_offsets_per_trigger: int, starting_timestamp_ms: int | None = None) -> DataFrame:
     reader = (
         spark.readStream.format("kafka")
+        .option("kafka.fetch.max.wait.ms", str(SOURCE_FETCH_MAX_WAIT_MS))
         .options(**spark_kafka_options(kafka))
         .option("subscribe", ",".join(topics))
     )
