@@ -15,9 +15,9 @@ blob (kept), and two due ones sharing a blob (purged). Then:
    its rows per second from the report, against the baseline (target at least 0.8x); and the scan
    alone, the reconcile's own Spark tasks reading the same ranges through the same sessions and counting
    rows, with no re-expression, judgement or feed: what the Spark side costs apart from the policy's work;
-3. **bootstrap**: the purger runs, and a reconcile feeds every row back; timed from the reconcile's start
-   to the last deletion of an existing object in the ledger. Every due message and purged payload gone,
-   every live one intact. Meanwhile the platform goes on: new messages (the default workload, ``--live-rate``
+3. **bootstrap**: the purger runs, and a reconcile feeds every row back (in the reconciles' scheduler pool, as
+   ``purger run`` schedules one); timed from the reconcile's start to the last deletion of an existing object
+   in the ledger. Every due message and purged payload gone, every live one intact. Meanwhile the platform goes on: new messages (the default workload, ``--live-rate``
    a second, retention periods of seconds) are written with their events, and the purge lag of those that
    came due during the bootstrap (the ledger's ``lag_s``) says whether the purger stays live during a
    catch-up (target: p99 under 60 s);
@@ -57,7 +57,7 @@ from purger.reconcile.token_ranges import scan_pages, scan_plan
 from purger.core.config import PurgerConfig
 from purger.policies.mailbox.deletes import payload_key
 from purger.reconcile.run import reconcile
-from purger.running import start_purger
+from purger.running import RECONCILE_JOB_GROUP, set_up_thread, start_purger
 from purger.sinks.clients import executor_session
 from purger.sinks.ledger import Ledger
 
@@ -368,6 +368,8 @@ def main() -> None:
         return
 
     running = start_purger(spark, config)
+    # From here this thread's jobs are a scheduled reconcile's, in its pool beside the batches (as in purger run).
+    set_up_thread(spark, RECONCILE_JOB_GROUP, "reconcile")
     try:
         # Decided: purged, or found gone after a delete whose outcome a timeout hid (RELIABILITY.md).
         decided = lambda: (running.sink.totals[("message", "purged")]  # noqa: E731

@@ -135,12 +135,12 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
     report = Report(spark, config.ledger, config.policy_set)
     reporting = Every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
-                      lambda: _set_up_thread(spark, REPORT_JOB_GROUP, "daily report"),
+                      lambda: set_up_thread(spark, REPORT_JOB_GROUP, "daily report"),
                       lambda: spark.sparkContext.cancelJobGroup(REPORT_JOB_GROUP))
     reconciling = None
     if config.reconcile.interval:
         reconciling = Every(config.reconcile.interval.total_seconds(), lambda: _reconcile(spark, config, metrics),
-                            RECONCILE_JOB_GROUP, lambda: _set_up_thread(spark, RECONCILE_JOB_GROUP, "reconcile"),
+                            RECONCILE_JOB_GROUP, lambda: set_up_thread(spark, RECONCILE_JOB_GROUP, "reconcile"),
                             lambda: _cancel_reconcile(spark),
                             first_in=lambda: _first_reconcile_in_s(spark, config, metrics))
     beside = [each for each in (reporting, reconciling) if each is not None]
@@ -156,7 +156,7 @@ REPORT_GRACE_S = 5
 RECONCILE_JOB_GROUP = "purger-reconcile"
 
 
-def _set_up_thread(spark: SparkSession, group: str, description: str) -> None:
+def set_up_thread(spark: SparkSession, group: str, description: str) -> None:
     """A thread's jobs beside the batches' (the report's, the reconciles'): in a scheduler pool of their own,
     named in the Spark UI, so the batches keep their share of the cores, and in a job group of their own,
     which a stop cancels."""

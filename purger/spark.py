@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import urlparse
 
 from pyspark import SparkConf, SparkContext
@@ -96,9 +97,10 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
         # one run in this session sets unsaferow for its start (as bench.stateful does).
         .config("spark.sql.streaming.stateStore.encodingFormat", "avro")
         .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
-        # The report's jobs (streams/query.py) share the cores with the micro-batches, so a batch does
-        # not wait behind a whole report job (first come, first served).
+        # The report's and the reconciles' jobs (purger/running.py) run in pools of their own, and a
+        # micro-batch's tasks take a free core before theirs (fairscheduler.xml): a batch waits for neither.
         .config("spark.scheduler.mode", "FAIR")
+        .config("spark.scheduler.allocation.file", str(Path(__file__).with_name("fairscheduler.xml")))
         .config("spark.sql.session.timeZone", "UTC")
         # The query's rates, latency, watermark and state sizes in Spark's metrics system, served with
         # the executors' metrics for Prometheus on the UI's port (/metrics/prometheus).
