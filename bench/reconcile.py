@@ -182,17 +182,16 @@ def spark_scan_alone(spark: SparkSession, config: PurgerConfig) -> tuple[int, fl
     table = policy.settings.messages_table
     settings = config.reconcile
     cores = spark.sparkContext.defaultParallelism
-    key, ranges = scan_plan(config.cassandra, table, cores * 2 * settings.ranges_per_task)
+    plan = scan_plan(config.cassandra, table, cores, settings)
 
     def count(task_ranges: Iterator[tuple[int, int]]) -> Iterator[int]:
         session = executor_session(config)
-        yield sum(len(rows) for _, rows in scan_pages(session, config.cassandra.keyspace, table, key,
+        yield sum(len(rows) for _, rows in scan_pages(session, config.cassandra.keyspace, table, plan.key,
                                                       list(scanned.selected), list(task_ranges), settings.consistency,
                                                       settings.page_size))
 
     started = time.perf_counter()
-    rows = spark.sparkContext.parallelize(ranges, max(1, len(ranges) // settings.ranges_per_task)) \
-        .mapPartitions(count).sum()
+    rows = spark.sparkContext.parallelize(plan.ranges, plan.tasks).mapPartitions(count).sum()
     return rows, time.perf_counter() - started
 
 

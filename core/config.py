@@ -286,6 +286,10 @@ class ReconcileConfig(_Section):
     max_rows_per_second: float = Field(default=20_000, gt=0)
     # Rows per page of the scan's reads.
     page_size: int = Field(default=1000, gt=0, le=100_000)
+    # Spark tasks of a scan per core: a micro-batch waits for a core at most one task's time (the scan's
+    # pool gives each core it frees to the batches first), so a task's rows, the table's ÷ (cores x this),
+    # should take seconds.
+    tasks_per_core: int = Field(default=16, gt=0)
     # Token ranges per Spark task of a scan (more, smaller ranges even the tasks out).
     ranges_per_task: int = Field(default=4, gt=0)
     # A row its own events say has been due for longer than this, though the stream knows it, is fed back.

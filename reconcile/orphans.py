@@ -264,16 +264,15 @@ def _scanned(spark: SparkSession, config: PurgerConfig, what: str, table: str, c
     keyspace = config.cassandra.keyspace
     cores = spark.sparkContext.defaultParallelism
     try:
-        key, ranges = scan_plan(config.cassandra, table, cores * 2 * settings.ranges_per_task)
+        plan = scan_plan(config.cassandra, table, cores, settings)
     except LookupError as error:
         raise LookupError(f"{what}: {error}; create it, or correct the policy's table name") from None
-    if keyed_by is not None and key != keyed_by:
-        raise LookupError(f"{what}: {keyspace}.{table} is keyed by ({', '.join(key)}), not by "
+    if keyed_by is not None and plan.key != keyed_by:
+        raise LookupError(f"{what}: {keyspace}.{table} is keyed by ({', '.join(plan.key)}), not by "
                           f"({', '.join(keyed_by)}): correct the policy's table name")
-    tasks = max(1, len(ranges) // settings.ranges_per_task)
-    rate = per_task_rate(settings.max_rows_per_second, tasks, cores)
-    return spark.sparkContext.parallelize(ranges, tasks).mapPartitions(
-        partial(_scan_task, config, table, key, columns, rate)).map(row)
+    rate = per_task_rate(settings.max_rows_per_second, plan.tasks, cores)
+    return spark.sparkContext.parallelize(plan.ranges, plan.tasks).mapPartitions(
+        partial(_scan_task, config, table, plan.key, columns, rate)).map(row)
 
 
 def _row_ids(spark: SparkSession, config: PurgerConfig, what: str, table: str, id_column: str) -> DataFrame:

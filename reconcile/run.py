@@ -126,15 +126,14 @@ def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scann
     settings = config.reconcile
     cores = spark.sparkContext.defaultParallelism
     try:
-        key, ranges = scan_plan(config.cassandra, table, cores * 2 * settings.ranges_per_task)
+        plan = scan_plan(config.cassandra, table, cores, settings)
     except LookupError as error:
         raise ReconcileError(f"reconcile of policies.{policy.name}: {error}; create it, or correct the "
                              f"policy's table name") from None
-    tasks = max(1, len(ranges) // settings.ranges_per_task)
-    rate = per_task_rate(settings.max_rows_per_second, tasks, cores)
+    rate = per_task_rate(settings.max_rows_per_second, plan.tasks, cores)
     # A partition per task as planned (no shuffle), each with its token ranges.
-    ranges_df = spark.createDataFrame(spark.sparkContext.parallelize(ranges, tasks), "start long, end long")
-    rows = ranges_df.mapInArrow(partial(_scan_task, config, scanned, table, key, rate, not dry_run), _ROWS)
+    ranges_df = spark.createDataFrame(spark.sparkContext.parallelize(plan.ranges, plan.tasks), "start long, end long")
+    rows = ranges_df.mapInArrow(partial(_scan_task, config, scanned, table, plan.key, rate, not dry_run), _ROWS)
     if known is not None:
         rows = rows.join(known, ["kind", "id"], "left")
     else:

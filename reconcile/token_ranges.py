@@ -18,11 +18,12 @@ Example::
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from purger.connectors import cassandra_session
-from purger.core.config import CassandraConfig
+from purger.core.config import CassandraConfig, ReconcileConfig
 from purger.core.policy import REFERENCED
 
 if TYPE_CHECKING:
@@ -70,15 +71,26 @@ def partition_key(session: "Session", keyspace: str, table: str) -> list[str]:
     return [column.name for column in found.partition_key]
 
 
-def scan_plan(config: CassandraConfig, table: str, count: int) -> tuple[list[str], list[tuple[int, int]]]:
+@dataclass(frozen=True)
+class ScanPlan:
+    """A scan's partition key, and its token ranges to read in ``tasks`` Spark tasks (consecutive ranges each)."""
+
+    key: list[str]
+    ranges: list[tuple[int, int]]
+    tasks: int
+
+
+def scan_plan(config: CassandraConfig, table: str, cores: int, settings: ReconcileConfig) -> ScanPlan:
     """What a scan of ``table`` (in ``config.keyspace``) needs before its tasks start, read through a
-    short-lived session: the table's partition key and at least ``count`` token ranges. ``LookupError``
-    naming the table when it does not exist."""
+    short-lived session: the table's partition key, and ``settings.tasks_per_core`` tasks per core of
+    ``settings.ranges_per_task`` token ranges each. ``LookupError`` naming the table when it does not exist."""
     session = cassandra_session(config)
     try:
-        return partition_key(session, config.keyspace, table), token_ranges(session, count)
+        key = partition_key(session, config.keyspace, table)
+        ranges = token_ranges(session, cores * settings.tasks_per_core * settings.ranges_per_task)
     finally:
         session.cluster.shutdown()
+    return ScanPlan(key, ranges, max(1, len(ranges) // settings.ranges_per_task))
 
 
 def scan_ranges(session: "Session", keyspace: str, table: str, key: list[str], columns: list[str],
