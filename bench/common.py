@@ -122,7 +122,7 @@ def _commit() -> str:
     return git("rev-parse", "--short", "HEAD") + ("+changes" if edited else "")
 
 
-def overrides(pairs: list[str]) -> dict[str, dict[str, str]]:
+def overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
     """``section.key=value`` pairs (a benchmark's ``--set``) as configuration sections; ``section.key.name=value``
     sets one entry of a table such as ``kafka.properties``.
 
