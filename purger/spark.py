@@ -9,7 +9,7 @@ Example::
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from importlib.resources import as_file, files
 from urllib.parse import urlparse
 
 from pyspark import SparkConf, SparkContext
@@ -73,41 +73,45 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
         builder = builder.config(
             "spark.sql.streaming.checkpointFileManagerClass",
             "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
-    return (
-        builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        # Each ledger commit rebuilds the table's snapshot in this many tasks: Delta's 50 made it a
-        # 53-task job per batch; the ledger's log is small (BENCHMARKS.md, bench.ledger).
-        .config("spark.databricks.delta.snapshotPartitions", "2")
-        # Python transformWithState refuses the default HDFS-backed provider.
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    # The pools' file as a file on disk: a submitted driver imports the purger from its --py-files zip. Spark
+    # reads it once, as the session's context starts.
+    with as_file(files("purger") / "fairscheduler.xml") as pools:
+        return (
+            builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+            # Each ledger commit rebuilds the table's snapshot in this many tasks: Delta's 50 made it a
+            # 53-task job per batch; the ledger's log is small (BENCHMARKS.md, bench.ledger).
+            .config("spark.databricks.delta.snapshotPartitions", "2")
+            # Python transformWithState refuses the default HDFS-backed provider.
+            .config(
+                "spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            )
+            # Memory for the state does not grow with the objects kept: RocksDB's caches and write buffers
+            # share one bounded pool per executor, and the rest of the state is on disk (BENCHMARKS.md).
+            .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
+            .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", stream.state_memory_mb)
+            # Each batch's state commit writes a changelog of its changes rather than a new snapshot of
+            # every partition's files (snapshots are made in the background): a cheaper batch (bench.batch).
+            .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+            # State in Avro, so that a policy's state may gain a field across an upgrade (Spark's state schema
+            # evolution; streams/checkpoint.py). A checkpoint keeps the encoding it was started with (its offsets
+            # log), so one started before 0.2.0 stays in unsaferow. Spark's own streaming aggregations refuse Avro:
+            # one run in this session sets unsaferow for its start (as bench.stateful does).
+            .config("spark.sql.streaming.stateStore.encodingFormat", "avro")
+            .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
+            # The report's and the reconciles' jobs (purger/running.py) run in pools of their own, and a
+            # micro-batch's tasks take a free core before theirs (fairscheduler.xml): a batch waits for neither.
+            .config("spark.scheduler.mode", "FAIR")
+            .config("spark.scheduler.allocation.file", str(pools))
+            .config("spark.sql.session.timeZone", "UTC")
+            # The query's rates, latency, watermark and state sizes in Spark's metrics system, served with
+            # the executors' metrics for Prometheus on the UI's port (/metrics/prometheus).
+            .config("spark.sql.streaming.metricsEnabled", "true")
+            .config("spark.metrics.conf.*.sink.prometheusServlet.class",
+                    "org.apache.spark.metrics.sink.PrometheusServlet")
+            .config("spark.metrics.conf.*.sink.prometheusServlet.path", "/metrics/prometheus")
+            .config("spark.ui.prometheus.enabled", "true")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
         )
-        # Memory for the state does not grow with the objects kept: RocksDB's caches and write buffers
-        # share one bounded pool per executor, and the rest of the state is on disk (BENCHMARKS.md).
-        .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
-        .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", stream.state_memory_mb)
-        # Each batch's state commit writes a changelog of its changes rather than a new snapshot of
-        # every partition's files (snapshots are made in the background): a cheaper batch (bench.batch).
-        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-        # State in Avro, so that a policy's state may gain a field across an upgrade (Spark's state schema
-        # evolution; streams/checkpoint.py). A checkpoint keeps the encoding it was started with (its offsets
-        # log), so one started before 0.2.0 stays in unsaferow. Spark's own streaming aggregations refuse Avro:
-        # one run in this session sets unsaferow for its start (as bench.stateful does).
-        .config("spark.sql.streaming.stateStore.encodingFormat", "avro")
-        .config("spark.sql.shuffle.partitions", stream.shuffle_partitions)
-        # The report's and the reconciles' jobs (purger/running.py) run in pools of their own, and a
-        # micro-batch's tasks take a free core before theirs (fairscheduler.xml): a batch waits for neither.
-        .config("spark.scheduler.mode", "FAIR")
-        .config("spark.scheduler.allocation.file", str(Path(__file__).with_name("fairscheduler.xml")))
-        .config("spark.sql.session.timeZone", "UTC")
-        # The query's rates, latency, watermark and state sizes in Spark's metrics system, served with
-        # the executors' metrics for Prometheus on the UI's port (/metrics/prometheus).
-        .config("spark.sql.streaming.metricsEnabled", "true")
-        .config("spark.metrics.conf.*.sink.prometheusServlet.class", "org.apache.spark.metrics.sink.PrometheusServlet")
-        .config("spark.metrics.conf.*.sink.prometheusServlet.path", "/metrics/prometheus")
-        .config("spark.ui.prometheus.enabled", "true")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
