@@ -79,7 +79,7 @@ def test_the_wheel_and_sdist_build_and_the_wheel_installs_and_runs_in_a_clean_vi
     assert {name.split("/")[0] for name in wheel_names} == {"purger", f"purger-{version}.dist-info"}
     for package in purger.PACKAGES:
         assert f"{package.replace('.', '/')}/__init__.py" in wheel_names
-    assert {"purger/log4j2.properties", "purger/fairscheduler.xml"} <= wheel_names
+    assert {"purger/log4j2.properties", "purger/fairscheduler.xml"} <= set(wheel_names)
 
     # The sdist holds the package folders as the repository lays them out, and the documentation.
     with tarfile.open(sdist) as archive:
