@@ -120,9 +120,8 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
                        "reconcile_path": str(ledger / "reconcile_report")},
             "metrics": {"port": 0},
             # The keyspace is every test's: a test reconciles a keyspace of its own (tests/test_reconcile.py).
-            # Its tables hold tens of rows: two scan tasks a core are plenty.
             "reconcile": {"interval": "0", "overdue_after": "2s", "orphan_grace": "2s", "orphan_grace_check": False,
-                          "max_rows_per_second": 100_000, "tasks_per_core": 2},
+                          "max_rows_per_second": 100_000},
         }
     )
     # Data centre 2 through the proxy; environment overrides above have set every endpoint alike.
