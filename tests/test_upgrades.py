@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The release a running purger is upgraded from (CHANGELOG.md), by its tag.
 RELEASE = "0.1.0"
 # Settings added since RELEASE, which it refuses as unknown keys: its configuration leaves them at their defaults.
-NEWER_KEYS = frozenset({"kafka.reconcile_max_offsets_per_trigger"})
+NEWER_KEYS = frozenset({"kafka.reconcile_max_offsets_per_trigger", "reconcile.tasks_per_core"})
 # A policy of one's own (examples/push_clients) and its next release (tests/evolved), found as a user's would be
 # on the driver; the executors get them with addPyFile too (as --py-files), in case the session started before.
 HERE = ROOT / "examples" / "push_clients"
