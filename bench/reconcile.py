@@ -17,8 +17,9 @@ blob (kept), and two due ones sharing a blob (purged). Then:
    rows, with no re-expression, judgement or feed: what the Spark side costs apart from the policy's work;
 3. **bootstrap**: the purger runs, and a reconcile feeds every row back (in the reconciles' scheduler pool, as
    ``purger run`` schedules one); timed from the reconcile's start to the last deletion of an existing object
-   in the ledger. Every due message and purged payload gone, every live one intact. Meanwhile the platform goes on: new messages (the default workload, ``--live-rate``
-   a second, retention periods of seconds) are written with their events, and the purge lag of those that
+   in the ledger. Every due message and purged payload gone, every live one intact. Meanwhile the platform
+   goes on: new messages (the default workload, ``--live-rate`` a second, retention periods of seconds) are
+   written with their events, and the purge lag of those that
    came due during the bootstrap (the ledger's ``lag_s``) says whether the purger stays live during a
    catch-up (target: p99 under 60 s), over all of it and over its first 10 minutes (the scan and feed beside
    the batches) and the rest apart;
@@ -421,22 +422,19 @@ def main() -> None:
         # Each new message's lag by when it came due, from the reconcile's start: all of the bootstrap, and its
         # first minutes (the scan and feed run beside the batches) apart from the rest.
         due_s = [(r["deleted_s"] - r["lag_s"] - started, r["lag_s"]) for r in new]
-        spans = {"": (-np.inf, bootstrap_s), f", first {FIRST_S // 60} min": (-np.inf, FIRST_S),
-                 f", after the first {FIRST_S // 60} min": (FIRST_S, bootstrap_s)}
+        spans = [("", (50, 99), -np.inf, bootstrap_s),
+                 (f", first {FIRST_S // 60} min", (99,), -np.inf, FIRST_S),
+                 (f", after the first {FIRST_S // 60} min", (99,), FIRST_S, bootstrap_s)]
         floor = config.stream.watermark_delay.total_seconds() + config.stream.trigger_interval.total_seconds()
         if len(new) < live_due:
             raise RuntimeError(f"{len(new)} of the {live_due} new messages due purged")
-        for span, (since, until) in spans.items():
+        for span, percentiles, since, until in spans:
             during = np.array([lag for at, lag in due_s if since < at <= until])
-            if not len(during):  # a bootstrap shorter than its first minutes
-                continue
-            for p in (50, 99):
-                if not span or p == 99:
-                    run.record(f"purge lag p{p} of new messages during the bootstrap{span}",
-                               float(np.percentile(during, p)), "s",
-                               baseline=("watermark delay + trigger interval", floor),
-                               target="< 60 s" if p == 99 else None, deletions=len(during), live_rate=args.live_rate,
-                               messages=args.messages, platform_write_failures=len(live.failures), settings=args.set)
+            for p in percentiles if len(during) else ():  # none after a bootstrap shorter than its first minutes
+                run.record(f"purge lag p{p} of new messages during the bootstrap{span}", float(np.percentile(during, p)),
+                           "s", baseline=("watermark delay + trigger interval", floor),
+                           target="< 60 s" if p == 99 else None, deletions=len(during), live_rate=args.live_rate,
+                           messages=args.messages, platform_write_failures=len(live.failures), settings=args.set)
         bootstrap_profile(run, spark, running.query, started, started + bootstrap_s)
 
         with PeakMemory() as memory:

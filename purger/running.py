@@ -158,8 +158,8 @@ RECONCILE_JOB_GROUP = "purger-reconcile"
 
 def set_up_thread(spark: SparkSession, group: str, description: str) -> None:
     """A thread's jobs beside the batches' (the report's, the reconciles'): in a scheduler pool of their own,
-    named in the Spark UI, so the batches keep their share of the cores, and in a job group of their own,
-    which a stop cancels."""
+    named in the Spark UI, whose tasks take only the cores the batches leave (purger/fairscheduler.xml), and
+    in a job group of their own, which a stop cancels."""
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", group)
     spark.sparkContext.setJobGroup(group, description)
 
