@@ -431,8 +431,8 @@ def main() -> None:
         for span, percentiles, since, until in spans:
             during = np.array([lag for at, lag in due_s if since < at <= until])
             for p in percentiles if len(during) else ():  # none after a bootstrap shorter than its first minutes
-                run.record(f"purge lag p{p} of new messages during the bootstrap{span}", float(np.percentile(during, p)),
-                           "s", baseline=("watermark delay + trigger interval", floor),
+                run.record(f"purge lag p{p} of new messages during the bootstrap{span}",
+                           float(np.percentile(during, p)), "s", baseline=("watermark delay + trigger interval", floor),
                            target="< 60 s" if p == 99 else None, deletions=len(during), live_rate=args.live_rate,
                            messages=args.messages, platform_write_failures=len(live.failures), settings=args.set)
         bootstrap_profile(run, spark, running.query, started, started + bootstrap_s)
