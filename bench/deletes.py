@@ -43,7 +43,7 @@ from purger.connectors import cassandra_session
 from simulation.mailbox import Platform
 from devstack.stack import prepare
 from simulation.workload import EXPIRED_ONLY, Workload, play_all
-from purger.core.policy import SELF, Dependent, key_id
+from purger.core.purge_protocol import SELF, Dependent, key_id
 from purger.policies.mailbox.deletes import MESSAGES
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
@@ -73,9 +73,9 @@ def write(run: BenchRun, name: str, messages: int, topic: str) -> dict[str, str]
     return written
 
 
-# The purger's statements for a message with an inline payload, in its order (``core.policy.ObjectPurge.purge``):
-# the row's read, its ``payload_refs`` row's (whether the intent names it), the intent's write to the journal,
-# the conditional delete, the reference's delete.
+# The purger's statements for a message with an inline payload, in its order
+# (``core.purge_protocol.ObjectPurge.purge``): the row's read, its ``payload_refs`` row's (whether the intent names
+# it), the intent's write to the journal, the conditional delete, the reference's delete.
 ROW_READ, REFERENCE_READ, INTENT, CONDITIONAL_DELETE, REFERENCE_DELETE = (
     "row read", "reference read", "intent", "conditional delete", "reference delete")
 PURGER_ORDER = (ROW_READ, REFERENCE_READ, INTENT, CONDITIONAL_DELETE, REFERENCE_DELETE)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from bench.common import BenchRun
 from purger.connectors import CassandraTables
 from purger.connectors.request_counts import PAXOS_ROUNDS, REQUEST_KINDS, RequestCounts
-from purger.core.policy import Attempt, Candidate
+from purger.core.purge_protocol import Attempt, Candidate
 from purger.core.times import now_ms
 from purger.core.vocabulary import ALREADY_GONE, PURGED, SKIPPED
 from purger.policies.mailbox.deletes import DELETING, LIVE

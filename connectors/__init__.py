@@ -22,7 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from purger.core.config import CassandraConfig, CassandraTls, ConfigError, KafkaConfig, S3Endpoint
-from purger.core.policy import Consistency, Tables
+from purger.core.handles import Consistency, Tables
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from purger.core.policy import EventField, EventType, ObjectKind, Policy
+from purger.core.events import EventField, EventType, ObjectKind
+from purger.core.policy import Policy
 
 # The engine's own fields, on every event (docs/reference.md, Events) and on its control events (streams.control).
 COMMON_FIELDS = ("event_id", "type", "event_time")

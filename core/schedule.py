@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from purger.core.policy import Eligibility
+from purger.core.events import Eligibility
 
 
 @dataclass(frozen=True)

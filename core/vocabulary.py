@@ -38,7 +38,7 @@ RELINKED = "relinked"
 BEING_DELETED = "being deleted"
 PRESENT = "present"
 KEPT_BY_RULE = "kept"
-# A deletion recorded from the purger's intent (``purger.core.policy.Journal``): found gone after the intent.
+# A deletion recorded from the purger's intent (``purger.core.handles.Journal``): found gone after the intent.
 EARLIER_ATTEMPT = "earlier attempt"
 # Gone, but not by the purger: another writer removed it between the purger's check and its delete.
 REMOVED_MEANWHILE = "removed meanwhile"

@@ -39,10 +39,11 @@ from datetime import timedelta
 from typing import Any
 
 from purger.core.config import Duration
-from purger.core.policy import (
-    Candidate, Eligibility, EventField, EventType, ObjectKind, ObjectPurge, Policy, Purge, Resources, Rule,
-    Scanned, Settings, earliest, row_event,
-)
+from purger.core.events import Eligibility, EventField, EventType, ObjectKind, Rule, earliest
+from purger.core.handles import Resources
+from purger.core.policy import Policy, Settings
+from purger.core.purge_protocol import Candidate, ObjectPurge, Purge
+from purger.core.reconcile_descriptors import Scanned, row_event
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
 

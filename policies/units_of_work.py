@@ -78,10 +78,11 @@ from typing import Any, Literal, Mapping, get_args
 
 from pydantic import field_validator
 
-from purger.core.policy import (
-    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, OrphanRows, Policy, Purge,
-    Resources, Rule, Scanned, Settings, earliest, row_event,
-)
+from purger.core.events import Eligibility, EventField, EventType, ObjectKind, Rule, earliest
+from purger.core.handles import Resources
+from purger.core.policy import Policy, Settings
+from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, Purge
+from purger.core.reconcile_descriptors import OrphanRows, Scanned, row_event
 from purger.core.times import epoch_ms, format_timestamp, from_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
 

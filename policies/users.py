@@ -99,10 +99,11 @@ from typing import Any, NamedTuple
 from pydantic import field_validator
 
 from purger.core.config import Duration
-from purger.core.policy import (
-    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, OrphanRows, Policy, Purge,
-    Resources, Rule, Scanned, Settings, earliest, row_event,
-)
+from purger.core.events import Eligibility, EventField, EventType, ObjectKind, Rule, earliest
+from purger.core.handles import Resources
+from purger.core.policy import Policy, Settings
+from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, Purge
+from purger.core.reconcile_descriptors import OrphanRows, Scanned, row_event
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, PRESENT, reason
 

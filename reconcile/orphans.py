@@ -61,10 +61,11 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from purger.connectors import CassandraTables, s3_client
 from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
-from purger.core.policy import (
-    SELF, Attempt, Blobs, Candidate, Control, Eligibility, ObjectPurge, OrphanRows, Outcome, Policy, Resources,
-    key_id, recorded_from_intent,
-)
+from purger.core.events import Eligibility
+from purger.core.handles import Control, Resources
+from purger.core.policy import Policy
+from purger.core.purge_protocol import SELF, Attempt, Candidate, ObjectPurge, Outcome, key_id, recorded_from_intent
+from purger.core.reconcile_descriptors import Blobs, OrphanRows
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import (
     ALL_DCS, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, PURGED, WOULD_DELETE, reason,

@@ -38,7 +38,8 @@ from pyspark.sql.types import (
 
 from purger.core.config import PurgerConfig
 from purger.core.failpoints import failpoint
-from purger.core.policy import Policy, Scanned
+from purger.core.policy import Policy
+from purger.core.reconcile_descriptors import Scanned
 from purger.core.times import duration_ms, now_ms
 from purger.core.vocabulary import ALL_DCS
 from purger.reconcile.known_objects import known_objects

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from purger.connectors import cassandra_session
 from purger.core.config import CassandraConfig, ReconcileConfig
-from purger.core.policy import REFERENCED
+from purger.core.reconcile_descriptors import REFERENCED
 
 if TYPE_CHECKING:
     from cassandra.cluster import ResultSet, Session

@@ -24,7 +24,8 @@ from datetime import datetime, timezone
 from functools import cache
 from typing import Any
 
-from purger.core.policy import Eligibility, PageVerdicts, Scanned
+from purger.core.events import Eligibility
+from purger.core.reconcile_descriptors import PageVerdicts, Scanned
 from purger.core.policy_set import PolicySet
 from purger.core.times import parse_timestamp
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from purger.core.times import duration_ms
 from purger.core.config import PurgerConfig
-from purger.core.policy import Purge, Resources
+from purger.core.handles import Resources
+from purger.core.purge_protocol import Purge
 from purger.connectors import CassandraTables, cassandra_session, kafka_producer
 from purger.sinks.dead_letters import DeadLetters
 from purger.sinks.journal import CassandraJournal

@@ -1,4 +1,4 @@
-"""The purger's journal in Cassandra (``core.policy.Journal``): per object, the purger's intent, kept before it
+"""The purger's journal in Cassandra (``core.handles.Journal``): per object, the purger's intent, kept before it
 deletes anything of it (each dependent's key and the row's, with the batch that means to delete it), so that a
 row found gone is recorded as the purger's deletion only when the purger meant it.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from purger.core.policy import Journal
+from purger.core.handles import Journal
 
 JOURNAL_TTL_S = 30 * 24 * 3600
 

@@ -9,7 +9,7 @@ query's id and the batch id.
 
 Each record has a ``record_id``, the same every time the same thing is recorded:
 for a deletion, its policy, kind, id, data centre and the batch that meant it
-(the intent's, ``core.policy.Journal``), so a deletion recorded by the attempt
+(the intent's, ``core.handles.Journal``), so a deletion recorded by the attempt
 that made it and again from its intent (a retried batch, a later batch finding
 it gone) is one record; for a decision not to delete, its batch and status. A
 write that may meet records already there (a retried batch, or records from an

@@ -1,6 +1,6 @@
 """The purge of one partition of a micro-batch's candidates, on an executor.
 
-Each candidate goes to its kind's purge (``purger.core.policy.ObjectPurge``), which
+Each candidate goes to its kind's purge (``purger.core.purge_protocol.ObjectPurge``), which
 double-checks it against its row and deletes it, dependents first; each bad
 record goes to the dead-letter topic. Deletions are paced under
 ``stream.max_deletions_per_second`` (``sinks.throttle``), with
@@ -28,7 +28,7 @@ from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from purger.core.config import PurgerConfig
-from purger.core.policy import Attempt, Candidate, Outcome
+from purger.core.purge_protocol import Attempt, Candidate, Outcome
 from purger.core.times import now_ms
 from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED, ENGINE, ERROR
 from purger.sinks.clients import executor_clients
@@ -51,7 +51,8 @@ OUTCOME_SCHEMA = StructType(
         StructField("deleted_at_ms", LongType()),
         StructField("batch_id", LongType(), False),
         StructField("worker", StringType(), False),  # host:pid of the executor process that did it
-        # A deletion recorded from the purger's intent: the batch that meant it (``core.policy.Outcome.intent``).
+        # A deletion recorded from the purger's intent: the batch that meant it
+        # (``core.purge_protocol.Outcome.intent``).
         StructField("intent", StringType()),
     ]
 )

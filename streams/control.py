@@ -37,7 +37,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from purger.connectors import TASK_RUNS_AGAIN
-from purger.core.policy import Control, EventField
+from purger.core.events import EventField
+from purger.core.handles import Control
 from purger.core.policy_set import PolicySet
 from purger.core.times import format_epoch_ms, format_timestamp
 from purger.core.vocabulary import CLOCK

@@ -1,6 +1,6 @@
 """Event parsing: Kafka record bytes -> typed events of the enabled policies, or the reason they are bad input.
 
-docs/reference.md, Events and each policy's events (``core.policy.EventField`` and
+docs/reference.md, Events and each policy's events (``core.events.EventField`` and
 ``EventType``) are the contract. Every record becomes one row with the typed
 fields of the union of all enabled policies' events and the control protocol's
 (``streams.control``), ``event_time_ms`` and ``<timestamp field>_ms`` (epoch
@@ -24,7 +24,7 @@ from pyspark.sql.types import (
     ArrayType, BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType,
 )
 
-from purger.core.policy import EventField
+from purger.core.events import EventField
 from purger.core.policy_set import COMMON_FIELDS, PolicySet
 from purger.core.times import SPARK_TIMESTAMP_FORMAT
 from purger.streams import control

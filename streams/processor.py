@@ -49,7 +49,7 @@ from pyspark.sql.types import (
     ArrayType, BinaryType, BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType,
 )
 
-from purger.core.policy import ObjectKind
+from purger.core.events import ObjectKind
 from purger.core.policy_set import PolicySet
 from purger.core.schedule import Schedule, next_timer, on_timer, recheck
 from purger.core.vocabulary import CLOCK, DEAD_LETTER

@@ -1,4 +1,4 @@
-"""The engine's purge protocol (``purger.core.policy.ObjectPurge``) on a claimed object's dependents: whatever
+"""The engine's purge protocol (``purger.core.purge_protocol.ObjectPurge``) on a claimed object's dependents: whatever
 attempts of a batch crash, and wherever, and whoever else removes the row, each row the purger deleted has one
 ``purged`` record in the ledger and nothing else has one. Plain Python: sets stand in for the rows and the
 journal, a dict keyed as ``sinks.ledger`` keys records for the ledger (``purger.sinks.journal`` and the ledger

@@ -1,5 +1,6 @@
 """The product's imports: every module imports alone; the pure core pulls in neither Spark nor a driver; the
-subpackages import one another without a cycle, in the direction of the layers.
+subpackages import one another without a cycle, in the direction of the layers; the policy interface's parts
+lie below ``purger.core.policy``, the one module a policy of one's own imports.
 
 The product is the packages ``pyproject.toml`` installs (``[tool.setuptools] packages``: ``purger`` and the
 repository's folders mapped under it); the developer tools ``devstack`` and ``simulation`` run from the clone
@@ -29,6 +30,11 @@ DRIVERS = ("pyspark", "py4j", "cassandra", "kafka", "boto3", "botocore")
 # The product's subpackages as nodes of the package graph; the modules directly in purger/ are "purger.app".
 SUBPACKAGES = ("purger.core", "purger.policies", "purger.streams", "purger.sinks", "purger.connectors")
 APP = "purger.app"
+# The policy interface's parts, one concept each, which ``purger.core.policy`` gathers for a policy of one's own.
+INTERFACE = "purger.core.policy"
+INTERFACE_PARTS = ("purger.core.events", "purger.core.handles", "purger.core.purge_protocol",
+                   "purger.core.reconcile_descriptors")
+OWN_POLICY = ROOT / "examples" / "push_clients" / "push_clients_policy.py"
 
 
 @cache
@@ -134,7 +140,7 @@ print(json.dumps({{"loaded": loaded, "via": {{d: via.get(d, []) for d in loaded}
 def test_the_pure_core_imports_neither_spark_nor_a_driver():
     modules = pure_modules()
     assert {"purger.core.config", "purger.core.policy", "purger.core.schedule", "purger.core.times",
-            "purger.core.vocabulary", "purger.config", "purger.policies.users"} <= set(modules)
+            "purger.core.vocabulary", "purger.config", "purger.policies.users", *INTERFACE_PARTS} <= set(modules)
     run = fresh_python(_WATCH.format(drivers=DRIVERS, modules=modules))
     assert run.returncode == 0, run.stderr
     found = json.loads(run.stdout.strip().splitlines()[-1])
@@ -239,6 +245,33 @@ def test_the_subpackages_import_one_another_without_a_cycle():
 def test_the_core_imports_nothing_else_of_the_product():
     outward = [imp for (a, b), imps in package_edges().items() if a == "purger.core" for imp in imps]
     assert outward == []
+
+
+def names_from(path: Path, module: str) -> set[str]:
+    """The names ``path`` imports from ``module`` (``from module import name``)."""
+    return {alias.name for n in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(n, ast.ImportFrom) and n.module == module and not n.level for alias in n.names}
+
+
+def test_the_interfaces_parts_lie_below_the_module_that_gathers_them():
+    """The parts import one another, never ``purger.core.policy``; the product imports each name of the interface
+    from the part that defines it, and from ``purger.core.policy`` only what that module defines."""
+    graph = module_graph()
+    assert [part for part in INTERFACE_PARTS if INTERFACE in graph[part]] == []
+    tree = ast.parse(product_modules()[INTERFACE].read_text())
+    own = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    assert own == {"Policy", "Settings"}
+    through = {module: sorted(names_from(path, INTERFACE) - own) for module, path in product_modules().items()}
+    assert {module: names for module, names in through.items() if names} == {}
+
+
+def test_a_policy_of_ones_own_imports_the_purger_from_one_module():
+    """The example imports of the purger ``purger.core.policy`` alone, and only names of its ``__all__``."""
+    tree = ast.parse(OWN_POLICY.read_text())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
+    assert {name for name in imported if name.partition(".")[0] == "purger"} == {INTERFACE}
+    assert names_from(OWN_POLICY, INTERFACE) <= set(importlib.import_module(INTERFACE).__all__)
 
 
 def test_the_streams_import_nothing_of_the_sinks():

@@ -24,10 +24,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get
 from purger.core.config import ConfigError  # noqa: E402
 
 from purger.config import build_config, with_policies
-from purger.core.policy import Attempt, Candidate, Eligibility  # noqa: E402
-from purger.core.times import epoch_ms, now_ms  # noqa: E402
-from purger.core.vocabulary import (  # noqa: E402
-    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, category,
+from purger.core.policy import (  # noqa: E402
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, NOT_YET_DUE, PURGED, SKIPPED, WOULD_DELETE, Attempt, Candidate,
+    Eligibility, category, epoch_ms, now_ms,
 )
 from purger.policies import PolicyError, load_policy  # noqa: E402
 from purger.running import start_purger  # noqa: E402

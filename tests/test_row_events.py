@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "push_clients"))
 
 import push_clients_policy  # noqa: E402
-from purger.core import policy as core_policy  # noqa: E402
+from purger.core import events as core_events, purge_protocol  # noqa: E402
 from purger.core.policy import (  # noqa: E402
     Attempt, Candidate, Control, EventField, PageVerdicts, Policy, Resources, Rule, Scanned, Tables,
 )
@@ -65,7 +65,7 @@ INTEGER_BITS = {"int": 31, "long": 63}
 def frozen_clock():
     """The stream's verdict and the delete-time decision read the same wall clock: ``NOW``."""
     with ExitStack() as stack:
-        for module in (core_policy, rule_events, users, units_of_work, deletes, push_clients_policy):
+        for module in (core_events, purge_protocol, rule_events, users, units_of_work, deletes, push_clients_policy):
             stack.enter_context(mock.patch.object(module, "now_ms", lambda: NOW_MS))
         yield
 

@@ -10,7 +10,7 @@ import pytest
 
 from purger.connectors import cassandra_session
 from purger.connectors.request_counts import PAXOS_ROUNDS, RequestCounts
-from purger.core.policy import SELF, Attempt, Candidate, Dependent, key_id
+from purger.core.purge_protocol import SELF, Attempt, Candidate, Dependent, key_id
 from purger.core.times import now_ms
 from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, ERROR, PURGED, SKIPPED, WOULD_DELETE, category
 from purger.policies.mailbox.deletes import DELETING, payload_key

@@ -1,11 +1,10 @@
 """``push_clients``: a policy of one's own (docs/policies.md, A policy of one's own), written outside the purger's package.
 
 Inactive push clients: the router row and the message rows of a client that
-has not connected for ``inactive_after`` [60d]. It imports only the purger's
-policy interface (``purger.core.policy``, with ``purger.core.config``'s
-``Duration``, ``purger.core.times`` and ``purger.core.vocabulary``), no driver:
-its CQL runs through the typed handle the engine gives it (``Tables``). It is
-named in the configuration::
+has not connected for ``inactive_after`` [60d]. It imports one module of the
+purger, its policy interface (``purger.core.policy``), and no driver: its CQL
+runs through the typed handle the engine gives it (``Tables``). It is named in
+the configuration::
 
     [policies.push_clients]
     enabled = true
@@ -126,13 +125,11 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from purger.core.config import Duration
 from purger.core.policy import (
-    Candidate, Dependent, Eligibility, EventField, EventType, Kept, ObjectKind, ObjectPurge, Policy, Purge,
-    Resources, Rule, Scanned, Settings, earliest, row_event,
+    KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, Candidate, Dependent, Duration, Eligibility, EventField, EventType, Kept,
+    ObjectKind, ObjectPurge, Policy, Purge, Resources, Rule, Scanned, Settings, duration_ms, earliest, epoch_ms,
+    format_epoch_ms, now_ms, reason, row_event,
 )
-from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
-from purger.core.vocabulary import KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, reason
 
 NAME = "push_clients"
 PUSH_CLIENT = "push_client"

@@ -26,10 +26,11 @@ from typing import Any
 from pydantic import field_validator
 
 from purger.core.config import Duration
-from purger.core.policy import (
-    REFERENCED, Blobs, Eligibility, EventField, EventType, Link, ObjectKind, OrphanRows, PageVerdicts, Policy, Purge,
-    Resources, Settings, row_event,
-)
+from purger.core.events import Eligibility, EventField, EventType, Link, ObjectKind
+from purger.core.handles import Resources
+from purger.core.policy import Policy, Settings
+from purger.core.purge_protocol import Purge
+from purger.core.reconcile_descriptors import REFERENCED, Blobs, OrphanRows, PageVerdicts, row_event
 from purger.policies.mailbox.deletes import (
     DELETING, LIVE, MESSAGES, PAYLOADS, MessagePurge, PayloadPurge, last_change, last_link,
 )

@@ -45,9 +45,10 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from purger.core.policy import (
-    Candidate, Dependent, Eligibility, Kept, ObjectPurge, Resources, Scanned, key_id, latest_write,
-)
+from purger.core.events import Eligibility
+from purger.core.handles import Resources
+from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, key_id
+from purger.core.reconcile_descriptors import Scanned, latest_write
 from purger.core.times import epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, RECENTLY_LINKED, REFERENCED, RELINKED, reason
 from purger.policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE

@@ -40,7 +40,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from purger.core.times import duration_ms
-from purger.core.policy import Eligibility, Rule, earliest
+from purger.core.events import Eligibility, Rule, earliest
 from purger.policies.mailbox.state import MessageState, PayloadState
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from purger.core.policy import PageVerdicts
+from purger.core.reconcile_descriptors import PageVerdicts
 from purger.policies.mailbox.deletes import MESSAGES
 from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, Retention
 

@@ -1,0 +1,103 @@
+"""What the engine hands a policy's delete-time half on each executor (``Resources``, made once per process
+and shared by the policies' purges): its typed handle on its Cassandra tables (``Tables``), the sink's reports
+back to the stateful stage (``Control``), and the purger's journal of intents (``Journal``). A policy of one's
+own imports these from ``purger.core.policy``; the engine's are ``CassandraTables`` (``purger.connectors``),
+``ControlWriter`` (``purger.streams.control``) and ``CassandraJournal`` (``purger.sinks.journal``).
+
+Example::
+
+    tables = resources.tables(policy.table_names())   # the policy's handle, its names configured
+    resources.control.recheck("push_client", "c1", "inactive", at_ms)   # look at c1 again then
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+__all__ = ["Consistency", "Control", "Journal", "Resources", "Tables"]
+
+
+class Control(ABC):
+    """The sink's reports back to the stateful stage (``purger.streams.control``)."""
+
+    @abstractmethod
+    def recheck(self, kind: str, object_id: str, rule: str, at_ms: int) -> None:
+        """Look at the object again once the watermark passes ``at_ms``."""
+
+    @abstractmethod
+    def report(self, event_type: str, object_id: str, event_time_ms: int, **fields: Any) -> None:
+        """Send one of a policy's own control events (``EventType.control``) about ``object_id``."""
+
+
+class Journal(ABC):
+    """The purger's intents (DELF's restoration log, in spirit): before a purge deletes anything of an
+    object, it keeps what it is about to delete, each item with the batch that means to delete it
+    (``Attempt.batch``). A row found gone is the purger's deletion only if its intent is there: a crash
+    between a delete and its record loses the outcome, never the intent, and a row the platform removed
+    itself has none. Keys are ``Dependent.key`` (the object itself: ``SELF``); an intent replaces the one
+    before it."""
+
+    @abstractmethod
+    def intend(self, kind: str, object_id: str, intent: dict[str, str]) -> None:
+        """Keep ``intent`` (key -> the batch that means to delete it) for the object, replacing any before."""
+
+    @abstractmethod
+    def intended(self, kind: str, object_id: str) -> dict[str, str]:
+        """The object's intent (key -> batch); empty when there is none."""
+
+
+Consistency = Literal["configured", "serial", "quorum", "local_quorum"]
+
+
+class Tables(ABC):
+    """A policy's typed handle on its Cassandra tables, made by the engine on each executor.
+
+    CQL names tables by their reference names in braces (``{users}``, as in ``Policy.tables``); the handle
+    puts the configured keyspace and names in, prepares each statement once and runs it at the configured
+    consistency, or at the one asked for: ``serial`` reads see the outcome of every lightweight
+    transaction, a writer's or a claim's, even one not yet settled.
+
+    Example::
+
+        read = tables.prepare("SELECT state, updated_at FROM {users} WHERE user_id = ?", "serial")
+        row = tables.one(read, "u1")             # a named tuple, or None
+        claim = tables.prepare("UPDATE {users} SET state = 'purging' WHERE user_id = ? IF state = 'live'")
+        tables.applied(claim, "u1")               # True once the lightweight transaction applied
+    """
+
+    @abstractmethod
+    def prepare(self, cql: str, consistency: Consistency = "configured") -> Any:
+        """The prepared statement of ``cql``, its ``{table}`` names resolved."""
+
+    @abstractmethod
+    def one(self, statement: Any, *values: Any, serial: bool = False) -> Any | None:
+        """The first row the statement returns (a named tuple), or None; ``serial``: read at the serial
+        consistency this time, whatever the statement's own."""
+
+    @abstractmethod
+    def all(self, statement: Any, *values: Any) -> list[Any]:
+        """Every row the statement returns, all pages."""
+
+    @abstractmethod
+    def applied(self, statement: Any, *values: Any) -> bool:
+        """Run a lightweight transaction (``... IF ...``); whether it applied."""
+
+    @abstractmethod
+    def execute(self, statement: Any, *values: Any) -> None:
+        """Run a plain write."""
+
+
+@dataclass
+class Resources:
+    """What an executor shares between the policies' purges: made once per process by the engine."""
+
+    # Each policy's handle on its tables: ``tables(policy.table_names())``.
+    tables: Callable[[dict[str, str]], Tables]
+    # purger.sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}
+    stores: Any
+    control: Control
+    journal: Journal
+    retry_ms: int  # when to try again after a store or Cassandra failed
+    dry_run: bool  # decide and record would_delete; delete nothing
