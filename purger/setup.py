@@ -143,7 +143,7 @@ CLIENT_LOGGERS = ("cassandra", "kafka", "botocore", "urllib3")
 def _clients_quiet() -> Iterator[None]:
     """The client libraries' records kept from the process's handlers while the checks run: their findings are
     the checks' lines. Their levels stay, so a handler of the checks' own on a client's logger (the Kafka
-    refusals, ``connectors._RefusalsSeen``) still sees them."""
+    refusals, ``connectors.kafka_clients._RefusalsSeen``) still sees them."""
     loggers = [logging.getLogger(name) for name in CLIENT_LOGGERS]
     kept = [(each, each.propagate, logging.NullHandler()) for each in loggers]
     for each, _, null in kept:

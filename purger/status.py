@@ -34,8 +34,9 @@ from rich.table import Table
 from rich.text import Text
 
 from purger.core.config import PurgerConfig
+from purger.core.times import from_epoch_ms, human_duration
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, STATUSES, WOULD_DELETE
-from purger.output import figures_column, human_duration, narrow_table
+from purger.output import figures_column, narrow_table
 
 if TYPE_CHECKING:  # Spark loads when the command reads
     from pyspark.sql import SparkSession
@@ -239,14 +240,10 @@ def last_batch(batch_id: int, commit: str, committed_ms: int, offsets: str | Non
     time, then the sources' offsets); ``planned``: a later batch's id and offsets file time, if uncommitted."""
     watermark_ms = json.loads(commit.splitlines()[1]).get("nextBatchWatermarkMs") or 0
     started_ms = json.loads(offsets.splitlines()[1]).get("batchTimestampMs") if offsets else None
-    return Batch(batch_id, _from_ms(committed_ms),
+    return Batch(batch_id, from_epoch_ms(committed_ms),
                  (committed_ms - started_ms) / 1000 if started_ms else None,
-                 _from_ms(watermark_ms) if watermark_ms else None,
-                 *((planned[0], _from_ms(planned[1])) if planned else (None, None)))
-
-
-def _from_ms(epoch_ms: int) -> datetime:
-    return datetime.fromtimestamp(epoch_ms / 1000, timezone.utc)
+                 from_epoch_ms(watermark_ms) if watermark_ms else None,
+                 *((planned[0], from_epoch_ms(planned[1])) if planned else (None, None)))
 
 
 def read_ledger(spark: SparkSession, config: PurgerConfig, at: datetime) -> tuple[dict[str, dict[str, int]], Lags]:
@@ -320,8 +317,13 @@ def _utc(moment: datetime) -> datetime:
 # --- what it prints ---------------------------------------------------------------------------------------
 
 
+def _clock(moment: datetime) -> str:
+    """A moment as the screen shows it, to the second; status's moments are all UTC."""
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+
+
 def _moment(moment: datetime, at: datetime) -> str:
-    return f"{moment:%Y-%m-%d %H:%M:%S} UTC ({human_duration((at - moment).total_seconds())} ago)"
+    return f"{_clock(moment)} ({human_duration(at - moment)} ago)"
 
 
 def _lags(lags: Lags) -> str:
@@ -338,10 +340,10 @@ def alert_facts(status: Status) -> list[tuple[str, str]]:
                   else "query running" if query.running else "query not running"))
     batch = status.batch
     facts.append(("PurgerNoBatchCompleted", unknown.format("checkpoint") if batch is None else
-                  f"last batch committed {human_duration((status.at - batch.committed_at).total_seconds())} ago"))
+                  f"last batch committed {human_duration(status.at - batch.committed_at)} ago"))
     facts.append(("PurgerWatermarkBehind", unknown.format("checkpoint") if batch is None else
                   "no watermark yet" if batch.watermark is None else
-                  f"watermark {human_duration((status.at - batch.watermark).total_seconds())} behind the wall clock"))
+                  f"watermark {human_duration(status.at - batch.watermark)} behind the wall clock"))
     lags = status.lags
     facts.append(("PurgerPurgeLagHigh", unknown.format("ledger") if lags is None else
                   "no deletion in the last hour" if not lags.deletions else
@@ -372,14 +374,14 @@ def alert_facts(status: Status) -> list[tuple[str, str]]:
     facts.append(("PurgerReconcileMissing",
                   "no schedule (reconcile.interval = 0)" if not status.reconcile_interval_s else
                   f"none recorded; reconcile.interval {interval}" if reconciled is None else
-                  f"last finished {human_duration((status.at - reconciled.finished).total_seconds())} ago; "
+                  f"last finished {human_duration(status.at - reconciled.finished)} ago; "
                   f"reconcile.interval {interval}"))
     return facts
 
 
 def _overview(status: Status) -> Table:
     grid = Table.grid(padding=(0, 2))
-    grid.title = f"Purger status at {status.at:%Y-%m-%d %H:%M:%S} UTC"
+    grid.title = f"Purger status at {_clock(status.at)}"
     grid.title_justify = "left"
     grid.add_column(no_wrap=True, style="bold")
     grid.add_column(overflow="fold")
@@ -399,8 +401,8 @@ def _overview(status: Status) -> Table:
         if batch.planned is not None:
             grid.add_row("planned", f"batch {batch.planned} at {_moment(batch.planned_at, status.at)}, not committed")
         grid.add_row("watermark", "none yet" if batch.watermark is None else
-                     f"{batch.watermark:%Y-%m-%d %H:%M:%S} UTC, "
-                     f"{human_duration((status.at - batch.watermark).total_seconds())} behind the wall clock")
+                     f"{_clock(batch.watermark)}, "
+                     f"{human_duration(status.at - batch.watermark)} behind the wall clock")
     grid.add_row("lag, last hour", "unknown (ledger not read)" if status.lags is None else
                  "no deletion" if not status.lags.deletions else _lags(status.lags))
     return grid
@@ -429,7 +431,7 @@ def _reconcile(status: Status) -> RenderableType:
     reconciled = status.reconcile
     if reconciled is None:
         return Text("Last reconcile: not read")
-    took = human_duration((reconciled.finished - reconciled.started).total_seconds())
+    took = human_duration(reconciled.finished - reconciled.started)
     table = narrow_table()
     table.add_column("policy", overflow="fold")
     headers = ("scanned", "unknown\nfed", "overdue\nfed", "orphans")
@@ -458,7 +460,7 @@ def _alerts(status: Status) -> RenderableType:
     table.add_column("since", no_wrap=True)
     table.add_column("summary", overflow="fold")
     for alert in status.alerts:
-        since = human_duration((status.at - alert.since).total_seconds()) if alert.since else "-"
+        since = human_duration(status.at - alert.since) if alert.since else "-"
         table.add_row(alert.name, f"{alert.state} ({alert.severity})" if alert.severity else alert.state,
                       since, alert.summary)
     return Group(Text(f"Alerts from {status.prometheus}"), table)

@@ -284,6 +284,18 @@ def test_the_product_imports_no_developer_tool():
     assert tools == []
 
 
+def test_the_connectors_modules_import_neither_their_package_nor_one_another():
+    """``purger.connectors`` re-exports its modules' names, so a module of it that imported the package would
+    import itself half made; the clients, a module each, share only ``errors``."""
+    graph = module_graph()
+    modules = sorted(m for m in graph if m.startswith("purger.connectors."))
+    assert {"purger.connectors.cassandra_client", "purger.connectors.kafka_clients",
+            "purger.connectors.object_store"} <= set(modules)
+    inward = {m: sorted(t for t in graph[m] if node(t) == "purger.connectors" and t != "purger.connectors.errors")
+              for m in modules}
+    assert inward == {m: [] for m in modules}
+
+
 def test_the_cycle_finder_finds_a_cycle():
     edges = {("a", "b"): ["a.x -> b.y"], ("b", "c"): ["b.y -> c.z"], ("c", "a"): ["c.z -> a.x"], ("a", "c"): []}
     assert cycles(edges) == [["a", "b", "c", "a"], ["a", "c", "a"]]
