@@ -5,16 +5,15 @@ replicated to both; the purger talks to dc1, the platform to dc2.
 - Revivals written through dc2 race the purger's double-checked deletes through dc1: none lost at the
   default serial consistency (SERIAL). The same race at LOCAL_SERIAL on both sides is measured, not
   asserted: each data centre then runs its own Paxos, and the count is what that setting risks (README).
-- Node 2 stopped for 30 s while a purger runs: nothing live deleted, nothing lost, every eligible message
-  purged once it is back.
+- Node 2 stopped (10 s, 30 s in full) while a purger runs: nothing live deleted, nothing lost, every
+  eligible message purged once it is back.
 
-Each test prints its counts as a ``RELIABILITY`` line (``pytest -s``). ``PURGER_FAULT_ATTEMPTS`` sets the
-number of races (2000), each side bounded to ``RACE_TIME_LIMIT_S``.
+Each test prints its counts as a ``RELIABILITY`` line (``pytest -s``). The races' attempts and the outage's
+length are the fault matrix's (``tests.support.faults.FAULTS``), each race bounded to ``RACE_TIME_LIMIT_S``.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
@@ -26,13 +25,13 @@ from purger.core.vocabulary import PURGED, SKIPPED
 from devstack.stack import SECOND_NODE, LocalStack, create_schema
 from simulation.mailbox import Platform
 from tests.support.configs import own_config
-from tests.support.faults import reliability
+from tests.support.faults import FAULTS, reliability
 from tests.support.mailbox import message_purge, purge_through_outages
 from tests.support.races import RaceResult, revival_race
 
 pytestmark = pytest.mark.integration
 
-ATTEMPTS = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "2000"))
+ATTEMPTS = FAULTS.attempts
 RACE_TIME_LIMIT_S = 180
 
 
@@ -109,19 +108,19 @@ def test_the_same_race_at_local_serial_is_measured(purger_config):
         race.outcomes
 
 
-def test_a_node_down_for_30s_loses_nothing(spark, purger_config, stack, tmp_path_factory):
-    """Node 2 is stopped for 30 s while the purger purges through node 1. At SERIAL its conditional deletes
+def test_a_node_down_loses_nothing(spark, purger_config, stack, tmp_path_factory):
+    """Node 2 is stopped (``FAULTS.outage_s``) while the purger purges through node 1. At SERIAL its conditional deletes
     need both data centres, so they fail meanwhile, are recorded as errors and retried; once node 2 is back
     every eligible message is gone, in the ledger once, and every live one intact."""
     own = own_config(purger_config, tmp_path_factory.mktemp("dc-outage"), "dc-outage")
 
     def outage(more_work) -> None:
         stack.stop(SECOND_NODE.name)
-        time.sleep(30)
+        time.sleep(FAULTS.outage_s)
         stack.start(SECOND_NODE.name)
 
     run = purge_through_outages(spark, own, "dc-outage", outage)
-    reliability("cassandra node 2 (dc2) down 30 s", injected=1, survived=1, query_restarts=run.restarts,
+    reliability(f"cassandra node 2 (dc2) down {FAULTS.outage_s:.0f} s", injected=1, survived=1, query_restarts=run.restarts,
                 error_outcomes=run.errors, wrongly_deleted=len(run.wrongly_deleted), left_behind=0,
                 ledger_missing=len(run.missing), ledger_doubled=len(run.doubled))
     assert run.wrongly_deleted == [] and not run.missing and not run.doubled and not run.unexpected

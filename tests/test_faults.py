@@ -1,8 +1,9 @@
 """Faults and bad input on the real servers: what was lost is counted, and must be zero.
 
-The races run a bounded number of attempts in CI (2000 each) and the kill test two random kills
-besides its failpoints; ``PURGER_FAULT_ATTEMPTS`` and ``PURGER_FAULT_RANDOM_KILLS`` set more (``make
-faults-full``). Each test prints its counts as a ``RELIABILITY`` line (``pytest -s``).
+The fault matrix is bounded by default, as CI runs it (``tests.support.faults.FAULTS``: 400 attempts per race,
+the kill test at one failpoint per step of the purge protocol and one random kill, servers down 10 s);
+``PURGER_FAULTS=full`` (``make faults-full``) runs it in full. Each test prints its counts as a ``RELIABILITY``
+line (``pytest -s``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from purger.core.vocabulary import PURGED, SKIPPED
 from purger.sinks.ledger import Ledger
 from purger.core.policy import key_id
 from tests.support.configs import mailbox, own_config, write_config
-from tests.support.faults import bad_records, reliability
+from tests.support.faults import FAULTS, bad_records, reliability
 from tests.support.mailbox import purge as purge_candidates
 from tests.support.mailbox import (
     candidate, end_state, message_purge, purge_through_outages, unreferenced_payload, write_work,
@@ -42,8 +43,7 @@ from tests.support.waits import ago, wait_for
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-ATTEMPTS = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "2000"))
-RANDOM_KILLS = int(os.environ.get("PURGER_FAULT_RANDOM_KILLS", "2"))
+ATTEMPTS = FAULTS.attempts
 
 
 def test_a_corpus_of_bad_input_is_dead_lettered_and_deletes_nothing(spark, config, tmp_path_factory):
@@ -170,8 +170,13 @@ def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, conf
 
 # --- kill -9 anywhere, then restart ---------------------------------------------------------------
 
+# Every failpoint the kill test can kill at; bounded, one per step of the purge protocol: a claim, a dependent's
+# delete, the object's own row, the ledger. The others are the same steps of other kinds, whose crashes the
+# protocol's property tests (tests/test_dependents.py) walk for every kind.
 FAILPOINTS = ("after_message_delete", "after_payload_dependent_delete", "before_ledger_write", "after_ledger_write",
               "after_user_dependent_delete", "before_unit_of_work_claim", "after_unit_of_work_dependent_delete")
+ONE_PER_STEP = ("before_unit_of_work_claim", "after_payload_dependent_delete", "after_message_delete",
+                "before_ledger_write")
 
 
 def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, config, tmp_path_factory):
@@ -205,7 +210,7 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
 
     kills = Counter()
     try:
-        for point in FAILPOINTS:
+        for point in FAILPOINTS if FAULTS.every_failpoint else ONE_PER_STEP:
             more_work()
             marker = tmp / f"{point}.fired"
             process = start(PURGER_FAILPOINT=point, PURGER_FAILPOINT_MARKER=str(marker))
@@ -215,7 +220,7 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
                 if process.poll() is None:
                     os.killpg(process.pid, signal.SIGKILL)
             kills[point] += 1
-        for _ in range(RANDOM_KILLS):  # and anywhere: at a random moment of a run
+        for _ in range(FAULTS.random_kills):  # and anywhere: at a random moment of a run
             more_work()
             process = start()
             time.sleep(rng.uniform(10, 25))
@@ -257,8 +262,8 @@ def _group_alive(pgid: int) -> bool:
 
 # --- servers going away ------------------------------------------------------------------------------
 
-def test_cassandra_down_for_30s_and_a_kafka_restart_lose_nothing(spark, config, servers, tmp_path_factory):
-    """Cassandra is stopped for 30 s while candidates are being purged, then the Kafka broker is
+def test_cassandra_down_and_a_kafka_restart_lose_nothing(spark, config, servers, tmp_path_factory):
+    """Cassandra is stopped (10 s, 30 s in full) while candidates are being purged, then the Kafka broker is
     restarted. The sink records the failed attempts as errors and retries them; a query that fails is
     restarted from its checkpoint, as a supervisor would. At the end every eligible object is gone once,
     in the ledger once, and every live one is intact."""
@@ -271,15 +276,15 @@ def test_cassandra_down_for_30s_and_a_kafka_restart_lose_nothing(spark, config, 
 
     def outages(more_work) -> None:
         stack.stop("cassandra")
-        time.sleep(30)
+        time.sleep(FAULTS.outage_s)
         stack.start("cassandra")
         more_work()
         stack.stop("kafka")
-        time.sleep(10)
+        time.sleep(min(10, FAULTS.outage_s))
         stack.start("kafka")
 
     run = purge_through_outages(spark, own, "outage", outages)
-    reliability("cassandra down 30 s, kafka restarted", injected=2, survived=2, query_restarts=run.restarts,
+    reliability(f"cassandra down {FAULTS.outage_s:.0f} s, kafka restarted", injected=2, survived=2, query_restarts=run.restarts,
                 error_outcomes=run.error_records, wrongly_deleted=len(run.wrongly_deleted), left_behind=0,
                 ledger_missing=len(run.missing), ledger_doubled=len(run.doubled))
     assert run.wrongly_deleted == [] and not run.missing and not run.doubled and not run.unexpected

@@ -37,6 +37,7 @@ from push_clients_policy import (  # noqa: E402
 )
 from purger.sinks.ledger import Ledger  # noqa: E402
 from tests.support.configs import own_config  # noqa: E402
+from tests.support.faults import FAULTS  # noqa: E402
 from tests.support.policies import RecordingControl, resources  # noqa: E402
 from tests.support.waits import ago, now, wait_for, wait_for_watermark  # noqa: E402
 
@@ -249,7 +250,7 @@ def test_a_client_connecting_while_it_is_purged_loses_nothing_it_needs(platform,
     applied before the claim keeps everything; one after it finds a new client with only the new message; and
     no message is ever left without its router."""
     purger = race_purger(platform, cfg)
-    attempts = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "40"))
+    attempts = FAULTS.attempts // 10
     seen = {PUSH_CLIENT_CONNECTED: 0, PUSH_CLIENT_REGISTERED: 0}
     for n in range(attempts):
         client = new_client(platform, f"race{n}", at=ago(INACTIVE_AFTER), messages=2)
@@ -273,7 +274,7 @@ def test_a_message_stored_while_its_client_is_purged_is_never_left_without_a_rou
     either is told the client is gone (and its row is removed again) or its message goes with the client:
     once the purge is done, no message row is left."""
     purger = race_purger(platform, cfg)
-    attempts = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "40"))
+    attempts = FAULTS.attempts // 10
     refused = 0
     for n in range(attempts):
         client = new_client(platform, f"sender{n}", at=ago(INACTIVE_AFTER), messages=2)

@@ -1,12 +1,11 @@
 """The ``users`` policy (docs/policies.md, users): its rule table as plain Python, its deletes and its writer contract against
 real Cassandra, and the race of a purge with the user added back in another data centre.
 
-The race runs ``PURGER_FAULT_ATTEMPTS`` attempts (2000 unless set) and prints its counts as a
+The race runs the fault matrix's attempts (``tests.support.faults.FAULTS``) and prints its counts as a
 ``RELIABILITY`` line (``pytest -s``).
 """
 
 import itertools
-import os
 import random
 import threading
 import time
@@ -30,6 +29,7 @@ from purger.policies.users import (
     MAILBOX_PERMISSION, PURGING, USER, USER_ABSENT, USER_ADDED, USER_REMOVED, VIRTUAL_ROOT, UserEvent,
     UsersPolicy,
 )
+from tests.support.faults import FAULTS
 from tests.support.policies import (
     RecordingControl, emitted, fold_in_batches, keyspace_fixture, resources, topic_fixture,
 )
@@ -335,7 +335,7 @@ def test_the_platforms_events_fold_to_the_deadline_the_row_gives(platform, topic
 
 # --- the race: a purge against the user added back -----------------------------------------------
 
-ATTEMPTS = int(os.environ.get("PURGER_FAULT_ATTEMPTS", "2000"))
+ATTEMPTS = FAULTS.attempts
 
 
 @pytest.mark.integration

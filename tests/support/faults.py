@@ -18,9 +18,11 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
 import threading
+from dataclasses import dataclass
 
 
 class TcpProxy:
@@ -167,6 +169,31 @@ def bad_records(message_ids: list[str], n: int, seed: int = 11) -> list[tuple[st
 
 
 _DROP = object()
+
+
+@dataclass(frozen=True)
+class FaultMatrix:
+    """How much of each fault the suite injects. Bounded by default, which is what CI runs: every fault still
+    injected on the real servers, fewer times. ``PURGER_FAULTS=full`` (``make faults-full``) injects each in
+    full; ``PURGER_FAULT_ATTEMPTS``, ``PURGER_FAULT_RANDOM_KILLS`` and ``PURGER_FAULT_OUTAGE_S`` set one figure."""
+
+    attempts: int  # per race
+    random_kills: int  # the kill test's kills at a random moment, besides its failpoints
+    every_failpoint: bool  # the kill test kills at each failpoint, or at one per step of the purge protocol
+    outage_s: float  # how long a server stays down
+
+
+def fault_matrix(environ: dict[str, str] | os._Environ = os.environ) -> FaultMatrix:
+    full = environ.get("PURGER_FAULTS", "") == "full"
+    return FaultMatrix(
+        attempts=int(environ.get("PURGER_FAULT_ATTEMPTS", 20_000 if full else 400)),
+        random_kills=int(environ.get("PURGER_FAULT_RANDOM_KILLS", 10 if full else 1)),
+        every_failpoint=full,
+        outage_s=float(environ.get("PURGER_FAULT_OUTAGE_S", 30 if full else 10)),
+    )
+
+
+FAULTS = fault_matrix()
 
 
 def reliability(fault: str, **counts) -> None:
