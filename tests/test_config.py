@@ -109,6 +109,12 @@ def test_a_payload_grace_under_the_clock_skew_is_refused():
         build_config({"policies": {"mailbox": {"payload_grace": "0s"}}})
 
 
+def test_a_ledger_retention_under_a_day_is_refused():
+    assert build_config({}).ledger.retention == timedelta(days=400)
+    with pytest.raises(ConfigError, match="ledger.retention: .*at least 1d"):
+        build_config({"ledger": {"retention": "12h"}})
+
+
 def test_a_dry_run_has_a_checkpoint_of_its_own():
     config = build_config({"stream": {"checkpoint": "cp", "dry_run": True}})
     assert config.stream.checkpoint_location == "cp.dry-run"
