@@ -149,3 +149,14 @@ def test_a_retried_batch_and_holds_read_only_the_days_since_the_batch_began(spar
     from_intent = outcomes(spark, ["gone"], TODAY, 7, status=PURGED, intent=f"{QUERY}/5")
     with pytest.raises(Exception, match="(?i)not.?exist|FileNotFound"):
         ledger.append(from_intent, QUERY, 7, may_hold=True, began_ms=began_ms)
+
+
+def test_a_failed_upkeep_is_one_line_and_the_purger_goes_on(config_for_ledger, tmp_path, caplog):
+    from purger.running import _upkeep
+
+    ledger = Ledger(None, config_for_ledger(tmp_path / "ledger"))  # type: ignore[arg-type]  # no session: it fails
+    with caplog.at_level("WARNING", logger="purger.running"):
+        _upkeep(ledger)
+    [line] = [r.getMessage() for r in caplog.records if r.name == "purger.running"]
+    assert line.startswith(f"ledger {ledger.path}: upkeep failed, tried again at the next round: ")
+    assert "\n" not in line and not any(r.exc_info for r in caplog.records)
