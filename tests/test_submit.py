@@ -1,6 +1,7 @@
 """What a submitted purge job ships and what it refuses (``purger.submit``, ``purger.spark``): the ``--py-files``
 zip holds every module and data file of the product, pyproject.toml's packages, and each module imports from it
-(as an executor's Python worker does); a Spark application with speculative execution on is refused.
+(as an executor's Python worker does); a Spark application with speculative execution on is refused, by the
+decision on its settings and by `purger run` itself.
 
 The submitted job itself, on a standalone cluster, is tests/test_cluster.py's.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -19,6 +21,7 @@ from pyspark import SparkConf
 
 from purger.spark import SPECULATION, speculation_refusal
 from purger.submit import package_zip
+from tests.support.configs import write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -124,3 +127,16 @@ def test_the_test_sessions_application_is_accepted_and_the_same_conf_with_specul
     assert speculation_refusal(conf) is None
     assert speculation_refusal(conf.set(SPECULATION, "true")) is not None
     assert spark.sparkContext.getConf().get(SPECULATION, "false") == "false"
+
+
+def test_a_purger_run_in_an_application_with_speculation_on_exits_2_in_one_line(config, tmp_path):
+    """`python -m purger.job` (spark-submit's main file, `purger run`), its JVM given ``spark.speculation=true`` as
+    a cluster's defaults would: refused once the session is there, before any query starts."""
+    config_file = write_config(config, tmp_path / "purger.toml")
+    environment = {**os.environ, "PYSPARK_SUBMIT_ARGS": f"--conf {SPECULATION}=true pyspark-shell"}
+    run = subprocess.run([sys.executable, "-m", "purger.job", "--config", str(config_file)], cwd=ROOT,
+                         env=environment, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stdout + run.stderr
+    refusal = speculation_refusal(SparkConf(loadDefaults=False).set(SPECULATION, "true"))
+    assert refusal in run.stderr.splitlines(), run.stderr[-3000:]
+    assert "purger running" not in run.stdout
