@@ -28,7 +28,7 @@ def speculation_refusal(conf: SparkConf) -> str | None:
     cluster's spark-defaults.conf may), else None: a speculative attempt of a task runs the same batch's
     deletes a second time, at once, and Spark keeps the outcomes of the attempt that ends first, which may have
     found the objects gone by the other's deletes."""
-    if conf.get(SPECULATION, "false").strip().lower() != "true":  # Spark reads a boolean so
+    if conf.get(SPECULATION, "false").strip().lower() != "true":  # as Spark reads a boolean: trimmed, any case
         return None
     return (f"{SPECULATION} is true in this Spark application (spark-defaults.conf or --conf): a speculative "
             f"task would run a batch's deletes twice at once; set {SPECULATION}=false for the purger's "

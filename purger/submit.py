@@ -54,12 +54,12 @@ def product_packages() -> tuple[str, ...]:
     beside = sorted(path.name for path in folder.iterdir()
                     if (path / "__init__.py").is_file()) if folder.is_dir() else []
     found = [("purger", top.submodule_search_locations)]
+    known = {"purger"}
     for package, locations in found:  # grows as it goes: each package found is searched in turn
         specs = [PathFinder.find_spec(info.name, locations)
                  for info in pkgutil.iter_modules(locations, f"{package}.") if info.ispkg]
         if package == "purger":
             specs += [importlib.util.find_spec(f"purger.{name}") for name in beside]
-        known = {name for name, _ in found}
         for spec in sorted((spec for spec in specs if spec is not None), key=lambda spec: spec.name):
             if spec.submodule_search_locations is not None and spec.name not in known:  # a package, not a module
                 found.append((spec.name, spec.submodule_search_locations))
