@@ -33,6 +33,8 @@ from purger.config import load_config
 from purger.logs import LogLevel, log_to_stderr, set_spark_log_level, spark_level
 
 if TYPE_CHECKING:  # the Spark modules load when a command needs them
+    from pyspark.sql import SparkSession
+
     from purger.running import RunningPurger
     from purger.setup import Findings
 
@@ -118,6 +120,18 @@ def check_platform(config: PurgerConfig) -> None:
     _exit_on_problems(check(config))
 
 
+def refuse_speculation(spark: SparkSession) -> None:
+    """Exit 2 with a line saying why when the session's application runs speculative tasks, which would run
+    deletes twice at once (``purger.spark.speculation_refusal``)."""
+    from purger.spark import speculation_refusal
+
+    refusal = speculation_refusal(spark.sparkContext.getConf())
+    if refusal is not None:
+        typer.echo(refusal, err=True)
+        spark.stop()
+        raise typer.Exit(2)
+
+
 def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., RunningPurger]) -> None:
     """Check the platform, start the purger with ``start(spark, config, stop_requested)`` and run it until
     Ctrl-C or SIGTERM (which set ``stop_requested``); the query then stops between micro-batches."""
@@ -127,6 +141,7 @@ def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., Running
     log_to_stderr(log_level)
     check_platform(config)
     spark = spark_session(config.stream, log_level=spark_level(log_level))
+    refuse_speculation(spark)
     set_spark_log_level(spark, log_level)
     stop_requested = _set_on_signals(signal.SIGINT, signal.SIGTERM)  # after the session: PySpark sets its own
     jvm_handler = _set_on_jvm_signal(spark, stop_requested)  # noqa: F841 - referenced while the JVM may call it
@@ -421,6 +436,7 @@ def reconcile(
     check_platform(config)
     spark = spark_session(config.stream, app_name="purger-reconcile", log_level=spark_level(log_level),
                           one_off=True)
+    refuse_speculation(spark)  # its orphans' deletes run in Spark tasks
     set_spark_log_level(spark, log_level)
     try:
         # This process ends after the reconcile, and what Spark keeps of a state read goes with it.

@@ -19,6 +19,22 @@ from purger.core.config import StreamConfig
 from purger.logs import log4j2_options
 
 
+# Spark's speculative execution: a second attempt of a slow task, run beside the first.
+SPECULATION = "spark.speculation"
+
+
+def speculation_refusal(conf: SparkConf) -> str | None:
+    """Why the purger refuses to run in a Spark application whose ``conf`` turns speculative execution on (a
+    cluster's spark-defaults.conf may), else None: a speculative attempt of a task runs the same batch's
+    deletes a second time, at once, and Spark keeps the outcomes of the attempt that ends first, which may have
+    found the objects gone by the other's deletes."""
+    if conf.get(SPECULATION, "false").strip().lower() != "true":  # as Spark reads a boolean: trimmed, any case
+        return None
+    return (f"{SPECULATION} is true in this Spark application (spark-defaults.conf or --conf): a speculative "
+            f"task would run a batch's deletes twice at once; set {SPECULATION}=false for the purger's "
+            f"application (--conf {SPECULATION}=false)")
+
+
 def _submitted() -> bool:
     """True in a driver that spark-submit started (its JVM is already there) with a master."""
     if "PYSPARK_GATEWAY_PORT" not in os.environ:

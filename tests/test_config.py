@@ -1,3 +1,4 @@
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -107,6 +108,22 @@ def test_the_readme_example_is_a_valid_configuration(tmp_path):
 def test_a_payload_grace_under_the_clock_skew_is_refused():
     with pytest.raises(ConfigError, match="policies.mailbox.payload_grace: .*at least 1s"):
         build_config({"policies": {"mailbox": {"payload_grace": "0s"}}})
+
+
+def test_an_orphan_grace_under_24_hours_is_refused_naming_the_key_and_what_to_do():
+    with pytest.raises(ConfigError) as error:
+        build_config({"reconcile": {"orphan_grace": "86399s"}})
+    assert re.search(r"^  reconcile: .*orphan_grace under 24h .*raise it, or set orphan_grace_check = false",
+                     str(error.value), flags=re.MULTILINE), str(error.value)
+
+
+def test_an_orphan_grace_of_24_hours_is_accepted():
+    assert build_config({"reconcile": {"orphan_grace": "24h"}}).reconcile.orphan_grace == timedelta(hours=24)
+
+
+def test_an_orphan_grace_under_24_hours_is_accepted_with_the_check_off():
+    reconcile = build_config({"reconcile": {"orphan_grace": "2s", "orphan_grace_check": False}}).reconcile
+    assert reconcile.orphan_grace == timedelta(seconds=2) and reconcile.orphan_grace_check is False
 
 
 def test_a_dry_run_has_a_checkpoint_of_its_own():

@@ -65,10 +65,29 @@ def test_unsaferow_takes_no_change_of_a_states_fields():
     stored = StoredState(UNSAFEROW, 2, {"push_client": KEPT})
     [added] = refusals(CP, stored, {"push_client": now_fields(registered_ms=Field("bigint", True))})
     assert added == ("checkpoint /cp: kind 'push_client''s state changed (added registered_ms), and the checkpoint "
-                     "keeps state in Spark's unsaferow encoding, which takes no change of a state's fields; run "
-                     "the release that started it, or replay into a new checkpoint (purger replay --from earliest)")
+                     "keeps state in Spark's unsaferow encoding, which reads a state's fields by their position and "
+                     "takes no change of them, their order included; run the release that started it, or replay "
+                     "into a new checkpoint (purger replay --from earliest)")
     fewer = {name: f for name, f in now_fields().items() if name != "recheck_rule"}
     assert "(removed recheck_rule)" in refusals(CP, stored, {"push_client": fewer})[0]
+
+
+def test_unsaferow_refuses_the_same_fields_in_another_order_naming_them_and_the_kept_order():
+    stored = StoredState(UNSAFEROW, 2, {"push_client": KEPT})
+    assert refusals(CP, stored, {"push_client": now_fields()}) == []  # the same fields, the same order
+    reordered = {name: now_fields()[name] for name in ("timer_ms", "last_connected_ms", "recheck_rule")}
+    [moved] = refusals(CP, stored, {"push_client": reordered})
+    assert moved.startswith("checkpoint /cp: kind 'push_client''s state changed (moved timer_ms, last_connected_ms "
+                            "(the checkpoint's order: last_connected_ms, timer_ms, recheck_rule)), and the checkpoint "
+                            "keeps state in Spark's unsaferow encoding, which reads a state's fields by their position")
+    assert moved.endswith("run the release that started it, or replay into a new checkpoint (purger replay --from "
+                          "earliest)")
+
+
+def test_avro_reads_fields_by_name_so_another_order_is_continued():
+    stored = StoredState(AVRO, 2, {"push_client": KEPT})
+    reordered = {name: now_fields()[name] for name in ("recheck_rule", "timer_ms", "last_connected_ms")}
+    assert refusals(CP, stored, {"push_client": reordered}) == []
 
 
 def test_avro_takes_added_fields_that_accept_none_removed_fields_and_widened_types():
@@ -283,8 +302,9 @@ def test_a_policys_state_gaining_a_field_is_continued_and_refused_from_an_unsafe
         check_continuable(spark, unsaferow[1])
     assert str(refused.value).splitlines() == [
         f"checkpoint {tmp_path / 'old'}: kind 'push_client''s state changed (added registered_ms), and the "
-        "checkpoint keeps state in Spark's unsaferow encoding, which takes no change of a state's fields; run the "
-        "release that started it, or replay into a new checkpoint (purger replay --from earliest)"]
+        "checkpoint keeps state in Spark's unsaferow encoding, which reads a state's fields by their position and "
+        "takes no change of them, their order included; run the release that started it, or replay into a new "
+        "checkpoint (purger replay --from earliest)"]
 
     assert check_continuable(spark, v2) == []
     running = start_purger(spark, v2)
