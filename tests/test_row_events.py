@@ -24,7 +24,9 @@ from typing import Any, Callable
 from unittest import mock
 
 import pytest
-from hypothesis import given, settings
+from cassandra.cqltypes import DateType
+from cassandra.marshal import int64_pack
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "push_clients"))
@@ -36,7 +38,9 @@ from purger.core.policy import (  # noqa: E402
 )
 from purger.core.policy_set import COMMON_FIELDS  # noqa: E402
 from purger.reconcile.verdict import RowVerdict, page_verdicts, routed_events, row_verdict  # noqa: E402
-from purger.core.times import epoch_ms, format_timestamp, parse_timestamp  # noqa: E402
+from purger.core.times import (  # noqa: E402
+    epoch_ms, format_epoch_ms, format_timestamp, from_epoch_ms, parse_timestamp,
+)
 from purger.core.vocabulary import WOULD_DELETE  # noqa: E402
 from purger.policies import build_policy_set, rule_events, units_of_work, users  # noqa: E402
 from purger.policies.mailbox import deletes  # noqa: E402
@@ -87,6 +91,23 @@ def moments(earliest_hours: int = -8, latest_hours: int = 8) -> st.SearchStrateg
 
 # A unit's times: days back, across the P2D lower bound (2026-02-27T00:00) and the start of today.
 days = moments(-120, 24)
+
+# Every timestamp the Cassandra driver decodes (year 1 to 9999: a datetime holds no other), in milliseconds.
+FIRST_MS = (datetime.min - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
+LAST_MS = (datetime.max - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
+
+
+def decoded(ms: int) -> datetime:
+    """A timestamp cell as the driver decodes it (``DateType``): through a float of seconds, so a few microseconds
+    off its millisecond far from 1970."""
+    return DateType.deserialize(int64_pack(ms), 4)
+
+
+# Any of them, or one around NOW (where ties are).
+instants = moments() | st.integers(FIRST_MS, LAST_MS).map(decoded)
+# A write time (microseconds) anywhere in that range, or around NOW.
+write_times = st.builds(lambda moment, micros: epoch_ms(moment) * 1000 + micros, moments(), st.integers(0, 999)) | \
+    st.integers(FIRST_MS * 1000, LAST_MS * 1000 + 999)
 
 
 def at(moment: datetime) -> str:
@@ -502,15 +523,15 @@ def test_a_rows_events_and_the_real_ones_fold_alike_in_any_order(table):
 
 @st.composite
 def any_message_rows(draw: Any) -> Sample:
-    """``messages`` rows no platform writes: each cell set or not on its own, ``updated_at`` before ``created_at``."""
+    """``messages`` rows no platform writes: each cell set or not on its own, ``updated_at`` before ``created_at``,
+    timestamps and write times anywhere the driver decodes them."""
     row = {"message_id": draw(ids), "mailbox": draw(maybe(st.just("inbox"))), "payload_id": draw(maybe(ids)),
            "payload_size": draw(maybe(st.integers(0, 10**12))), "inline_payload": draw(maybe(st.just(b"bytes"))),
-           "extract_count": draw(st.sampled_from((None, 0, 0, 1, 3))), "extract_until": draw(maybe(moments())),
+           "extract_count": draw(st.sampled_from((None, 0, 0, 1, 3))), "extract_until": draw(maybe(instants)),
            "complete": draw(st.sampled_from((True, False, None))),
            "deleted": draw(st.sampled_from((None, False, True))),
-           "created_at": draw(maybe(moments())), "updated_at": draw(maybe(moments()))}
-    return Sample({**row, **written(row, deletes.MESSAGES,
-                                    lambda column: micros(draw(moments())) + draw(st.integers(0, 999)))})
+           "created_at": draw(maybe(instants)), "updated_at": draw(maybe(instants))}
+    return Sample({**row, **written(row, deletes.MESSAGES, lambda column: draw(write_times))})
 
 
 # The tables a policy judges on whole columns (``Policy.page_verdicts``); the others go a row at a time.
@@ -531,6 +552,15 @@ def test_a_page_judged_on_whole_columns_is_each_of_its_rows_judged_alone(table):
                                     [v.eligible_at_ms for v in alone])
 
     check()
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.integers(FIRST_MS, LAST_MS))
+@example(1_096_401_405_843)  # 2004-09-28T19:56:45.843Z: a float of its seconds, times 1000, is a millisecond short
+def test_a_timestamp_the_driver_decodes_is_its_millisecond_in_every_conversion(ms):
+    assert epoch_ms(decoded(ms)) == ms
+    assert parse_timestamp(format_epoch_ms(ms)) == ms and epoch_ms(from_epoch_ms(ms)) == ms
+    assert TIMESTAMP_TEXT.fullmatch(format_epoch_ms(ms))
 
 
 # --- the mailbox's choices, by example ---------------------------------------------------------------
