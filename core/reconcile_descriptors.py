@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 from purger.core.times import epoch_ms, format_epoch_ms
 
-__all__ = ["REFERENCED", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "latest_write", "row_event"]
+__all__ = ["REFERENCED", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "dated", "latest_write", "row_event"]
 
 
 # The field a scanned row gains when its table has ``Scanned.referenced_by``.
@@ -80,6 +80,13 @@ def latest_write(row: dict[str, Any], columns: Iterable[str]) -> datetime | None
 
 
 _EPOCH = datetime(1970, 1, 1)
+
+
+def dated(row: dict[str, Any], column: str, scanned: Scanned) -> datetime | None:
+    """When a row's rules run from: its timestamp ``column``; for a row without it (written by no platform
+    writer, which always sets it), the latest write time of its cells ``scanned.written`` (``latest_write``),
+    so that it is never skipped and never due at once. None: neither is set."""
+    return row[column] if row[column] is not None else latest_write(row, scanned.written)
 
 
 @dataclass(frozen=True)
