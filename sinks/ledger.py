@@ -11,7 +11,8 @@ Each record has a ``record_id``, the same every time the same thing is recorded:
 for a deletion, its policy, kind, id, data centre and the batch that meant it
 (the intent's, ``core.handles.Journal``), so a deletion recorded by the attempt
 that made it and again from its intent (a retried batch, a later batch finding
-it gone) is one record; for a decision not to delete, its batch and status. A
+it gone) is one record; for a decision not to delete, its object (a dead
+letter's is its bad record, ``topic/partition/offset``), batch and status. A
 write that may meet records already there (a retried batch, or records from an
 intent) is a ``MERGE`` on ``record_id`` that inserts only the new ones; any
 other (a batch's first attempt deleting afresh) appends without reading the
