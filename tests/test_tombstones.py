@@ -3,7 +3,8 @@
 One payload shared by more messages than Cassandra's default ``tombstone_warn_threshold`` (1,000): their
 references purged through the purger's own code leave that many row tombstones in the payload's ``payload_refs``
 partition, which the purger's reference check (``MessagePurge.two_refs``) scans past. The tombstones it meets
-are Cassandra's own figure, from the read's trace.
+are Cassandra's own figure, from the read's trace; a purged message's own row and intent, beside, meet none that
+count.
 """
 
 import re
@@ -14,7 +15,7 @@ import pytest
 
 from purger.connectors import cassandra_session
 from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER, PAYLOAD
-from purger.policies.mailbox.state import RELEASED
+from purger.policies.mailbox.state import MESSAGE, RELEASED
 from purger.core.vocabulary import PURGED, SKIPPED
 from tests.support.mailbox import candidate, message_purge, new_id, purge, purge_message
 from tests.support.configs import mailbox
@@ -59,6 +60,10 @@ def test_the_reference_check_meets_each_purged_reference_once_and_stays_under_th
             outcomes = list(pool.map(lambda m: purge_message(messages, m, EXPIRED_BY_COUNTER, p), purged))
         assert {o.status for o in outcomes} == {PURGED}
         assert platform.references(p) == {survivor} and not control.reports
+        # A purged message's own row and intent: its deleted partition and the set its intent's insert replaced
+        # are not counted towards the thresholds.
+        assert live_and_tombstones(session, messages.read_row, purged[0]) == (0, 0)
+        assert live_and_tombstones(session, messages.resources.journal.select, MESSAGE, purged[0]) == (1, 0)
 
         # The check each purge made, as it is now: past every purged reference to the one left.
         assert messages.referrer(p) == survivor
