@@ -4,7 +4,7 @@ One payload shared by more messages than Cassandra's default ``tombstone_warn_th
 references purged through the purger's own code leave that many row tombstones in the payload's ``payload_refs``
 partition, which the purger's reference check (``MessagePurge.two_refs``) scans past. The tombstones it meets
 are Cassandra's own figure, from the read's trace; a purged message's own row and intent, beside, meet none that
-count.
+count. The journal, the purger's own table, is created with its TTL and compacted by day windows.
 """
 
 import re
@@ -14,10 +14,13 @@ from typing import Any
 import pytest
 
 from purger.connectors import cassandra_session
+from purger.policies.mailbox import MailboxPolicy
 from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER, PAYLOAD
 from purger.policies.mailbox.state import MESSAGE, RELEASED
 from purger.core.vocabulary import PURGED, SKIPPED
+from purger.sinks.journal import JOURNAL_TTL_S
 from tests.support.mailbox import candidate, message_purge, new_id, purge, purge_message
+from tests.support.policies import policy_keyspace
 from tests.support.configs import mailbox
 from tests.support.waits import ago
 
@@ -82,3 +85,13 @@ def test_the_reference_check_meets_each_purged_reference_once_and_stays_under_th
         assert platform.payload_gone(p)
     finally:
         session.cluster.shutdown()
+
+
+def test_the_journal_is_created_with_its_ttl_and_compacted_by_day_windows(config):
+    with policy_keyspace(MailboxPolicy, "tombstones", config.cassandra) as (session, keyspace):
+        table = session.execute(
+            "SELECT default_time_to_live, compaction FROM system_schema.tables "
+            "WHERE keyspace_name = %s AND table_name = %s", (keyspace, config.cassandra.journal_table)).one()
+    assert table.default_time_to_live == JOURNAL_TTL_S == 30 * 24 * 3600
+    assert table.compaction["class"].endswith(".TimeWindowCompactionStrategy")
+    assert (table.compaction["compaction_window_unit"], table.compaction["compaction_window_size"]) == ("DAYS", "1")
