@@ -7,12 +7,19 @@ pure part against a reference model of Kafka partitions and their timestamps."""
 from __future__ import annotations
 
 import json
+import time
+import uuid
+from datetime import timedelta
 from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from purger.running import start_purger
 from purger.streams.clock import caught_up, next_tick_ms, read_up_to_ms, remember, source_offsets
+from simulation.mailbox import Platform
+from tests.support.configs import own_config
+from tests.support.waits import ago, wait_for
 
 RECONCILE = frozenset({"purger.reconcile"})
 
@@ -158,3 +165,42 @@ def test_with_timestamps_increasing_per_partition_the_clock_is_the_time_read(his
         expected = reference if reference is not None and (ticked is None or reference > ticked) else None
         assert at == expected
         ticked = at if at is not None else ticked
+
+
+def test_a_purger_started_on_a_backlog_purges_what_is_due_at_its_head_before_reading_its_tail(spark, config, tmp_path):
+    """SPEC 10.1, on the real servers: 20 messages due for weeks at the head of the events topic, 3,000 recent
+    events behind them, read 150 records a batch (``kafka.max_offsets_per_trigger``). The clock ticks at the
+    Kafka time read so far, so the head's rows go while the query is still behind the latest offsets (a clock
+    that waited for the backlog's end would hold them until the twentieth batch)."""
+    bound = 150
+    own = own_config(config, tmp_path, "clock-backlog")
+    own = own.model_copy(update={"kafka": own.kafka.model_copy(update={"max_offsets_per_trigger": bound})})
+    topic = own.kafka.topics[0]
+    platform, recent = Platform(own), Platform(own, events_only=True)
+    head = [f"head-{uuid.uuid4().hex[:8]}-{i}" for i in range(20)]
+    weeks_ago = ago(timedelta(weeks=3))
+    for m in head:
+        platform.enqueue(m, f"p-{m}", size=16, at=weeks_ago)  # inline: no blob
+        platform.dequeue(m, 0, at=weeks_ago)  # due in expired_ttl (6 s) since: weeks ago
+    platform.flush()
+    for i in range(3_000):
+        recent.enqueue(f"recent-{i}", f"p-recent-{i}", size=16)  # never due: its counter stays at 1
+    recent.flush()
+    started = time.monotonic()
+    running = start_purger(spark, own, starting_offsets="earliest")
+    try:
+        wait_for(lambda: all(platform.row(m) is None for m in head), 180, "the head's due messages purged")
+        read, latest = read_of(running.query, topic)
+        assert read < latest, f"the events were read to their end ({read} of {latest}) before the purge: no backlog"
+        print(f"head purged in {time.monotonic() - started:.1f} s, {read} of {latest} events read")
+    finally:
+        running.stop()
+        platform.close()
+        recent.close()
+
+
+def read_of(query, topic: str) -> tuple[int, int]:
+    """How many records of ``topic`` the query's last batch had read, and how many there were."""
+    offsets = source_offsets(query.lastProgress) or {}
+    read = [(end or 0, latest) for (t, _), (end, latest) in offsets.items() if t == topic]
+    return sum(end for end, _ in read), sum(latest for _, latest in read)
