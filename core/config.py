@@ -106,8 +106,10 @@ class KafkaConfig(_Section):
     topics: list[str] = Field(default_factory=lambda: ["mailbox.events"], min_length=1)
     # Where a fresh checkpoint starts reading; an existing checkpoint always resumes.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # The events topics' records read per batch at most; the clock ticks on through a larger backlog, at the
+    # Kafka time read so far (streams.clock).
     max_offsets_per_trigger: int = Field(default=100_000, gt=0)
-    # The purger's own topic: clock ticks that advance an idle stream's watermark, and the purge
+    # The purger's own topic: clock ticks that advance the watermark, and the purge
     # sink's reports back to the stateful stage (rechecks, released payloads). Read from its end.
     # A dry run's is `<control_topic>.dry-run` (``PurgerConfig.as_dry_run``).
     control_topic: str = "purger.control"
@@ -225,7 +227,8 @@ class StreamConfig(_Section):
     # How long after a deadline the purger waits for straggling events before acting on it. Events
     # are never dropped as late (streams/processor.py); a longer delay only purges later.
     watermark_delay: Duration = timedelta(seconds=2)
-    # How often an idle stream gets a clock tick (see streams/clock.py).
+    # How often the clock ticks: at the wall clock once the query has read every event, at the Kafka time read
+    # so far during a backlog (see streams/clock.py).
     # A tick is a few bytes: a short interval keeps the watermark within a second of the wall clock.
     clock_interval: Duration = timedelta(seconds=1)
     # When to try again a purge that failed (a data centre's store or Cassandra did not answer).
