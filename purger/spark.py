@@ -19,6 +19,12 @@ from purger.core.config import StreamConfig
 from purger.logs import log4j2_options
 
 
+# Spark's default, true, lets anyone who reaches the UI's port kill the purge's jobs and stages; off unless the
+# driver's Spark configuration sets it (spark-submit's --conf, spark-defaults.conf, PYSPARK_SUBMIT_ARGS):
+# docs/operations.md, "Securing a running purger".
+UI_KILL_ENABLED = "spark.ui.killEnabled"
+
+
 def _submitted() -> bool:
     """True in a driver that spark-submit started (its JVM is already there) with a master."""
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
@@ -36,7 +42,8 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
     plain Python worker daemon (its few Python tasks do not pay for the purge's imports), and a JVM that
     compiles with the quick compiler only, which spends less of a short run's CPU compiling.
 
-    Under spark-submit, its ``--master``, ``--jars`` and memory settings win over the configuration's.
+    Under spark-submit, its ``--master``, ``--jars`` and memory settings win over the configuration's. The UI
+    kills no job or stage unless the Spark configuration the driver starts with sets ``spark.ui.killEnabled``.
     """
     builder = SparkSession.builder.appName(app_name)
     if not _submitted():
@@ -50,21 +57,27 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
             # report` on a small ledger, its session and report: about 45 s with C2, 26 s without, under load).
             # A report of a very large day would run its aggregation slower.
             java_options["spark.driver.extraJavaOptions"] += " -XX:TieredStopAtLevel=1"
-        builder = (
-            builder.master(stream.master)
-            .config("spark.driver.memory", stream.driver_memory)
-            .config("spark.jars", jars)
+        launch = {
+            "spark.master": stream.master,
+            "spark.driver.memory": stream.driver_memory,
+            "spark.jars": jars,
             # The purger's log settings for the JVM started here; spark-submit is given them (devstack.cluster).
-            .config(map=java_options)
-        )
+            **java_options,
+        }
         if one_off:
-            builder = builder.config("spark.ui.enabled", "false")
+            launch["spark.ui.enabled"] = "false"
         else:
             # New Python workers are forked with pandas, Arrow, the clients and the policies already
             # imported (purger/worker_daemon.py), so a start's first batches do not wait for imports.
             # Only here, where the executors import the purger from the driver's installation: a
             # submitted job's may have it only in its --py-files, which the daemon cannot import from.
-            builder = builder.config("spark.python.daemon.module", "purger.worker_daemon")
+            launch["spark.python.daemon.module"] = "purger.worker_daemon"
+        # The JVM started now, with these settings, as the session would start it: what else its Spark
+        # configuration holds (spark-defaults.conf, PYSPARK_SUBMIT_ARGS) can then be read before the session.
+        SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(launch.items()))
+        builder = builder.config(map=launch)
+    if not SparkConf().contains(UI_KILL_ENABLED):
+        builder = builder.config(UI_KILL_ENABLED, "false")
     if urlparse(stream.checkpoint).scheme in ("", "file"):
         # On a local disk, Hadoop's FileContext (Spark's default) starts a chmod and a readlink process for
         # each checkpoint file (offsets, commits, each state partition's changelog); its FileSystem starts
