@@ -105,8 +105,8 @@ class RunningPurger:
 def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
                  starting_timestamp_ms: int | None = None) -> RunningPurger:
     """Make the ledger's table if absent, then start the query, its clock, and its metrics (served on
-    ``metrics.host`` and ``metrics.port`` unless the port is 0). A checkpoint this release cannot continue from raises ``CheckpointRefused``
-    before anything starts (``streams.checkpoint``)."""
+    ``metrics.host`` and ``metrics.port`` unless the port is 0). A checkpoint this release cannot continue from
+    raises ``CheckpointRefused`` before anything starts (``streams.checkpoint``)."""
     stream = config.stream
     for warning in check_continuable(spark, config):
         log.warning(warning)

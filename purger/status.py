@@ -2,7 +2,8 @@
 
 Each source is read on its own, so that one missing never hides the others:
 
-- the running purger's metrics endpoint (``metrics.host`` and ``metrics.port`` on the driver): whether its query runs, since when;
+- the running purger's metrics endpoint (``metrics.host`` and ``metrics.port`` on the driver): whether its query
+  runs, since when;
 - the checkpoint (``stream.checkpoint_location``): Spark's commit and offset logs give the last committed
   batch, its duration, the watermark after it, and a later batch planned but not committed;
 - the ledger (``ledger.path``), today's partition: the day's outcomes by policy, as the daily report counts

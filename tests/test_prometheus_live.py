@@ -10,10 +10,11 @@ On the real servers: a purger runs with a keyspace and buckets of its own, and a
 package, which `make install` and CI install) scrapes it every second and evaluates the shipped rules every
 second, their `for:` cut to seconds. Through Prometheus's HTTP API the test finds series for every panel's
 expr, PurgerRecordsDeadLettered firing on a burst of bad records, and PurgerDown pending, firing and resolved
-as the metrics endpoint stops answering and answers again. Then who reaches that purger: from a network
-namespace of the test's own (tests.support.exposure), its metrics endpoint does not answer (it listens on the
-loopback alone), and the Spark UI's kill endpoints answer and kill none of its jobs. (The dead-letter alert counts over 15 minutes, so
+as the metrics endpoint stops answering and answers again. (The dead-letter alert counts over 15 minutes, so
 it would resolve only 15 minutes after the burst; a cut endpoint is the fault cheapest to cause and undo.)
+Then who reaches that purger: from a network namespace of the test's own (tests.support.exposure), its metrics
+endpoint does not answer (it listens on the loopback alone), and the Spark UI's kill endpoints answer and kill
+none of its jobs.
 
 Example::
 
