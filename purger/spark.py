@@ -46,7 +46,8 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
     kills no job or stage unless the Spark configuration the driver starts with sets ``spark.ui.killEnabled``.
     """
     builder = SparkSession.builder.appName(app_name)
-    if not _submitted():
+    submitted = _submitted()
+    if not submitted:
         # The connector jars, fetched with Maven into the local cache; spark-submit brings its own --jars.
         from purger.artifacts import spark_connector_jars
 
@@ -57,27 +58,21 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
             # report` on a small ledger, its session and report: about 45 s with C2, 26 s without, under load).
             # A report of a very large day would run its aggregation slower.
             java_options["spark.driver.extraJavaOptions"] += " -XX:TieredStopAtLevel=1"
-        launch = {
-            "spark.master": stream.master,
-            "spark.driver.memory": stream.driver_memory,
-            "spark.jars": jars,
+        builder = (
+            builder.master(stream.master)
+            .config("spark.driver.memory", stream.driver_memory)
+            .config("spark.jars", jars)
             # The purger's log settings for the JVM started here; spark-submit is given them (devstack.cluster).
-            **java_options,
-        }
+            .config(map=java_options)
+        )
         if one_off:
-            launch["spark.ui.enabled"] = "false"
+            builder = builder.config("spark.ui.enabled", "false")
         else:
             # New Python workers are forked with pandas, Arrow, the clients and the policies already
             # imported (purger/worker_daemon.py), so a start's first batches do not wait for imports.
             # Only here, where the executors import the purger from the driver's installation: a
             # submitted job's may have it only in its --py-files, which the daemon cannot import from.
-            launch["spark.python.daemon.module"] = "purger.worker_daemon"
-        # The JVM started now, with these settings, as the session would start it: what else its Spark
-        # configuration holds (spark-defaults.conf, PYSPARK_SUBMIT_ARGS) can then be read before the session.
-        SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(launch.items()))
-        builder = builder.config(map=launch)
-    if not SparkConf().contains(UI_KILL_ENABLED):
-        builder = builder.config(UI_KILL_ENABLED, "false")
+            builder = builder.config("spark.python.daemon.module", "purger.worker_daemon")
     if urlparse(stream.checkpoint).scheme in ("", "file"):
         # On a local disk, Hadoop's FileContext (Spark's default) starts a chmod and a readlink process for
         # each checkpoint file (offsets, commits, each state partition's changelog); its FileSystem starts
@@ -89,7 +84,7 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
     # The pools' file as a file on disk: a submitted driver imports the purger from its --py-files zip. Spark
     # reads it once, as the session's context starts.
     with as_file(files("purger") / "fairscheduler.xml") as pools:
-        return (
+        builder = (
             builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
             # Each ledger commit rebuilds the table's snapshot in this many tasks: Delta's 50 made it a
@@ -126,5 +121,11 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
             .config("spark.metrics.conf.*.sink.prometheusServlet.path", "/metrics/prometheus")
             .config("spark.ui.prometheus.enabled", "true")
             .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
         )
+        if not submitted:
+            # The JVM started now with every setting above, as getOrCreate would start it, so that what else its
+            # Spark configuration holds (spark-defaults.conf, PYSPARK_SUBMIT_ARGS) can be read before the session.
+            SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(builder._options.items()))
+        if not SparkConf().contains(UI_KILL_ENABLED):
+            builder = builder.config(UI_KILL_ENABLED, "false")
+        return builder.getOrCreate()
