@@ -314,6 +314,23 @@ class ReconcileConfig(_Section):
 class MetricsConfig(_Section):
     # The purger's own Prometheus endpoint on the driver (http://host:port/metrics); 0 turns it off.
     port: int = Field(default=9108, ge=0, lt=65536)
+    # The address it listens on: the driver's loopback alone unless set, so that only that machine reads it.
+    # A scraper on another host needs one of the driver's addresses, or "0.0.0.0" for every interface
+    # (docs/operations.md, "Securing a running purger").
+    host: str = Field(default="127.0.0.1", min_length=1)
+
+    @property
+    def url(self) -> str | None:
+        """Where a client on the driver's machine reads the endpoint; None when it is off. An endpoint on every
+        interface is read on the loopback."""
+        if not self.port:
+            return None
+        host = _EVERY_INTERFACE.get(self.host, self.host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/metrics"
+
+
+# The wildcard addresses, each with the loopback address a client on the same machine connects to instead.
+_EVERY_INTERFACE = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
 def _default_stores() -> dict[str, ObjectStoreConfig]:

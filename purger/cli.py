@@ -154,7 +154,7 @@ def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., Running
     typer.echo(f"purger running: query {config.stream.query_name!r}, checkpoint "
                f"{config.stream.checkpoint_location}, ledger {config.ledger.path}, "
                f"Spark UI {spark.sparkContext.uiWebUrl}"
-               + (f", metrics http://127.0.0.1:{config.metrics.port}/metrics" if config.metrics.port else "")
+               + (f", metrics {config.metrics.url}" if config.metrics.url else "")
                + (" (dry run: nothing is deleted)" if config.stream.dry_run else ""))
     try:
         # The signal handler only sets the event; short waits let this loop see it.
@@ -358,7 +358,7 @@ def status(
     config_file: Optional[Path] = ConfigOption,
     as_json: bool = typer.Option(False, "--json", help="Print it as JSON, for scripts."),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="The running purger's metrics endpoint "
-                                          "(default: http://127.0.0.1:<metrics.port>/metrics)."),
+                                          "(default: http://<metrics.host>:<metrics.port>/metrics)."),
     prometheus: Optional[str] = typer.Option(None, "--prometheus", envvar="PURGER_PROMETHEUS_URL",
                                              help="A Prometheus that scrapes the purger: its alerts are shown."),
     dry_run: bool = typer.Option(False, "--dry-run", help="The dry run's: its checkpoint, ledger and reconciles."),

@@ -198,6 +198,21 @@ def test_operations_keys_are_checked():
         build_config({"metrics": {"port": 70000}})
 
 
+@pytest.mark.parametrize("host, url", [
+    ("127.0.0.1", "http://127.0.0.1:9108/metrics"), ("0.0.0.0", "http://127.0.0.1:9108/metrics"),
+    ("10.0.0.5", "http://10.0.0.5:9108/metrics"), ("::", "http://[::1]:9108/metrics"),
+    ("fd00::5", "http://[fd00::5]:9108/metrics")])
+def test_the_metrics_endpoint_is_read_where_it_listens(host, url):
+    assert build_config({"metrics": {"host": host}}).metrics.url == url
+    assert build_config({"metrics": {"host": host, "port": 0}}).metrics.url is None
+
+
+def test_the_metrics_endpoint_listens_on_the_loopback_unless_set():
+    assert build_config({}).metrics.host == "127.0.0.1"
+    with pytest.raises(ConfigError, match="metrics.host"):
+        build_config({"metrics": {"host": ""}})
+
+
 @pytest.mark.parametrize("name, section, renamed", [
     ("mailbox", {"messages_table": "msgs", "payload_refs_table": "refs", "payloads_table": "blobs"},
      {"messages": "msgs", "payload_refs": "refs", "payloads": "blobs"}),
