@@ -34,7 +34,6 @@ from simulation.mailbox import Platform
 from devstack.stack import prepare
 from purger.sinks.ledger import Ledger
 from tests.support.configs import free_port, mailbox, toml
-from tests.support.faults import FAULTS
 from tests.support.mailbox import deletable
 from tests.support.waits import ago
 
@@ -193,18 +192,15 @@ def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(clust
 
 def test_executors_killed_while_deleting_lose_nothing_and_record_each_deletion_once(cluster, servers, run_id,
                                                                                   tmp_path, spark):
-    """SIGKILL of an executor's JVM in the middle of batches that delete (once bounded, three times in full:
-    ``FAULTS.executor_kills``): Spark runs the lost tasks again (task and stage retries) and a new executor
-    takes the worker's place. Counted at the end: live objects deleted, due ones left, and ledger records
-    missing or doubled, each 0."""
-    # Capped at 10 deletions/s, 4 per message: 50 messages a kill keep batches deleting for the kills and a new
-    # executor's start between them.
+    """SIGKILL of an executor's JVM in the middle of batches that delete, three times: Spark runs the lost
+    tasks again (task and stage retries) and a new executor takes the worker's place. Counted at the end:
+    live objects deleted, due ones left, and ledger records missing or doubled, each 0."""
+    # Capped so that each batch deletes for 15 s or more: three kills, a new executor's start between them, fit.
     config_path = job_config(servers, tmp_path, f"{run_id}.executor-kills", max_deletions_per_second=10)
     config = load_config(config_path)
     platform = Platform(config)
     try:
-        eligible = {m: f"p-{m}" for m in deletable(platform, config, 50 * FAULTS.executor_kills,
-                                                   f"kills-{uuid.uuid4().hex[:6]}")}
+        eligible = {m: f"p-{m}" for m in deletable(platform, config, 150, f"kills-{uuid.uuid4().hex[:6]}")}
         live = [f"kills-live-{uuid.uuid4().hex[:6]}-{i}" for i in range(5)]
         for m in live:
             platform.enqueue(m, f"p-{m}", extract_count=1)
@@ -225,7 +221,7 @@ def test_executors_killed_while_deleting_lose_nothing_and_record_each_deletion_o
                 assert submission.running(), f"spark-submit exited:\n{submission.log_tail()}"
                 assert time.monotonic() < deadline, f"{now_left} due objects left; log:\n{submission.log_tail()}"
                 # In the middle of deleting: some went since the last kill, and some are left.
-                if kills < FAULTS.executor_kills and now_left <= last_left - 10 and (pids := executor_pids(app_id)):
+                if kills < 3 and now_left <= last_left - 10 and (pids := executor_pids(app_id)):
                     os.kill(pids[kills % len(pids)], signal.SIGKILL)
                     kills, last_left = kills + 1, now_left
                 time.sleep(0.5)
@@ -236,7 +232,7 @@ def test_executors_killed_while_deleting_lose_nothing_and_record_each_deletion_o
         failed_tasks = sum(e["failedTasks"] for e in executors)
         print(f"{kills} executors killed, {failed_tasks} tasks failed and ran again; spark-submit log:\n"
               + "\n".join(line for line in submission.log_tail(400).splitlines() if "purger" in line))
-        assert kills == FAULTS.executor_kills and failed_tasks >= 1  # the kills came in the middle of tasks
+        assert kills == 3 and failed_tasks >= 1  # the kills came in the middle of tasks
 
         wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
         records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()

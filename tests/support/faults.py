@@ -179,7 +179,6 @@ class FaultMatrix:
 
     attempts: int  # per race
     random_kills: int  # the kill test's kills at a random moment, besides its failpoints
-    executor_kills: int  # executors SIGKILLed mid-delete on the cluster
     every_failpoint: bool  # the kill test kills at each failpoint, or at one per step of the purge protocol
     outage_s: float  # how long a server stays down
 
@@ -189,7 +188,6 @@ def fault_matrix(environ: dict[str, str] | os._Environ = os.environ) -> FaultMat
     return FaultMatrix(
         attempts=int(environ.get("PURGER_FAULT_ATTEMPTS", 20_000 if full else 400)),
         random_kills=int(environ.get("PURGER_FAULT_RANDOM_KILLS", 10 if full else 1)),
-        executor_kills=3 if full else 1,
         every_failpoint=full,
         outage_s=float(environ.get("PURGER_FAULT_OUTAGE_S", 30 if full else 10)),
     )
