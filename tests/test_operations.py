@@ -218,7 +218,7 @@ def test_a_dry_run_records_would_delete_and_deletes_nothing(spark, config, tmp_p
     SPEC 9.5: all of it in the dry run's own ledger and report, none in the real purger's; a bad record on its
     own dead-letter topic, not on the real one."""
     every_policy = with_policies(config, {**config.policies, **SETTINGS})
-    real = own_config(every_policy, tmp_path_factory.mktemp("dry"), "dry")
+    real = own_config(every_policy, tmp_path_factory.mktemp("dry"), "dry", report_interval=timedelta(seconds=2))
     dry = real.as_dry_run()
     create_topics(dry, partitions=2)  # its own control and dead-letter topics, as `purger setup` makes them
     platform, objects = Platform(dry), PolicyObjects(dry)
