@@ -5,7 +5,10 @@ The ledger has one record per outcome of the purge sink: every deletion
 batch id), and every decision not to delete (``skipped`` with the reason,
 ``already_gone``, ``error``, ``dead_lettered``, and a dry run's
 ``would_delete``). A batch's records go in one Delta transaction and carry the
-query's id and the batch id.
+query's id and the batch id. Each command that changes what is deleted
+(``purger reconcile``, ``purger replay``) is a record too, ``status = 'command'``,
+one per policy it concerns, with who ran it (``actor``) and why (``reason``):
+an auditor reads it beside the records of its effect (``Ledger.record_command``).
 
 Each record has a ``record_id``, the same every time the same thing is recorded:
 for a deletion, its policy, kind, id, data centre and the batch that meant it
@@ -32,10 +35,13 @@ Example::
     ledger.append(outcomes, query_id, batch_id, may_hold=False)
     ledger.records().where("status = 'purged'").count()
     Report(spark, config.ledger, config.policy_set).refresh(date(2026, 11, 21))
+    ledger.record_command("reconcile", ["mailbox"], actor="jdoe", reason="INC-4711", run="5f0c3a9e21b4")
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
@@ -51,7 +57,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ra
 
 from purger.core.config import LedgerConfig
 from purger.core.policy_set import PolicySet
-from purger.core.vocabulary import ALL_DCS, PURGED, SKIPPED, STATUSES
+from purger.core.vocabulary import ALL_DCS, COMMAND, PURGED, SKIPPED, STATUSES
 from purger.sinks.journal import JOURNAL_TTL_S
 
 # Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.
@@ -148,6 +154,18 @@ class Ledger:
             .execute()
         )
 
+    def record_command(self, command: str, policies: list[str], actor: str, reason: str, run: str) -> None:
+        """Who ran ``command`` (``reconcile``, ``replay``) on ``policies`` and why: a record per policy, ``id``
+        ``<command>/<run>`` (a reconcile's report rows carry the same run id), written before the command
+        changes anything, so that one cut short is on record too. A ledger written before the ``actor``
+        column existed takes it on."""
+        now = datetime.now(timezone.utc)
+        rows = [(policy, COMMAND, f"{command}/{run}", command, None, COMMAND, reason, None, now, None, None, -1,
+                 run, f"{socket.gethostname()}:{os.getpid()}", now.date(), actor) for policy in policies]
+        records = self.spark.createDataFrame(rows, _COMMAND_SCHEMA).select(
+            F.sha2(F.to_json(F.array("policy", "kind", "id", "status")), 256).alias("record_id"), "*")
+        records.write.format("delta").mode("append").partitionBy("date").option("mergeSchema", "true").save(self.path)
+
     def create(self) -> None:
         """Make the table if it is not there, or give a ledger of an earlier version its new columns, as
         ``append`` does: an append of no records. The purger does it before its first batch, which then
@@ -173,6 +191,12 @@ class Ledger:
         return self.spark.read.format("delta").load(self.path)
 
 
+# A command's records: the ledger's columns (``Ledger.append``) and who ran it.
+_COMMAND_SCHEMA = ("policy string, kind string, id string, rule string, dc string, status string, reason string, "
+                   "eligible_at timestamp, decided_at timestamp, deleted_at timestamp, lag_s double, batch_id long, "
+                   "query_id string, worker string, date date, actor string")
+
+
 class Report:
     def __init__(self, spark: SparkSession, ledger: LedgerConfig, policies: PolicySet) -> None:
         self.spark = spark
@@ -196,7 +220,7 @@ class Report:
         policy's own fields."""
         records = (
             self.ledger.records()
-            .where(F.col("date") == F.lit(day))
+            .where((F.col("date") == F.lit(day)) & (F.col("status") != COMMAND))
             .withColumn("dc", F.coalesce("dc", F.lit(ALL_DCS)))
             # Records written before there were policies are all the mailbox's.
             .withColumn("policy", F.coalesce("policy", F.lit("mailbox")))
