@@ -128,6 +128,7 @@ class Ledger:
             F.lit(query_id).alias("query_id"),
             "worker",
             F.to_date(_timestamp("decided_at_ms")).alias("date"),
+            F.lit(None).cast("string").alias("actor"),  # a command's (``record_command``), none of the purge's
         )
         if may_hold and self.exists():
             self._merge(records.dropDuplicates(["record_id"]))
@@ -167,10 +168,10 @@ class Ledger:
         records.write.format("delta").mode("append").partitionBy("date").option("mergeSchema", "true").save(self.path)
 
     def create(self) -> None:
-        """Make the table if it is not there, or give a ledger of an earlier version its new columns, as
-        ``append`` does: an append of no records. The purger does it before its first batch, which then
+        """Make the table if it is not there, or give a ledger of an earlier version its new columns (a merge
+        inserts every column the table has), as ``append`` does: an append of no records. The purger does it before its first batch, which then
         does not pay for it and for a new JVM's first Delta write (seconds, BENCHMARKS.md)."""
-        if not self.exists() or "record_id" not in self.records().columns:
+        if not self.exists() or not {"record_id", "actor"} <= set(self.records().columns):
             from purger.sinks.purge import OUTCOME_SCHEMA
 
             self.append(self.spark.createDataFrame([], OUTCOME_SCHEMA), "", -1, may_hold=False)
