@@ -340,7 +340,7 @@ def report(
     dry_run: bool = typer.Option(False, "--dry-run", help="The dry run's report, from its own ledger "
                                                           "(<ledger.path>.dry-run)."),
 ) -> None:
-    """Bring a day's purge report up to date from the ledger and print it."""
+    """Bring the purge report up to date from the ledger (what was written since its last refresh) and print a day."""
     from rich.console import Console
     from purger.output import report_tables
     from purger.sinks.ledger import Report
@@ -354,7 +354,7 @@ def report(
     # Only Spark's errors: its start's warnings are about the host, not the report.
     spark = spark_session(config.stream, app_name="purger-report", log_level="ERROR", one_off=True)
     purge_report = Report(spark, config.ledger, config.policy_set)
-    purge_report.refresh(when)
+    purge_report.refresh()
     rows = purge_report.rows(when)
     title = f"Purge report {when.isoformat()} (UTC), from {config.ledger.path}"
     Console().print(report_tables(rows, title) if rows else f"no ledger records for {when.isoformat()}")
