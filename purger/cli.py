@@ -3,9 +3,11 @@
     purger run [--config F] [--dry-run]          the streaming purge job, until interrupted
                [--log-level INFO]                a line per batch; WARNING: warnings only
     purger replay [--from earliest|TIME]         the same, from a fresh checkpoint, with a progress bar
+                  --reason WHY [--actor WHO]     ... recorded in the ledger (as a reconcile's)
     purger report [--date D] [--dry-run]         the daily purge report, from the ledger (or the dry run's)
     purger pending [--hours N]                   what the checkpoint's state will purge in the next N hours
     purger reconcile [--policy P] [--dry-run]    scan the store: feed back what the stream does not know
+                     --reason WHY [--actor WHO]  ... who ran it and why, in the ledger (no reason: a dry run)
     purger status [--json] [--prometheus URL]    is it healthy: the query, the last batch, today's outcomes, alerts
                   [--dry-run]                    ... of the dry run
     purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
@@ -17,9 +19,11 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import signal
 import threading
+import uuid
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -239,6 +243,27 @@ DryRunOption = typer.Option(False, "--dry-run", help="Decide and record would_de
                                                        "(<ledger.path>.dry-run); delete nothing.")
 
 
+ActorOption = typer.Option(None, "--actor", help="Who runs it, as the ledger records it (default: the OS user); "
+                                                   "set it from the identity your SSO gives you.")
+ReasonOption = typer.Option(None, "--reason", help="Why it runs (a ticket, an incident), recorded in the ledger with "
+                                                   "who ran it. Required unless --dry-run.")
+
+
+def _who_and_why(command: str, actor: Optional[str], reason: Optional[str], dry_run: bool) -> tuple[str, str]:
+    """Who runs a command that changes what is deleted, and why, for its ledger record (``Ledger.record_command``);
+    a command without a reason is refused in one line, before anything starts."""
+    if not dry_run and not (reason or "").strip():
+        typer.echo(f"purger {command} changes what is deleted: say why with --reason (a ticket, an incident); the "
+                   "ledger records it with who ran it (--actor, by default the OS user)", err=True)
+        raise typer.Exit(2)
+    if actor:
+        return actor, reason or ""
+    try:
+        return getpass.getuser(), reason or ""
+    except (KeyError, OSError):  # a container's user with no name
+        return f"uid {os.getuid()}", reason or ""
+
+
 def _with_dry_run(config: PurgerConfig, dry_run: bool) -> PurgerConfig:
     """The configuration of a dry run on ``config`` (``PurgerConfig.as_dry_run``: its own checkpoint, topics and
     ledger) when ``dry_run``; one that has no place for them is one line naming the key."""
@@ -283,15 +308,22 @@ def replay(
     config_file: Optional[Path] = ConfigOption,
     since: str = typer.Option("earliest", "--from", help="earliest, or an ISO time: replay the events from then."),
     dry_run: bool = DryRunOption,
+    actor: Optional[str] = ActorOption,
+    reason: Optional[str] = ReasonOption,
     log_level: LogLevel = LogLevelOption,
 ) -> None:
     """Replay the events topics into a fresh checkpoint (the old one is renamed), catch up, keep running."""
     from purger.replay import follow, start_replay
+    from purger.sinks.ledger import Ledger
 
+    who, why = _who_and_why("replay", actor, reason, dry_run)
     since_ms = _moment(since)
     config = _with_dry_run(load_or_exit(config_file), dry_run)
 
     def start(spark, s, stop_requested):
+        if not dry_run:
+            Ledger(spark, s.ledger).record_command("replay", [p.name for p in s.policy_set.policies], who, why,
+                                                   uuid.uuid4().hex[:12])
         running, to_read = start_replay(spark, s, since_ms)
         typer.echo(f"replaying {to_read.total} events from {since}")
         if follow(running.query, to_read, stop=stop_requested):
@@ -308,7 +340,7 @@ def report(
     dry_run: bool = typer.Option(False, "--dry-run", help="The dry run's report, from its own ledger "
                                                           "(<ledger.path>.dry-run)."),
 ) -> None:
-    """Bring a day's purge report up to date from the ledger and print it."""
+    """Bring the purge report up to date from the ledger (what was written since its last refresh) and print a day."""
     from rich.console import Console
     from purger.output import report_tables
     from purger.sinks.ledger import Report
@@ -322,7 +354,7 @@ def report(
     # Only Spark's errors: its start's warnings are about the host, not the report.
     spark = spark_session(config.stream, app_name="purger-report", log_level="ERROR", one_off=True)
     purge_report = Report(spark, config.ledger, config.policy_set)
-    purge_report.refresh(when)
+    purge_report.refresh()
     rows = purge_report.rows(when)
     title = f"Purge report {when.isoformat()} (UTC), from {config.ledger.path}"
     Console().print(report_tables(rows, title) if rows else f"no ledger records for {when.isoformat()}")
@@ -417,6 +449,8 @@ def reconcile(
     dry_run: bool = typer.Option(False, "--dry-run", help="Feed nothing back and delete no orphan blob; count "
                                                           "them, and record would_delete for the orphans in the "
                                                           "dry run's ledger."),
+    actor: Optional[str] = ActorOption,
+    reason: Optional[str] = ReasonOption,
     log_level: LogLevel = LogLevelOption,
 ) -> None:
     """Scan the enabled policies' tables and object stores; feed back to the stream what it does not know or
@@ -425,11 +459,13 @@ def reconcile(
     from purger.output import reconcile_table
     from purger.reconcile.run import reconcile as run_reconcile
     from purger.reconcile.verdict import ReconcileError
+    from purger.sinks.ledger import Ledger
     from purger.spark import spark_session
 
     # The stream's own checkpoint is compared with, even in a dry run: not the dry-run one ``--dry-run`` on
     # `purger run` would use. A dry run's records (the orphans' would_delete, the report's rows) go to the dry
     # run's ledger all the same (``purger.reconcile.run.reconcile``).
+    who, why = _who_and_why("reconcile", actor, reason, dry_run)
     config = load_or_exit(config_file)
     dry_run = dry_run or config.stream.dry_run
     log_to_stderr(log_level)
@@ -440,7 +476,11 @@ def reconcile(
     set_spark_log_level(spark, log_level)
     try:
         # This process ends after the reconcile, and what Spark keeps of a state read goes with it.
-        rows = run_reconcile(spark, config, policy or None, dry_run, state_apart=False)
+        run = uuid.uuid4().hex[:12]
+        if not dry_run:
+            chosen = [p.name for p in config.policy_set.policies if not policy or p.name in policy]
+            Ledger(spark, config.ledger).record_command("reconcile", chosen, who, why, run)
+        rows = run_reconcile(spark, config, policy or None, dry_run, state_apart=False, run_id=run)
     except (ReconcileError, ConfigError) as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None

@@ -6,6 +6,8 @@ import os
 import re
 import signal
 
+import pytest
+
 from purger.cli import _set_on_signals
 
 
@@ -156,3 +158,27 @@ def test_schema_with_replication_prints_the_keyspaces_create_keyspace_first(tmp_
     bad = CliRunner().invoke(app, ["schema", "--replication", "dc1:three"])
     assert bad.exit_code == 2 and bad.output.strip() == (
         "--replication takes DC:REPLICAS,... (e.g. dc1:3,dc2:3); 'dc1:three' is not one")
+
+
+@pytest.mark.parametrize("command", ["reconcile", "replay"])
+def test_a_command_that_changes_what_is_deleted_without_a_reason_exits_2_in_one_line(tmp_path, command):
+    from typer.testing import CliRunner
+
+    from purger.cli import app
+
+    # Refused before the configuration is read or anything starts: the file does not even exist.
+    result = CliRunner().invoke(app, [command, "--config", str(tmp_path / "absent.toml"), "--actor", "jdoe"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"purger {command} changes what is deleted: say why with --reason (a ticket, an incident); the ledger "
+        "records it with who ran it (--actor, by default the OS user)"]
+
+
+def test_who_runs_a_command_is_the_actor_given_or_the_os_user_and_a_dry_run_needs_no_reason():
+    import getpass
+
+    from purger.cli import _who_and_why
+
+    assert _who_and_why("reconcile", "jdoe@example.com", "INC-4711", False) == ("jdoe@example.com", "INC-4711")
+    assert _who_and_why("reconcile", None, "INC-4711", False) == (getpass.getuser(), "INC-4711")
+    assert _who_and_why("replay", None, None, True) == (getpass.getuser(), "")
