@@ -4,6 +4,7 @@ switched off, ``--log-level``, and each batch's jobs named in the Spark UI."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 import os
 import re
 import signal
@@ -197,7 +198,7 @@ def test_each_batch_names_its_jobs_in_the_spark_ui(spark, config, tmp_path_facto
     ledger; the daily report's jobs beside them after the report."""
     from purger.running import start_purger
 
-    own = own_config(config, tmp_path_factory.mktemp("jobs"), "jobs")
+    own = own_config(config, tmp_path_factory.mktemp("jobs"), "jobs", report_interval=timedelta(seconds=2))
     platform = Platform(own)
     running = start_purger(spark, own)
     try:

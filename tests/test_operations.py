@@ -319,7 +319,7 @@ def test_a_stop_is_prompt_and_a_batch_refused_at_it_is_no_failure(spark, config,
     reaches the closed sink waits there for the stop, which ends the query as stopped, not failed."""
     import time
 
-    own = own_config(config, tmp_path_factory.mktemp("stop"), "stop")
+    own = own_config(config, tmp_path_factory.mktemp("stop"), "stop", report_interval=timedelta(seconds=2))
     platform = Platform(own)
     try:
         running = start_purger(spark, own)
