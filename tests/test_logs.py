@@ -4,7 +4,6 @@ switched off, ``--log-level``, and each batch's jobs named in the Spark UI."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 import os
 import re
 import signal
@@ -12,6 +11,7 @@ import subprocess
 import sys
 import urllib.request
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
