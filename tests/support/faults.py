@@ -182,6 +182,7 @@ class FaultMatrix:
     random_kills: int  # the kill test's kills at a random moment, besides its failpoints
     every_failpoint: bool  # the kill test kills at each failpoint, or at one per step of the purge protocol
     outage_s: float  # how long a server stays down
+    measured_races: bool  # the races whose outcome is measured, not asserted (a consistency level's risk)
 
 
 def fault_matrix(environ: dict[str, str] | os._Environ = os.environ) -> FaultMatrix:
@@ -192,6 +193,7 @@ def fault_matrix(environ: dict[str, str] | os._Environ = os.environ) -> FaultMat
         random_kills=int(environ.get("PURGER_FAULT_RANDOM_KILLS", 10 if full else 1)),
         every_failpoint=full,
         outage_s=float(environ.get("PURGER_FAULT_OUTAGE_S", 30 if full else 10)),
+        measured_races=full,
     )
 
 
