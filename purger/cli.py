@@ -11,6 +11,7 @@
     purger status [--json] [--prometheus URL]    is it healthy: the query, the last batch, today's outcomes, alerts
                   [--dry-run]                    ... of the dry run
     purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
+                 [--rate 100M]                   ... first the cores and settings for that many messages a day
     purger submit-line --master URL [--config F] the spark-submit line of the purge job on a cluster
     purger schema [--config F]                   the enabled policies' reference CQL, under the configured names
                   [--replication dc1:3,dc2:3]    ... and the keyspace's CREATE KEYSPACE
@@ -72,12 +73,36 @@ def load_or_exit(path: Optional[Path]) -> PurgerConfig:
 
 
 @app.command("setup")
-def setup(config_file: Optional[Path] = ConfigOption) -> None:
+def setup(
+    config_file: Optional[Path] = ConfigOption,
+    rate: Optional[str] = typer.Option(None, "--rate", help="New messages a day (e.g. 100M, 1B): print the cores "
+                                                            "and settings that volume needs, and create the "
+                                                            "purger's topics with its partitions."),
+    events_per_message: float = typer.Option(2.2, "--events-per-message", help="With --rate."),
+    payloads_per_message: float = typer.Option(0.7, "--payloads-per-message", help="With --rate: stored "
+                                                                                 "payloads a message."),
+    retention_days: float = typer.Option(6, "--retention-days", help="With --rate: days an object stays "
+                                                                      "in the state before its purge."),
+) -> None:
     """Create the purger's own topics if missing; check the events topics, tables, columns and buckets; say
-    which consistency levels the keyspace's replication asks of the platform's writes."""
+    which consistency levels the keyspace's replication asks of the platform's writes. With --rate, first the
+    cores and settings for that volume (docs/sizing.md)."""
+    from purger.core.sizing import Volume, parse_rate, size
+    from purger.output import sizing_lines
     from purger.setup import set_up
 
-    findings = set_up(load_or_exit(config_file))
+    config = load_or_exit(config_file)
+    sizing = None
+    if rate is not None:
+        try:
+            sizing = size(Volume(parse_rate(rate), events_per_message, payloads_per_message, retention_days,
+                                 config.reconcile.max_rows_per_second))
+        except ValueError as error:
+            typer.echo(f"--rate: {error}", err=True)
+            raise typer.Exit(2) from None
+        for line in sizing_lines(sizing):
+            typer.echo(line)
+    findings = set_up(config, sizing=sizing)
     for line in findings.created:
         typer.echo(f"created {line}")
     _exit_on_problems(findings)
