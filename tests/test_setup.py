@@ -54,6 +54,16 @@ def cassandra_address(config: PurgerConfig) -> str:
     return ", ".join(f"{host}:{config.cassandra.port}" for host in config.cassandra.hosts)
 
 
+def remove_what_setup_made(own: PurgerConfig, admin: KafkaAdminClient) -> None:
+    """The purger's own topics (and a dry run's) and the journal table ``setup`` made for ``own``."""
+    admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic,
+                         f"{own.kafka.control_topic}.dry-run", f"{own.kafka.dead_letter_topic}.dry-run"])
+    admin.close()
+    session = cassandra_session(own.cassandra)
+    session.execute(f"DROP TABLE IF EXISTS {own.cassandra.keyspace}.{own.cassandra.journal_table}")
+    session.cluster.shutdown()
+
+
 def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tmp_path):
     run = uuid.uuid4().hex[:8]
     own = variant(config, kafka={"control_topic": f"test.{run}.setup.control",
@@ -98,12 +108,7 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
                f"topic {own.kafka.control_topic}, topic {own.kafka.dead_letter_topic}, " \
                f"topic {own.kafka.reconcile_topic}" in again.stdout
     finally:
-        admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic,
-                             f"{own.kafka.control_topic}.dry-run", f"{own.kafka.dead_letter_topic}.dry-run"])
-        admin.close()
-        session = cassandra_session(config.cassandra)
-        session.execute(f"DROP TABLE IF EXISTS {keyspace}.journal_{run}")
-        session.cluster.shutdown()
+        remove_what_setup_made(own, admin)
 
 
 def test_setup_at_a_rate_prints_what_it_needs_and_gives_the_purgers_topics_its_partitions(config, tmp_path):
@@ -135,12 +140,7 @@ def test_setup_at_a_rate_prints_what_it_needs_and_gives_the_purgers_topics_its_p
             f"partitions, {twice.reconcile_topic_partitions} at this rate: kafka-topics.sh --alter --topic "
             f"{own.kafka.reconcile_topic} --partitions {twice.reconcile_topic_partitions}"]
     finally:
-        admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic,
-                             f"{own.kafka.control_topic}.dry-run", f"{own.kafka.dead_letter_topic}.dry-run"])
-        admin.close()
-        session = cassandra_session(config.cassandra)
-        session.execute(f"DROP TABLE IF EXISTS {config.cassandra.keyspace}.journal_{run}")
-        session.cluster.shutdown()
+        remove_what_setup_made(own, admin)
 
 
 def test_an_events_topic_that_does_not_exist_is_one_line(config, tmp_path):
