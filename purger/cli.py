@@ -281,12 +281,12 @@ def _who_and_why(command: str, actor: Optional[str], reason: Optional[str], dry_
         typer.echo(f"purger {command} changes what is deleted: say why with --reason (a ticket, an incident); the "
                    "ledger records it with who ran it (--actor, by default the OS user)", err=True)
         raise typer.Exit(2)
-    if actor:
-        return actor, reason or ""
-    try:
-        return getpass.getuser(), reason or ""
-    except (KeyError, OSError):  # a container's user with no name
-        return f"uid {os.getuid()}", reason or ""
+    if not actor:
+        try:
+            actor = getpass.getuser()
+        except (KeyError, OSError):  # a container's user with no name
+            actor = f"uid {os.getuid()}"
+    return actor, reason or ""
 
 
 def _with_dry_run(config: PurgerConfig, dry_run: bool) -> PurgerConfig:

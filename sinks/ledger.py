@@ -46,6 +46,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from datetime import date, datetime, timedelta, timezone
@@ -71,6 +72,8 @@ _CONFLICTS = (ConcurrentAppendException, ConcurrentDeleteReadException, Concurre
               MetadataChangedException, ProtocolChangedException)
 
 LAG_PERCENTILES = (0.5, 0.95, 0.99)
+
+log = logging.getLogger(__name__)
 CHANGE_FEED = "delta.enableChangeDataFeed"
 
 
@@ -392,15 +395,16 @@ class Report:
             return
         try:
             self._add(after, version)
-        except AnalysisException as error:  # the change feed off for those versions, or its files gone
-            if "raise_error" not in str(error) and ReportProgressMoved.__name__ not in str(error):
-                self._rebuild(version)
-                return
-            raise ReportProgressMoved() from None
         except PySparkException as error:
-            if ReportProgressMoved.__name__ in str(error):
+            if ReportProgressMoved.__name__ in str(error):  # the progress row's raise_error
                 raise ReportProgressMoved() from None
-            raise
+            if not isinstance(error, AnalysisException):
+                raise
+            # The change feed off for those versions, or its files gone: every day counted again, once.
+            log.warning("daily report %s: the ledger's change feed does not have its versions after %d (%s); "
+                        "rebuilding every day from the ledger", self.path, after,
+                        (str(error).strip().splitlines() or [type(error).__name__])[0])
+            self._rebuild(version)
 
     def rows(self, day: date) -> list[Row]:
         if not DeltaTable.isDeltaTable(self.spark, self.path):
