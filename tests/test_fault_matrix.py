@@ -8,6 +8,8 @@ def test_bounded_by_default_and_in_full_on_request():
     bounded, full = fault_matrix({}), fault_matrix({"PURGER_FAULTS": "full"})
     assert (bounded.attempts, bounded.cross_dc_attempts, bounded.random_kills, bounded.every_failpoint,
             bounded.outage_s, bounded.measured_races) == (400, 2_000, 1, False, 10, False)
+    assert (bounded.executor_kills, bounded.executor_kill_objects) == (1, 50)
+    assert (full.executor_kills, full.executor_kill_objects) == (3, 150)
     assert (full.attempts, full.cross_dc_attempts, full.random_kills, full.every_failpoint,
             full.outage_s, full.measured_races) == (20_000, 100_000, 10, True, 30, True)
 
