@@ -109,8 +109,10 @@ class KafkaConfig(_Section):
     topics: list[str] = Field(default_factory=lambda: ["mailbox.events"], min_length=1)
     # Where a fresh checkpoint starts reading; an existing checkpoint always resumes.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # The events topics' records read per batch at most; the clock ticks on through a larger backlog, at the
+    # Kafka time read so far (streams.clock).
     max_offsets_per_trigger: int = Field(default=100_000, gt=0)
-    # The purger's own topic: clock ticks that advance an idle stream's watermark, and the purge
+    # The purger's own topic: clock ticks that advance the watermark, and the purge
     # sink's reports back to the stateful stage (rechecks, released payloads). Read from its end.
     # A dry run's is `<control_topic>.dry-run` (``PurgerConfig.as_dry_run``).
     control_topic: str = "purger.control"
@@ -228,7 +230,8 @@ class StreamConfig(_Section):
     # How long after a deadline the purger waits for straggling events before acting on it. Events
     # are never dropped as late (streams/processor.py); a longer delay only purges later.
     watermark_delay: Duration = timedelta(seconds=2)
-    # How often an idle stream gets a clock tick (see streams/clock.py).
+    # How often the clock ticks: at the wall clock once the query has read every event, at the Kafka time read
+    # so far during a backlog (see streams/clock.py).
     # A tick is a few bytes: a short interval keeps the watermark within a second of the wall clock.
     clock_interval: Duration = timedelta(seconds=1)
     # When to try again a purge that failed (a data centre's store or Cassandra did not answer).
@@ -324,6 +327,23 @@ class ReconcileConfig(_Section):
 class MetricsConfig(_Section):
     # The purger's own Prometheus endpoint on the driver (http://host:port/metrics); 0 turns it off.
     port: int = Field(default=9108, ge=0, lt=65536)
+    # The address it listens on: the driver's loopback alone unless set, so that only that machine reads it.
+    # A scraper on another host needs one of the driver's addresses, or "0.0.0.0" for every interface
+    # (docs/operations.md, "Securing a running purger").
+    host: str = Field(default="127.0.0.1", min_length=1)
+
+    @property
+    def url(self) -> str | None:
+        """Where a client on the driver's machine reads the endpoint; None when it is off. An endpoint on every
+        interface is read on the loopback."""
+        if not self.port:
+            return None
+        host = _EVERY_INTERFACE.get(self.host, self.host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/metrics"
+
+
+# The wildcard addresses, each with the loopback address a client on the same machine connects to instead.
+_EVERY_INTERFACE = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
 def _default_stores() -> dict[str, ObjectStoreConfig]:

@@ -84,12 +84,17 @@ class Rule(Generic[S]):
     time for the stream, from the row's own columns at delete time, so one function decides both), the
     period, and ``condition``: the CQL condition on the row that the policy's conditional ``DELETE`` or
     claim carries, its one ``?`` bound to the wall clock minus ``period_ms`` (``cutoff``). None when the
-    claim conditions on the very values read instead (a calendar rule, a writer contract)."""
+    claim conditions on the very values read instead (a calendar rule, a writer contract).
+
+    ``undated``: the condition carried instead on a row read without the timestamp ``condition`` compares with
+    its ``?`` (that timestamp ``= null``), which is dated by its cells' write time (``dated``); None:
+    ``condition`` compares no such timestamp (``purge_protocol.RuleWrite``)."""
 
     name: str
     period_ms: int
     started_at: Callable[[S], int | None]
     condition: str | None = None
+    undated: str | None = None
 
     def cutoff(self) -> datetime:
         """What ``condition``'s ``?`` is bound to: the wall clock minus the period."""

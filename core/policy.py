@@ -46,9 +46,11 @@ from pydantic import BaseModel, ConfigDict
 from purger.core.config import Duration
 from purger.core.events import Eligibility, EventField, EventType, Link, ObjectKind, Rule, earliest
 from purger.core.handles import Consistency, Control, Journal, Resources, Tables
-from purger.core.purge_protocol import Attempt, Candidate, Dependent, Kept, ObjectPurge, Outcome, Purge, key_id
+from purger.core.purge_protocol import (
+    Attempt, Candidate, Dependent, Kept, ObjectPurge, Outcome, Purge, RuleWrite, key_id,
+)
 from purger.core.reconcile_descriptors import (
-    REFERENCED, Blobs, OrphanRows, PageVerdicts, Scanned, latest_write, row_event,
+    REFERENCED, Blobs, OrphanRows, PageVerdicts, Scanned, dated, latest_write, row_event,
 )
 from purger.core.times import (
     duration_ms, epoch_ms, format_epoch_ms, format_timestamp, from_epoch_ms, now_ms, parse_timestamp,
@@ -66,9 +68,9 @@ __all__ = [
     # purger.core.handles
     "Consistency", "Control", "Journal", "Resources", "Tables",
     # purger.core.purge_protocol
-    "Attempt", "Candidate", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "key_id",
+    "Attempt", "Candidate", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "RuleWrite", "key_id",
     # purger.core.reconcile_descriptors
-    "REFERENCED", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "latest_write", "row_event",
+    "REFERENCED", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "dated", "latest_write", "row_event",
     # purger.core.config
     "Duration",
     # purger.core.times

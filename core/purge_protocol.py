@@ -19,18 +19,38 @@ from dataclasses import dataclass, field
 import json
 from typing import Any, Callable, ClassVar, Generator, Generic, Iterable, Iterator, TypeVar
 
-from purger.core.events import Eligibility
+from purger.core.events import Eligibility, Rule
 from purger.core.failpoints import failpoint
-from purger.core.handles import Resources
+from purger.core.handles import Resources, Tables
 from purger.core.times import now_ms
 from purger.core.vocabulary import (
     ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, PURGED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, reason,
 )
 
 __all__ = [
-    "SELF", "Attempt", "Candidate", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "key_id",
+    "SELF", "Attempt", "Candidate", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "RuleWrite", "key_id",
     "recorded_from_intent",
 ]
+
+
+class RuleWrite:
+    """A rule's conditional write of a row (a ``DELETE``, a claim): ``cql`` up to its ``IF``, then the rule's
+    ``condition``, or its ``undated`` one for a row read without the timestamp the condition compares."""
+
+    def __init__(self, tables: Tables, cql: str, rule: Rule[Any]) -> None:
+        self.tables, self.rule = tables, rule
+        self.by_condition = tables.prepare(f"{cql} {rule.condition}")
+        self.by_undated = tables.prepare(f"{cql} {rule.undated}") if rule.undated else None
+
+    def applied(self, key: tuple[Any, ...], dated: bool, eligible_at_ms: int | None) -> bool:
+        """Whether the write applied to the row keyed by ``key``; ``dated``: the row read has the timestamp;
+        ``eligible_at_ms``: when the rule makes the row read due."""
+        if dated or self.by_undated is None:
+            return self.tables.applied(self.by_condition, *key, self.rule.cutoff())
+        # Dated by its cells' write time, which no condition can compare: the rule's period is checked on the row
+        # read, and the write applies only to the row as read (a platform write in between sets the timestamp).
+        return (eligible_at_ms is not None and eligible_at_ms <= now_ms()
+                and self.tables.applied(self.by_undated, *key))
 
 
 @dataclass(frozen=True)

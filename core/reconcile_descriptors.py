@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 import hashlib
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Iterable
 
-from purger.core.times import format_timestamp
+from purger.core.times import epoch_ms, format_epoch_ms
 
-__all__ = ["REFERENCED", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "latest_write", "row_event"]
+__all__ = ["REFERENCED", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "dated", "latest_write", "row_event"]
 
 
 # The field a scanned row gains when its table has ``Scanned.referenced_by``.
@@ -82,6 +82,13 @@ def latest_write(row: dict[str, Any], columns: Iterable[str]) -> datetime | None
 _EPOCH = datetime(1970, 1, 1)
 
 
+def dated(row: dict[str, Any], column: str, scanned: Scanned) -> datetime | None:
+    """When a row's rules run from: its timestamp ``column``; for a row without it (written by no platform
+    writer, which always sets it), the latest write time of its cells ``scanned.written`` (``latest_write``),
+    so that it is never skipped and never due at once. None: neither is set."""
+    return row[column] if row[column] is not None else latest_write(row, scanned.written)
+
+
 @dataclass(frozen=True)
 class Blobs:
     """Blobs a policy keeps in every data centre's object store: the object of ``kind`` whose id is ``id``
@@ -118,20 +125,22 @@ def row_event(table: str, object_id: str, event_type: str, at: datetime, **field
     duplicate the fold takes as one. Fields that are None are left out; datetimes (naive ones are UTC, as
     the Cassandra driver returns them) become the events' timestamp text, sets and tuples lists."""
     values = {name: _record_value(value) for name, value in fields.items() if value is not None}
-    at_text = format_timestamp(_utc(at))
+    at_text = _timestamp_text(at)
     # Two events of a row may share a type and a time (a user's in two data centres): their fields tell them apart.
     digest = hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
     return {"event_id": f"reconcile:{table}:{object_id}:{event_type}:{at_text}:{digest}", "type": event_type,
             "event_time": at_text, **values}
 
 
-def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+def _timestamp_text(moment: datetime) -> str:
+    """A row's timestamp as the events' text: the millisecond it stands for (``epoch_ms``), which the driver's
+    datetime may miss by microseconds."""
+    return format_epoch_ms(epoch_ms(moment))
 
 
 def _record_value(value: Any) -> Any:
     if isinstance(value, datetime):
-        return format_timestamp(_utc(value))
+        return _timestamp_text(value)
     if isinstance(value, (set, frozenset, tuple, list)) or type(value).__name__ == "SortedSet":
         return sorted(value)
     return value

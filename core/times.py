@@ -1,5 +1,9 @@
 """Time formats: the events' ISO-8601 UTC text with milliseconds, and epoch milliseconds.
 
+Conversions are whole numbers, exact over every timestamp the Cassandra driver decodes (years 1 to 9999): a
+float of a moment's seconds, times 1000, is a millisecond short for about 1% of moments before 2020 or after
+2033.
+
 Example::
 
     format_epoch_ms(1_767_254_280_000)   # '2026-01-01T07:58:00.000Z'
@@ -9,34 +13,44 @@ Example::
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 # The same format as Spark's pattern in streams.parse.
 SPARK_TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
 
 def format_timestamp(moment: datetime) -> str:
-    """the events' timestamp text: ISO-8601 UTC with milliseconds, e.g. ``2026-01-01T07:58:00.000Z``."""
-    moment = moment.astimezone(timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    """the events' timestamp text: ISO-8601 UTC with milliseconds (the moment's, truncated), four-digit years,
+    e.g. ``2026-01-01T07:58:00.000Z``."""
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def format_epoch_ms(epoch_ms: int) -> str:
     """``format_timestamp`` of epoch milliseconds."""
-    return format_timestamp(datetime.fromtimestamp(epoch_ms / 1000, timezone.utc))
+    return format_timestamp(from_epoch_ms(epoch_ms))
 
 
 def parse_timestamp(text: str) -> int:
     """Epoch milliseconds of the events' timestamp text."""
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    return epoch_ms(datetime.fromisoformat(text.replace("Z", "+00:00")))
+
+
+def nearest_ms(micros: Any) -> Any:
+    """Microseconds since the epoch to the nearest millisecond (a half up), of a number or of a numpy array:
+    ``epoch_ms`` and reconciliation's columns (``policies.mailbox.verdicts``) alike."""
+    return (micros + 500) // 1000
 
 
 def epoch_ms(moment: datetime | None) -> int | None:
-    """Epoch milliseconds of a datetime; Cassandra's timestamps come back naive, in UTC."""
+    """Epoch milliseconds of a datetime; Cassandra's timestamps come back naive, in UTC. The nearest: the driver
+    decodes a timestamp through a float of seconds, up to 16 microseconds off its millisecond far from 1970."""
     if moment is None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
-    return int(moment.timestamp() * 1000)
+    return nearest_ms((moment - _EPOCH) // timedelta(microseconds=1))
 
 
 def now_ms() -> int:
@@ -46,7 +60,7 @@ def now_ms() -> int:
 
 def from_epoch_ms(epoch_ms: int) -> datetime:
     """A timezone-aware UTC datetime (what a bound CQL timestamp parameter takes)."""
-    return datetime.fromtimestamp(epoch_ms / 1000, timezone.utc)
+    return _EPOCH + timedelta(milliseconds=epoch_ms)
 
 
 def duration_ms(duration: timedelta) -> int:

@@ -17,6 +17,9 @@ SKIPPED = "skipped"
 ERROR = "error"
 DEAD_LETTERED = "dead_lettered"
 STATUSES = (PURGED, WOULD_DELETE, ALREADY_GONE, SKIPPED, ERROR, DEAD_LETTERED)
+# Not an outcome: a command that changes what is deleted (a reconcile or a replay started by hand), with who ran
+# it (``actor``) and why (``reason``), recorded in the ledger beside what it did.
+COMMAND = "command"
 
 # Rows of the stateful stage that are not objects of a policy.
 DEAD_LETTER = "dead_letter"  # a bad record, passed through to the sink

@@ -22,6 +22,12 @@ condition on a conditional ``DELETE``: the row still has that status and its
 Reconciliation reads a row back as one ``rule_event_status`` of its status at
 its ``updated_at`` (``RuleEventsPolicy.row_events``).
 
+A row without ``updated_at`` (written by no platform writer, which always sets
+it) is dated by its status cell's write time (``status_changed_at``), at delete
+time and by reconciliation alike: never skipped, never due at once. Its delete
+carries ``updated_at = null`` in place of ``updated_at <= ?``, the period having
+been checked on the row read (``Rule.undated``).
+
 Example::
 
     from purger.policies import load_policy
@@ -35,15 +41,15 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from purger.core.config import Duration
 from purger.core.events import Eligibility, EventField, EventType, ObjectKind, Rule, earliest
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings
-from purger.core.purge_protocol import Candidate, ObjectPurge, Purge
-from purger.core.reconcile_descriptors import Scanned, row_event
+from purger.core.purge_protocol import Candidate, ObjectPurge, Purge, RuleWrite
+from purger.core.reconcile_descriptors import Scanned, dated, row_event
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
 
@@ -56,6 +62,10 @@ PROCESSING = "PROCESSING"
 COMPLETE = "COMPLETE"
 FAILED = "FAILED"
 STATUSES = (UNPROCESSED, PROCESSING, COMPLETE, FAILED)
+
+# The rows as the purge reads them and as reconciliation scans them, with the write time that dates a row lacking
+# its updated_at: its status's, which every change of status writes.
+RULE_EVENTS = Scanned(TABLE, KIND, "rule_event_id", ("rule_event_id", "status", "updated_at"), written=("status",))
 
 
 class RuleEventsSettings(Settings):
@@ -103,7 +113,8 @@ def _held(status: str, period: timedelta) -> Rule[RuleEventState]:
     ``updated_at`` is that change, so the check at delete time says the same of the row."""
     return Rule(rule_name(status), duration_ms(period),
                 lambda s: s.status_at_ms if s.status == status else None,
-                f"status = '{status}' AND updated_at <= ?")
+                f"status = '{status}' AND updated_at <= ?",
+                undated=f"status = '{status}' AND updated_at = null")
 
 
 def rule_table(settings: RuleEventsSettings) -> dict[str, Rule[RuleEventState]]:
@@ -156,13 +167,14 @@ class RuleEventPurge(ObjectPurge[Any]):
     def __init__(self, resources: Resources, tables: dict[str, str], rules: dict[str, Rule[RuleEventState]]) -> None:
         super().__init__(resources, tables)
         self.rules = rules
-        self.deletes = {rule.name: self.tables.prepare(f"DELETE FROM {{{TABLE}}} WHERE rule_event_id = ? "
-                                                       f"IF {rule.condition}")
+        self.deletes = {rule.name: RuleWrite(self.tables, f"DELETE FROM {{{TABLE}}} WHERE rule_event_id = ? IF", rule)
                         for rule in rules.values()}
-        self.read_row = self.tables.prepare(f"SELECT status, updated_at FROM {{{TABLE}}} WHERE rule_event_id = ?")
+        self.read_row = self.tables.prepare(
+            f"SELECT {', '.join(RULE_EVENTS.selected)} FROM {{{TABLE}}} WHERE rule_event_id = ?")
 
-    def read(self, candidate: Candidate, serial: bool = False) -> Any | None:
-        return self.tables.one(self.read_row, candidate.id, serial=serial)
+    def read(self, candidate: Candidate, serial: bool = False) -> dict[str, Any] | None:
+        found = self.tables.one(self.read_row, candidate.id, serial=serial)
+        return found._asdict() if found else None
 
     def due(self, candidate: Candidate, row: Any) -> Eligibility | None:
         return earliest(self.rules.values(), _row_state(row))
@@ -170,16 +182,22 @@ class RuleEventPurge(ObjectPurge[Any]):
     def why_kept(self, candidate: Candidate, row: Any, due: Eligibility | None) -> str:
         if due is not None and due.eligible_at_ms > now_ms():
             return reason(NOT_YET_DUE, f"{due.rule} at {format_epoch_ms(due.eligible_at_ms)}")
-        return reason(KEPT_BY_RULE, f"{candidate.rule} did not hold (status {row.status})")
+        return reason(KEPT_BY_RULE, f"{candidate.rule} did not hold (status {row['status']})")
 
-    def delete(self, candidate: Candidate, row: Any) -> bool:
-        rule = self.rules[candidate.rule]
-        return self.tables.applied(self.deletes[rule.name], candidate.id, rule.cutoff())
+    def delete(self, candidate: Candidate, row: dict[str, Any]) -> bool:
+        eligible_at = self.rules[candidate.rule].eligible_at(_row_state(row))
+        return self.deletes[candidate.rule].applied((candidate.id,), row["updated_at"] is not None, eligible_at)
 
 
-def _row_state(row: Any) -> RuleEventState:
-    """A row seen as the stream would see it: its status set at ``updated_at``."""
-    return RuleEventState(status=row.status, status_at_ms=epoch_ms(row.updated_at))
+def status_changed_at(row: dict[str, Any]) -> datetime | None:
+    """When the row's status was last set, which its rules run from: ``updated_at``; for a row without it, its
+    status cell's write time (``dated``)."""
+    return dated(row, "updated_at", RULE_EVENTS)
+
+
+def _row_state(row: dict[str, Any]) -> RuleEventState:
+    """A row seen as the stream would see it: its status set at its last change (``status_changed_at``)."""
+    return RuleEventState(status=row["status"], status_at_ms=epoch_ms(status_changed_at(row)))
 
 
 class RuleEventsPolicy(Policy):
@@ -195,7 +213,7 @@ class RuleEventsPolicy(Policy):
     )
     event_types = (EventType(RULE_EVENT_STATUS, KIND, "rule_event_id", required=("status",)),)
     tables = {TABLE: ("rule_event_id", "status", "updated_at")}
-    scanned = (Scanned(TABLE, KIND, "rule_event_id", ("rule_event_id", "status", "updated_at")),)
+    scanned = (RULE_EVENTS,)
     schema = f"""CREATE TABLE IF NOT EXISTS {{keyspace}}.{TABLE} (
   rule_event_id text PRIMARY KEY,
   message_id    text,
@@ -221,9 +239,11 @@ class RuleEventsPolicy(Policy):
         return {TABLE: self.settings.table}
 
     def row_events(self, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
-        """The row's status, set at its ``updated_at`` (the last change of status): what the delete-time
-        check reads too. A status outside the rule table has no rule to purge it, and no event can carry it."""
-        if row["status"] not in STATUSES or row["updated_at"] is None:
+        """The row's status, set at its last change (``status_changed_at``: ``updated_at``, else its status's
+        write time): what the delete-time check reads too. A status outside the rule table has no rule to purge
+        it, and no event can carry it."""
+        changed_at = status_changed_at(row)
+        if row["status"] not in STATUSES or changed_at is None:
             return []
-        return [row_event(TABLE, row["rule_event_id"], RULE_EVENT_STATUS, row["updated_at"],
+        return [row_event(TABLE, row["rule_event_id"], RULE_EVENT_STATUS, changed_at,
                           rule_event_id=row["rule_event_id"], status=row["status"])]

@@ -27,6 +27,12 @@ Reconciliation reads a ``live`` row back as each configured data centre's
 word at its ``updated_at``: ``user_added`` if ``present_in`` has it, else
 ``user_removed`` (``UsersPolicy.row_events``).
 
+A row without ``updated_at`` (written by no writer of the contract below) is
+dated by its state cell's write time (``presence_changed_at``), at delete time
+and by reconciliation alike: never skipped, never due at once. Its claim
+carries ``updated_at = null`` in place of ``updated_at <= ?``, the grace having
+been checked on the row read (``Rule.undated``).
+
 The writer contract
 -------------------
 
@@ -92,7 +98,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -102,8 +108,8 @@ from purger.core.config import Duration
 from purger.core.events import Eligibility, EventField, EventType, ObjectKind, Rule, earliest
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings
-from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, Purge
-from purger.core.reconcile_descriptors import OrphanRows, Scanned, row_event
+from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, Purge, RuleWrite
+from purger.core.reconcile_descriptors import OrphanRows, Scanned, dated, row_event
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, PRESENT, reason
 
@@ -116,6 +122,10 @@ USER_ABSENT = "user_absent"
 # The users row's states.
 LIVE = "live"
 PURGING = "purging"
+# The users rows as the purge reads them and as reconciliation scans them, with the write time that dates a row
+# lacking its updated_at: its state's (present_in is a set, each element with a write time of its own, and none
+# once empty).
+USERS = Scanned("users", USER, "user_id", ("user_id", "present_in", "state", "updated_at"), written=("state",))
 
 
 class UsersSettings(Settings):
@@ -189,6 +199,7 @@ class UserKind(ObjectKind[UserState]):
             # The check at delete time, on the claim. An empty set is null in Cassandra; updated_at is the
             # last change of present_in.
             "present_in = null AND updated_at <= ?",
+            undated="present_in = null AND updated_at = null",
         )
 
     def fold(self, state: UserState | None, events: list[Any]) -> UserState:
@@ -214,7 +225,7 @@ class UsersPolicy(Policy):
         "virtual_roots": ("user_id",),
         "mailbox_permissions": ("user_id", "mailbox"),
     }
-    scanned = (Scanned("users", USER, "user_id", ("user_id", "present_in", "state", "updated_at")),)
+    scanned = (USERS,)
     # A user's rows left behind when its users row went without them (a purge cut short, another purger).
     orphan_rows = (OrphanRows("virtual_roots", ("user_id",), "users", "user_id", written="mailbox"),
                    OrphanRows("mailbox_permissions", ("user_id", "mailbox"), "users", "user_id", written="permissions"))
@@ -258,11 +269,21 @@ CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_permissions (
         ones can say so."""
         present = set(row["present_in"] or ())
         data_centres = self.settings.data_centres
-        if row["state"] not in (LIVE, PURGING) or row["updated_at"] is None or not present <= set(data_centres):
+        changed_at = presence_changed_at(row)
+        if row["state"] not in (LIVE, PURGING) or changed_at is None or not present <= set(data_centres):
             return []
-        return [row_event("users", row["user_id"], USER_ADDED if dc in present else USER_REMOVED, row["updated_at"],
+        if row["updated_at"] is None and row["state"] == PURGING:
+            # Its state's write time is the claim's, which found the user absent a grace old: absent a grace before.
+            changed_at -= self.settings.user_grace
+        return [row_event("users", row["user_id"], USER_ADDED if dc in present else USER_REMOVED, changed_at,
                           user_id=row["user_id"], dc=dc)
                 for dc in data_centres]
+
+
+def presence_changed_at(row: dict[str, Any]) -> datetime | None:
+    """When the row's ``present_in`` last changed, which the grace runs from: ``updated_at``; for a row without it,
+    its state cell's write time (``dated``)."""
+    return dated(row, "updated_at", USERS)
 
 
 class UserPurge(ObjectPurge[Any]):
@@ -272,9 +293,9 @@ class UserPurge(ObjectPurge[Any]):
         super().__init__(resources, tables)
         self.rule = rule
         prepare = self.tables.prepare
-        self.read_user = prepare("SELECT state, present_in, updated_at FROM {users} WHERE user_id = ?")
-        self.claim_user = prepare(f"UPDATE {{users}} SET state = '{PURGING}' WHERE user_id = ? "
-                                  f"IF state = '{LIVE}' AND {rule.condition}")
+        self.read_user = prepare(f"SELECT {', '.join(USERS.selected)} FROM {{users}} WHERE user_id = ?")
+        self.claim_user = RuleWrite(self.tables, f"UPDATE {{users}} SET state = '{PURGING}' WHERE user_id = ? "
+                                                 f"IF state = '{LIVE}' AND", rule)
         self.delete_user = prepare(f"DELETE FROM {{users}} WHERE user_id = ? IF state = '{PURGING}'")
         self.read_permissions = prepare("SELECT mailbox FROM {mailbox_permissions} WHERE user_id = ?")
         self.delete_permission = prepare("DELETE FROM {mailbox_permissions} WHERE user_id = ? AND mailbox = ?")
@@ -292,7 +313,8 @@ class UserPurge(ObjectPurge[Any]):
         # state of the contract (not ours to delete): no deadline.
         if row.state != LIVE or row.present_in:
             return None
-        return Eligibility(USER_ABSENT, (epoch_ms(row.updated_at) or now_ms()) + self.rule.period_ms)
+        return Eligibility(USER_ABSENT, (epoch_ms(presence_changed_at(row._asdict())) or now_ms())
+                           + self.rule.period_ms)
 
     def why_kept(self, candidate: Candidate, row: Any, due: Eligibility | None) -> str:
         if row.state != LIVE:
@@ -302,7 +324,8 @@ class UserPurge(ObjectPurge[Any]):
         return reason(NOT_YET_DUE, f"{USER_ABSENT} at {format_epoch_ms(due.eligible_at_ms)}")
 
     def claim(self, candidate: Candidate, row: Any) -> Any | Kept:
-        if self.tables.applied(self.claim_user, candidate.id, self.rule.cutoff()):
+        due = self.due(candidate, row)
+        if self.claim_user.applied((candidate.id,), row.updated_at is not None, due and due.eligible_at_ms):
             return row._replace(state=PURGING)
         return Kept(reason(PRESENT, "re-added while being purged"),
                     Eligibility(USER_ABSENT, now_ms() + self.rule.period_ms))

@@ -3,12 +3,15 @@
     purger run [--config F] [--dry-run]          the streaming purge job, until interrupted
                [--log-level INFO]                a line per batch; WARNING: warnings only
     purger replay [--from earliest|TIME]         the same, from a fresh checkpoint, with a progress bar
+                  --reason WHY [--actor WHO]     ... recorded in the ledger (as a reconcile's)
     purger report [--date D] [--dry-run]         the daily purge report, from the ledger (or the dry run's)
     purger pending [--hours N]                   what the checkpoint's state will purge in the next N hours
     purger reconcile [--policy P] [--dry-run]    scan the store: feed back what the stream does not know
+                     --reason WHY [--actor WHO]  ... who ran it and why, in the ledger (no reason: a dry run)
     purger status [--json] [--prometheus URL]    is it healthy: the query, the last batch, today's outcomes, alerts
                   [--dry-run]                    ... of the dry run
     purger setup [--config F]                    create the purger's own topics; check topics, tables, buckets
+                 [--rate 100M]                   ... first the cores and settings for that many messages a day
     purger submit-line --master URL [--config F] the spark-submit line of the purge job on a cluster
     purger schema [--config F]                   the enabled policies' reference CQL, under the configured names
                   [--replication dc1:3,dc2:3]    ... and the keyspace's CREATE KEYSPACE
@@ -17,9 +20,11 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import signal
 import threading
+import uuid
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -33,6 +38,8 @@ from purger.config import load_config
 from purger.logs import LogLevel, log_to_stderr, set_spark_log_level, spark_level
 
 if TYPE_CHECKING:  # the Spark modules load when a command needs them
+    from pyspark.sql import SparkSession
+
     from purger.running import RunningPurger
     from purger.setup import Findings
 
@@ -66,12 +73,36 @@ def load_or_exit(path: Optional[Path]) -> PurgerConfig:
 
 
 @app.command("setup")
-def setup(config_file: Optional[Path] = ConfigOption) -> None:
+def setup(
+    config_file: Optional[Path] = ConfigOption,
+    rate: Optional[str] = typer.Option(None, "--rate", help="New messages a day (e.g. 100M, 1B): print the cores "
+                                                            "and settings that volume needs, and create the "
+                                                            "purger's topics with its partitions."),
+    events_per_message: float = typer.Option(2.2, "--events-per-message", help="With --rate."),
+    payloads_per_message: float = typer.Option(0.7, "--payloads-per-message", help="With --rate: stored "
+                                                                                 "payloads a message."),
+    retention_days: float = typer.Option(6, "--retention-days", help="With --rate: days an object stays "
+                                                                      "in the state before its purge."),
+) -> None:
     """Create the purger's own topics if missing; check the events topics, tables, columns and buckets; say
-    which consistency levels the keyspace's replication asks of the platform's writes."""
+    which consistency levels the keyspace's replication asks of the platform's writes. With --rate, first the
+    cores and settings for that volume (docs/sizing.md)."""
+    from purger.core.sizing import Volume, parse_rate, size
+    from purger.output import sizing_lines
     from purger.setup import set_up
 
-    findings = set_up(load_or_exit(config_file))
+    config = load_or_exit(config_file)
+    sizing = None
+    if rate is not None:
+        try:
+            sizing = size(Volume(parse_rate(rate), events_per_message, payloads_per_message, retention_days,
+                                 config.reconcile.max_rows_per_second))
+        except ValueError as error:
+            typer.echo(f"--rate: {error}", err=True)
+            raise typer.Exit(2) from None
+        for line in sizing_lines(sizing):
+            typer.echo(line)
+    findings = set_up(config, sizing=sizing)
     for line in findings.created:
         typer.echo(f"created {line}")
     _exit_on_problems(findings)
@@ -118,6 +149,18 @@ def check_platform(config: PurgerConfig) -> None:
     _exit_on_problems(check(config))
 
 
+def refuse_speculation(spark: SparkSession) -> None:
+    """Exit 2 with a line saying why when the session's application runs speculative tasks, which would run
+    deletes twice at once (``purger.spark.speculation_refusal``)."""
+    from purger.spark import speculation_refusal
+
+    refusal = speculation_refusal(spark.sparkContext.getConf())
+    if refusal is not None:
+        typer.echo(refusal, err=True)
+        spark.stop()
+        raise typer.Exit(2)
+
+
 def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., RunningPurger]) -> None:
     """Check the platform, start the purger with ``start(spark, config, stop_requested)`` and run it until
     Ctrl-C or SIGTERM (which set ``stop_requested``); the query then stops between micro-batches."""
@@ -127,6 +170,7 @@ def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., Running
     log_to_stderr(log_level)
     check_platform(config)
     spark = spark_session(config.stream, log_level=spark_level(log_level))
+    refuse_speculation(spark)
     set_spark_log_level(spark, log_level)
     stop_requested = _set_on_signals(signal.SIGINT, signal.SIGTERM)  # after the session: PySpark sets its own
     jvm_handler = _set_on_jvm_signal(spark, stop_requested)  # noqa: F841 - referenced while the JVM may call it
@@ -139,7 +183,7 @@ def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., Running
     typer.echo(f"purger running: query {config.stream.query_name!r}, checkpoint "
                f"{config.stream.checkpoint_location}, ledger {config.ledger.path}, "
                f"Spark UI {spark.sparkContext.uiWebUrl}"
-               + (f", metrics http://127.0.0.1:{config.metrics.port}/metrics" if config.metrics.port else "")
+               + (f", metrics {config.metrics.url}" if config.metrics.url else "")
                + (" (dry run: nothing is deleted)" if config.stream.dry_run else ""))
     try:
         # The signal handler only sets the event; short waits let this loop see it.
@@ -224,6 +268,27 @@ DryRunOption = typer.Option(False, "--dry-run", help="Decide and record would_de
                                                        "(<ledger.path>.dry-run); delete nothing.")
 
 
+ActorOption = typer.Option(None, "--actor", help="Who runs it, as the ledger records it (default: the OS user); "
+                                                   "set it from the identity your SSO gives you.")
+ReasonOption = typer.Option(None, "--reason", help="Why it runs (a ticket, an incident), recorded in the ledger with "
+                                                   "who ran it. Required unless --dry-run.")
+
+
+def _who_and_why(command: str, actor: Optional[str], reason: Optional[str], dry_run: bool) -> tuple[str, str]:
+    """Who runs a command that changes what is deleted, and why, for its ledger record (``Ledger.record_command``);
+    a command without a reason is refused in one line, before anything starts."""
+    if not dry_run and not (reason or "").strip():
+        typer.echo(f"purger {command} changes what is deleted: say why with --reason (a ticket, an incident); the "
+                   "ledger records it with who ran it (--actor, by default the OS user)", err=True)
+        raise typer.Exit(2)
+    if not actor:
+        try:
+            actor = getpass.getuser()
+        except (KeyError, OSError):  # a container's user with no name
+            actor = f"uid {os.getuid()}"
+    return actor, reason or ""
+
+
 def _with_dry_run(config: PurgerConfig, dry_run: bool) -> PurgerConfig:
     """The configuration of a dry run on ``config`` (``PurgerConfig.as_dry_run``: its own checkpoint, topics and
     ledger) when ``dry_run``; one that has no place for them is one line naming the key."""
@@ -268,15 +333,22 @@ def replay(
     config_file: Optional[Path] = ConfigOption,
     since: str = typer.Option("earliest", "--from", help="earliest, or an ISO time: replay the events from then."),
     dry_run: bool = DryRunOption,
+    actor: Optional[str] = ActorOption,
+    reason: Optional[str] = ReasonOption,
     log_level: LogLevel = LogLevelOption,
 ) -> None:
     """Replay the events topics into a fresh checkpoint (the old one is renamed), catch up, keep running."""
     from purger.replay import follow, start_replay
+    from purger.sinks.ledger import Ledger
 
+    who, why = _who_and_why("replay", actor, reason, dry_run)
     since_ms = _moment(since)
     config = _with_dry_run(load_or_exit(config_file), dry_run)
 
     def start(spark, s, stop_requested):
+        if not dry_run:
+            Ledger(spark, s.ledger).record_command("replay", [p.name for p in s.policy_set.policies], who, why,
+                                                   uuid.uuid4().hex[:12])
         running, to_read = start_replay(spark, s, since_ms)
         typer.echo(f"replaying {to_read.total} events from {since}")
         if follow(running.query, to_read, stop=stop_requested):
@@ -293,7 +365,7 @@ def report(
     dry_run: bool = typer.Option(False, "--dry-run", help="The dry run's report, from its own ledger "
                                                           "(<ledger.path>.dry-run)."),
 ) -> None:
-    """Bring a day's purge report up to date from the ledger and print it."""
+    """Bring the purge report up to date from the ledger (what was written since its last refresh) and print a day."""
     from rich.console import Console
     from purger.output import report_tables
     from purger.sinks.ledger import Report
@@ -307,7 +379,7 @@ def report(
     # Only Spark's errors: its start's warnings are about the host, not the report.
     spark = spark_session(config.stream, app_name="purger-report", log_level="ERROR", one_off=True)
     purge_report = Report(spark, config.ledger, config.policy_set)
-    purge_report.refresh(when)
+    purge_report.refresh()
     rows = purge_report.rows(when)
     title = f"Purge report {when.isoformat()} (UTC), from {config.ledger.path}"
     Console().print(report_tables(rows, title) if rows else f"no ledger records for {when.isoformat()}")
@@ -343,7 +415,7 @@ def status(
     config_file: Optional[Path] = ConfigOption,
     as_json: bool = typer.Option(False, "--json", help="Print it as JSON, for scripts."),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="The running purger's metrics endpoint "
-                                          "(default: http://127.0.0.1:<metrics.port>/metrics)."),
+                                          "(default: http://<metrics.host>:<metrics.port>/metrics)."),
     prometheus: Optional[str] = typer.Option(None, "--prometheus", envvar="PURGER_PROMETHEUS_URL",
                                              help="A Prometheus that scrapes the purger: its alerts are shown."),
     dry_run: bool = typer.Option(False, "--dry-run", help="The dry run's: its checkpoint, ledger and reconciles."),
@@ -402,6 +474,8 @@ def reconcile(
     dry_run: bool = typer.Option(False, "--dry-run", help="Feed nothing back and delete no orphan blob; count "
                                                           "them, and record would_delete for the orphans in the "
                                                           "dry run's ledger."),
+    actor: Optional[str] = ActorOption,
+    reason: Optional[str] = ReasonOption,
     log_level: LogLevel = LogLevelOption,
 ) -> None:
     """Scan the enabled policies' tables and object stores; feed back to the stream what it does not know or
@@ -410,21 +484,28 @@ def reconcile(
     from purger.output import reconcile_table
     from purger.reconcile.run import reconcile as run_reconcile
     from purger.reconcile.verdict import ReconcileError
+    from purger.sinks.ledger import Ledger
     from purger.spark import spark_session
 
     # The stream's own checkpoint is compared with, even in a dry run: not the dry-run one ``--dry-run`` on
     # `purger run` would use. A dry run's records (the orphans' would_delete, the report's rows) go to the dry
     # run's ledger all the same (``purger.reconcile.run.reconcile``).
+    who, why = _who_and_why("reconcile", actor, reason, dry_run)
     config = load_or_exit(config_file)
     dry_run = dry_run or config.stream.dry_run
     log_to_stderr(log_level)
     check_platform(config)
     spark = spark_session(config.stream, app_name="purger-reconcile", log_level=spark_level(log_level),
                           one_off=True)
+    refuse_speculation(spark)  # its orphans' deletes run in Spark tasks
     set_spark_log_level(spark, log_level)
     try:
         # This process ends after the reconcile, and what Spark keeps of a state read goes with it.
-        rows = run_reconcile(spark, config, policy or None, dry_run, state_apart=False)
+        run = uuid.uuid4().hex[:12]
+        if not dry_run:
+            chosen = [p.name for p in config.policy_set.policies if not policy or p.name in policy]
+            Ledger(spark, config.ledger).record_command("reconcile", chosen, who, why, run)
+        rows = run_reconcile(spark, config, policy or None, dry_run, state_apart=False, run_id=run)
     except (ReconcileError, ConfigError) as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None

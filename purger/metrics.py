@@ -144,9 +144,14 @@ class PurgerMetrics:
     def query_ended(self) -> None:
         self.query_active.set(0)
 
-    def serve(self, port: int):
-        """Serve ``/metrics`` on ``port``; returns the server (``shutdown()`` stops it)."""
-        server, _thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1"):
+        """Serve ``/metrics`` on ``host`` (an address of this machine; ``0.0.0.0`` for every interface) and
+        ``port``; returns the server (``shutdown()`` stops it)."""
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as error:
+            raise OSError(error.errno, f"the metrics endpoint cannot listen on {host} port {port} (metrics.host, "
+                          f"metrics.port): {error.strerror or error}") from error
         return server
 
     def listener(self, query_name: str) -> StreamingQueryListener:

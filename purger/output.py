@@ -155,3 +155,27 @@ def reconcile_table(rows: list[Any], title: str) -> Table:
             table.add_row(f" {r['table']}", r["dc"], *(str(r[name]) for name, _ in figures),
                           human_duration(r["duration_s"]), f"{r['rows_per_s']:.0f}")
     return table
+
+
+def sizing_lines(sizing: Any) -> list[str]:
+    """``purger setup --rate``'s estimate (``core.sizing.Sizing``): the load, the cores, then the settings as
+    TOML to paste into the configuration."""
+    volume = sizing.volume
+    lines = [
+        f"At {volume.messages_per_day:,.0f} messages a day ({volume.events_per_message:g} events and "
+        f"{volume.payloads_per_message:g} stored payloads a message, {volume.retention_days:g} days in the state)"
+        " (docs/sizing.md):",
+        f"  {sizing.events_per_s:,.0f} events/s, {sizing.decisions_per_s:,.0f} decisions/s, "
+        f"{sizing.paxos_rounds_per_s:,.0f} Paxos rounds/s at steady state "
+        f"({sizing.paxos_rounds_at_cap_per_s:,.0f} at the cap)",
+        f"  state: {sizing.state_rows:,.0f} rows, {sizing.state_bytes / 1e9:,.1f} GB on disk",
+        f"  executor cores: {sizing.cores} (a day's backlog decided within 12 h, the reconcile at its cap)",
+        "",
+    ]
+    sections: dict[str, list[str]] = {}
+    for key, value in sizing.settings().items():
+        section, name = key.split(".", 1)
+        sections.setdefault(section, []).append(f"{name} = {value}")
+    for section, settings in sections.items():
+        lines += [f"[{section}]", *settings, ""]
+    return lines

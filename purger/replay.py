@@ -2,9 +2,10 @@
 
 Replay is recovery (docs/reference.md, Guarantees): the state is rebuilt from the events,
 every object that became eligible is a candidate again, and the double-check
-makes the ones already purged ``already_gone``. No clock tick is sent while the
-query is behind (``streams.clock``), so nothing is decided before the replay has
-read up to now. The old checkpoint is kept beside the new one, renamed.
+makes the ones already purged ``already_gone``. While the query is behind, the
+clock ticks at the Kafka time it has read up to in every partition
+(``streams.clock``), so an object is decided once the replay has read what was
+written before its deadline. The old checkpoint is kept beside the new one, renamed.
 
 Example::
 

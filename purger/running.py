@@ -109,8 +109,8 @@ class RunningPurger:
 def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
                  starting_timestamp_ms: int | None = None) -> RunningPurger:
     """Make the ledger's table if absent, then start the query, its clock, and its metrics (served on
-    ``metrics.port`` unless 0). A checkpoint this release cannot continue from raises ``CheckpointRefused``
-    before anything starts (``streams.checkpoint``)."""
+    ``metrics.host`` and ``metrics.port`` unless the port is 0). A checkpoint this release cannot continue from
+    raises ``CheckpointRefused`` before anything starts (``streams.checkpoint``)."""
     stream = config.stream
     for warning in check_continuable(spark, config):
         log.warning(warning)
@@ -126,7 +126,7 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     metrics = PurgerMetrics(stream.max_deletions_per_second, config.reconcile.interval.total_seconds())
     listener = metrics.listener(stream.query_name)
     spark.streams.addListener(listener)
-    server = metrics.serve(config.metrics.port) if config.metrics.port else None
+    server = metrics.serve(config.metrics.port, config.metrics.host) if config.metrics.port else None
     sink = PurgeSink(config, metrics, ledger)
     query = (
         candidates.writeStream.queryName(stream.query_name)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from purger.core.times import duration_ms
 from purger.connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
+from purger.core.sizing import Sizing
 from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
 from purger.core.writer_contract import (
     KNOWN_STRATEGIES, SERIAL_LEVELS, Replication, reach, replication_from_schema, seen, seen_from_every_data_centre)
@@ -81,22 +82,26 @@ class OwnTopic:
         return f"topic {self.name} ({self.key}: {partitions}, kept {self.retention.days} days)"
 
 
-def own_topics(kafka: KafkaConfig, events_partitions: int = 1) -> list[OwnTopic]:
+def own_topics(kafka: KafkaConfig, events_partitions: int = 1, sizing: Sizing | None = None) -> list[OwnTopic]:
     """The control, reconcile and dead-letter topics, as ``setup`` and the local stack create them; the
-    reconcile topic with ``events_partitions`` partitions, the most of the events topics'."""
+    reconcile topic with ``events_partitions`` partitions, the most of the events topics', or the state's
+    partitions at the volume ``sizing`` is for, if more; the control topic with what that volume's
+    rechecks and released payloads need (``core.sizing``)."""
+    control = sizing.control_topic_partitions if sizing else 1
+    reconcile = max(events_partitions, sizing.reconcile_topic_partitions if sizing else 1)
     return [
         # A few records a second (clock ticks, rechecks, released payloads): one partition. A replay reads
         # it from its end and rebuilds rechecks and releases from the events, so only a restart from an
         # existing checkpoint needs its history: what the last batches sent before the stop, still unread.
         # Its retention is thus the longest stop a plain restart recovers from; after a longer one, replay
         # (the query does not fail on records gone, so their rechecks would be lost).
-        OwnTopic(kafka.control_topic, "kafka.control_topic", 1, timedelta(days=30)),
+        OwnTopic(kafka.control_topic, "kafka.control_topic", control, timedelta(days=30)),
         # Bad records, kept for an operator to read, fix and send again.
         OwnTopic(kafka.dead_letter_topic, "kafka.dead_letter_topic", 1, timedelta(days=30)),
         # Rows re-expressed as events by a reconcile, keyed by object id: as many partitions as the events,
         # since a bootstrap feeds as many objects as they ever held. A replay reads it from its start; a
         # reconcile feeds again whatever it still finds, so a week covers several scheduled runs.
-        OwnTopic(kafka.reconcile_topic, "kafka.reconcile_topic", events_partitions, timedelta(days=7)),
+        OwnTopic(kafka.reconcile_topic, "kafka.reconcile_topic", reconcile, timedelta(days=7)),
     ]
 
 
@@ -120,13 +125,13 @@ class Findings:
     replication: list[str] = field(default_factory=list)
 
 
-def set_up(config: PurgerConfig, create: bool = True) -> Findings:
+def set_up(config: PurgerConfig, create: bool = True, sizing: Sizing | None = None) -> Findings:
     """Create the purger's own topics when missing (unless ``create`` is false, when a missing one is a
-    problem), and check the events topics, the tables and columns the enabled policies read, and the
-    buckets."""
+    problem), with the partitions the volume of ``sizing`` needs if given, and check the events topics, the
+    tables and columns the enabled policies read, and the buckets."""
     findings = Findings()
     with _clients_quiet():
-        _kafka(config, create, findings)
+        _kafka(config, create, findings, sizing)
         _cassandra(config, create, findings)
         _stores(config, findings)
     return findings
@@ -165,7 +170,7 @@ def check(config: PurgerConfig) -> Findings:
 # --- Kafka ---------------------------------------------------------------------------------------
 
 
-def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
+def _kafka(config: PurgerConfig, create: bool, findings: Findings, sizing: Sizing | None = None) -> None:
     from kafka.admin import KafkaAdminClient
     from kafka.errors import KafkaError
 
@@ -192,7 +197,7 @@ def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
                 findings.problems.append(f"{where}: events topic {topic} ({key}) does not exist; it is the "
                                          f"platform's: create it there, or correct {key}")
         partitions = [len(t["partitions"]) for t in admin.describe_topics(present)] if present else []
-        own = own_topics(kafka, max(partitions, default=1))
+        own = own_topics(kafka, max(partitions, default=1), sizing)
         if create:  # only `purger run --dry-run` needs them: not checked
             own.extend(dry_run_topics(kafka))
         missing = [t for t in own if t.name not in existing]
@@ -202,6 +207,8 @@ def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
             findings.problems.extend(
                 f"{where}: topic {t.name} ({t.key}, the purger's own) does not exist; create it with "
                 "`purger setup` and this configuration" for t in missing)
+        if sizing is not None:
+            _fewer_partitions_than_sized(admin, [t for t in own if t.name in existing], where, findings)
         found = [*(f"events topic {t}" for t in present), *(f"topic {t.name}" for t in own if t.name in existing)]
         if found:
             findings.checked.append(f"{where}: {', '.join(found)}")
@@ -209,6 +216,18 @@ def _kafka(config: PurgerConfig, create: bool, findings: Findings) -> None:
         findings.problems.append(f"{where}: {error}; check kafka.bootstrap_servers and that the brokers run")
     finally:
         admin.close()
+
+
+def _fewer_partitions_than_sized(admin: "KafkaAdminClient", own: list[OwnTopic], where: str,
+                                findings: Findings) -> None:
+    """A line for each of the purger's own topics that exists with fewer partitions than the volume needs: Kafka
+    adds partitions to a topic in place; the purger's topics may take them at any time."""
+    have = {t["name"]: len(t["partitions"]) for t in admin.describe_topics([t.name for t in own])} if own else {}
+    for topic in own:
+        if have.get(topic.name, topic.partitions) < topic.partitions:
+            findings.problems.append(
+                f"{where}: topic {topic.name} ({topic.key}) has {have[topic.name]} partitions, {topic.partitions} "
+                f"at this rate: kafka-topics.sh --alter --topic {topic.name} --partitions {topic.partitions}")
 
 
 def _create_topics(admin: "KafkaAdminClient", missing: list[OwnTopic], where: str, findings: Findings) -> None:

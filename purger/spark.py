@@ -19,6 +19,28 @@ from purger.core.config import StreamConfig
 from purger.logs import log4j2_options
 
 
+# Spark's speculative execution: a second attempt of a slow task, run beside the first.
+SPECULATION = "spark.speculation"
+
+
+def speculation_refusal(conf: SparkConf) -> str | None:
+    """Why the purger refuses to run in a Spark application whose ``conf`` turns speculative execution on (a
+    cluster's spark-defaults.conf may), else None: a speculative attempt of a task runs the same batch's
+    deletes a second time, at once, and Spark keeps the outcomes of the attempt that ends first, which may have
+    found the objects gone by the other's deletes."""
+    if conf.get(SPECULATION, "false").strip().lower() != "true":  # as Spark reads a boolean: trimmed, any case
+        return None
+    return (f"{SPECULATION} is true in this Spark application (spark-defaults.conf or --conf): a speculative "
+            f"task would run a batch's deletes twice at once; set {SPECULATION}=false for the purger's "
+            f"application (--conf {SPECULATION}=false)")
+
+
+# Spark's default, true, lets anyone who reaches the UI's port kill the purge's jobs and stages; off unless the
+# driver's Spark configuration sets it (spark-submit's --conf, spark-defaults.conf, PYSPARK_SUBMIT_ARGS):
+# docs/operations.md, "Securing a running purger".
+UI_KILL_ENABLED = "spark.ui.killEnabled"
+
+
 def _submitted() -> bool:
     """True in a driver that spark-submit started (its JVM is already there) with a master."""
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
@@ -36,10 +58,12 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
     plain Python worker daemon (its few Python tasks do not pay for the purge's imports), and a JVM that
     compiles with the quick compiler only, which spends less of a short run's CPU compiling.
 
-    Under spark-submit, its ``--master``, ``--jars`` and memory settings win over the configuration's.
+    Under spark-submit, its ``--master``, ``--jars`` and memory settings win over the configuration's. The UI
+    kills no job or stage unless the Spark configuration the driver starts with sets ``spark.ui.killEnabled``.
     """
     builder = SparkSession.builder.appName(app_name)
-    if not _submitted():
+    submitted = _submitted()
+    if not submitted:
         # The connector jars, fetched with Maven into the local cache; spark-submit brings its own --jars.
         from purger.artifacts import spark_connector_jars
 
@@ -76,7 +100,7 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
     # The pools' file as a file on disk: a submitted driver imports the purger from its --py-files zip. Spark
     # reads it once, as the session's context starts.
     with as_file(files("purger") / "fairscheduler.xml") as pools:
-        return (
+        builder = (
             builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
             # Each ledger commit rebuilds the table's snapshot in this many tasks: Delta's 50 made it a
@@ -113,5 +137,11 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
             .config("spark.metrics.conf.*.sink.prometheusServlet.path", "/metrics/prometheus")
             .config("spark.ui.prometheus.enabled", "true")
             .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
         )
+        if not submitted:
+            # The JVM started now with every setting above, as getOrCreate would start it, so that what else its
+            # Spark configuration holds (spark-defaults.conf, PYSPARK_SUBMIT_ARGS) can be read before the session.
+            SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(builder._options.items()))
+        if not SparkConf().contains(UI_KILL_ENABLED):
+            builder = builder.config(UI_KILL_ENABLED, "false")
+        return builder.getOrCreate()

@@ -2,7 +2,8 @@
 
 Each source is read on its own, so that one missing never hides the others:
 
-- the running purger's metrics endpoint (``metrics.port`` on the driver): whether its query runs, since when;
+- the running purger's metrics endpoint (``metrics.host`` and ``metrics.port`` on the driver): whether its query
+  runs, since when;
 - the checkpoint (``stream.checkpoint_location``): Spark's commit and offset logs give the last committed
   batch, its duration, the watermark after it, and a later batch planned but not committed;
 - the ledger (``ledger.path``), today's partition: the day's outcomes by policy, as the daily report counts
@@ -123,14 +124,14 @@ class Status:
 
 def gather(spark: SparkSession, config: PurgerConfig, metrics_url: str | None = None, prometheus_url: str | None = None,
            at: datetime | None = None) -> Status:
-    """Read every source (``metrics_url`` by default the local driver's ``metrics.port``); what could not be
-    read is a line in ``unread``, and the rest is still read."""
+    """Read every source (``metrics_url`` by default the local driver's, ``metrics.url``); what could not be read
+    is a line in ``unread``, and the rest is still read."""
     from purger.sinks.ledger import use_s3a
 
     at = at or datetime.now(timezone.utc)
     status = Status(at, config.stream.checkpoint_location, config.ledger.path,
                     config.reconcile.interval.total_seconds(), prometheus_url)
-    metrics_url = metrics_url or (f"http://127.0.0.1:{config.metrics.port}/metrics" if config.metrics.port else None)
+    metrics_url = metrics_url or config.metrics.url
     if metrics_url is None:
         status.unread.append("metrics endpoint: off (metrics.port = 0), so whether the query runs is unknown: "
                              "give --metrics with the running purger's endpoint")

@@ -4,7 +4,8 @@
 to a standalone cluster (docs/operations.md, "On a cluster"):
 
 - the connector jars with ``--jars``, fetched with Maven into the local cache (``purger.artifacts``);
-- the product's packages as a zip with ``--py-files`` (``package_zip``), for the executors;
+- the product's packages (``product_packages``) as a zip with ``--py-files`` (``package_zip``), for the
+  executors;
 - this module's ``purger/job.py`` as the main file (``purger run`` with the same options), from this
   installation, as the driver needs the purger installed anyway to read the configuration;
 - the settings a submitted job needs: the Python of the driver and of the executors (this interpreter, with
@@ -23,13 +24,15 @@ Example::
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import pkgutil
 import sys
 import zipfile
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from purger import PACKAGES
 from purger.logs import log4j2_options
 
 if TYPE_CHECKING:
@@ -38,13 +41,40 @@ if TYPE_CHECKING:
 PACKAGES_ZIP = "purger-packages.zip"
 
 
+def product_packages() -> tuple[str, ...]:
+    """Every package of the product as this installation imports it: ``purger`` and the packages under it, in
+    the order found. pyproject.toml's list is the one written: a wheel puts them all in ``purger/``; a clone's
+    editable installation maps the repository's folders beside ``purger/`` under it (``purger.core`` is
+    ``core/``), where the import system finds them but a listing of ``purger/`` does not, so each folder
+    beside it is asked for too, and counts where ``purger.<folder>`` imports as a package. Imported from the
+    ``--py-files`` zip, the zip holds them all in ``purger/``, as a wheel does. Nothing is imported but
+    ``purger``: a package's own imports (pydantic, pyspark) are not needed to find it."""
+    top = importlib.util.find_spec("purger")
+    folder = Path(top.origin).parent.parent
+    beside = sorted(path.name for path in folder.iterdir()
+                    if (path / "__init__.py").is_file()) if folder.is_dir() else []
+    found = [("purger", top.submodule_search_locations)]
+    known = {"purger"}
+    for package, locations in found:  # grows as it goes: each package found is searched in turn
+        specs = [PathFinder.find_spec(info.name, locations)
+                 for info in pkgutil.iter_modules(locations, f"{package}.") if info.ispkg]
+        if package == "purger":
+            specs += [importlib.util.find_spec(f"purger.{name}") for name in beside]
+        for spec in sorted((spec for spec in specs if spec is not None), key=lambda spec: spec.name):
+            if spec.submodule_search_locations is not None and spec.name not in known:  # a package, not a module
+                found.append((spec.name, spec.submodule_search_locations))
+                known.add(spec.name)
+    return tuple(name for name, _ in found)
+
+
 def package_zip(target: Path) -> Path:
-    """The product's packages (``PACKAGES``) zipped for ``--py-files``, from where they are imported, each under
-    its installed name (``purger.core`` is ``core/`` in a clone)."""
+    """The product's packages (``product_packages``) zipped for ``--py-files``, from where they are imported,
+    each under its installed name (``purger.core`` is ``core/`` in a clone), with their data files
+    (``fairscheduler.xml``, ...)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in PACKAGES:
+        for name in product_packages():
             package = Path(importlib.import_module(name).__file__).parent
             for path in sorted(package.glob("*")):
                 if path.is_file() and path.suffix not in (".pyc", ".pyo"):

@@ -432,11 +432,13 @@ class OrphanRowPurge(ObjectPurge[DependentRow]):
 
     def _first_found(self, candidate: Candidate, parent_present: bool) -> int:
         """When a reconcile first found the row without its parent (now, if none did before); no earlier than
-        its write, so its grace runs no sooner than from that. A parent present clears what was found."""
+        its write, so its grace runs no sooner than from that. A parent present clears what was found. The notes
+        are the real sweeps' (one journal for both): a dry run reads them, to decide as a real run would, and
+        writes and clears none, so that it never moves a real sweep's deletion."""
         journal, now = self.resources.journal, now_ms()
         found = {int(moment) for moment in journal.noted(FIRST_FOUND, self._noted_as(candidate))}
         if parent_present:
-            if found:
+            if found and not self.resources.dry_run:
                 journal.unnote(FIRST_FOUND, self._noted_as(candidate), {str(moment) for moment in found})
             return now
         if not found and not self.resources.dry_run:

@@ -187,11 +187,12 @@ def _feed_task(config: PurgerConfig, scanned: Scanned, batches: Iterator[pa.Reco
 
 
 def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str] | None = None,
-              dry_run: bool = False, state_apart: bool = True) -> list[ReportRow]:
+              dry_run: bool = False, state_apart: bool = True, run_id: str | None = None) -> list[ReportRow]:
     """Reconcile the enabled policies (``policy_names`` of them, if given): a row of the report per
-    policy, table and data centre, also appended to ``ledger.reconcile_path``. The stream's state is read
-    by a process of its own unless ``state_apart`` is False: for a process that ends after the reconcile
-    (``purger.reconcile.known_objects``)."""
+    policy, table and data centre, also appended to ``ledger.reconcile_path``, with ``run_id`` (a new one
+    by default; `purger reconcile` gives the one its ledger record of who ran it names). The stream's state
+    is read by a process of its own unless ``state_apart`` is False: for a process that ends after the
+    reconcile (``purger.reconcile.known_objects``)."""
     from purger.reconcile.orphans import reconcile_orphan_rows, reconcile_orphans
 
     policies = config.policy_set
@@ -200,7 +201,7 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
     if unknown:
         raise ReconcileError(f"policy {', '.join(unknown)} is not enabled: enable it under [policies.<name>] "
                              f"or choose among {', '.join(p.name for p in policies.policies)}")
-    run_id = uuid.uuid4().hex[:12]
+    run_id = run_id or uuid.uuid4().hex[:12]
     dry_run = dry_run or config.stream.dry_run
     # A dry run's records (the orphans' would_delete, the report's rows) go to the dry run's ledger and
     # reconcile report (``PurgerConfig.as_dry_run``), whichever checkpoint it compares with (`purger reconcile

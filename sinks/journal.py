@@ -5,7 +5,9 @@ row found gone is recorded as the purger's deletion only when the purger meant i
 One table of the purger's own, in the configured keyspace (``cassandra.journal_table``); ``purger setup``
 creates it. An intent is read when its object is found gone or claimed again, so entries expire on their own
 (``default_time_to_live``, 30 days: an object found gone later than that is recorded ``already_gone``; its
-deletion was recorded by the batch that made it, unless that batch never reached the ledger for 30 days).
+deletion was recorded by the batch that made it, unless that batch never reached the ledger for 30 days). Every
+entry has that TTL and an object's are written during its purge, so the table compacts by day windows: a day's
+SSTable expires whole and is dropped without being compacted (docs/operations.md, Tables and tombstones).
 
 Example::
 
@@ -32,6 +34,8 @@ CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
   rows        set<text>,  -- the intent: [key, batch] of each deletion it means, as JSON
   PRIMARY KEY ((kind, object_id))
 ) WITH default_time_to_live = %d
+  AND compaction = {{'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'DAYS',
+                    'compaction_window_size': 1}}
 """ % JOURNAL_TTL_S
 
 JOURNAL_COLUMNS = frozenset({"kind", "object_id", "purge_batch", "rows"})

@@ -5,13 +5,17 @@ The ledger has one record per outcome of the purge sink: every deletion
 batch id), and every decision not to delete (``skipped`` with the reason,
 ``already_gone``, ``error``, ``dead_lettered``, and a dry run's
 ``would_delete``). A batch's records go in one Delta transaction and carry the
-query's id and the batch id.
+query's id and the batch id. Each command that changes what is deleted
+(``purger reconcile``, ``purger replay``) is a record too, ``status = 'command'``,
+one per policy it concerns, with who ran it (``actor``) and why (``reason``):
+an auditor reads it beside the records of its effect (``Ledger.record_command``).
 
 Each record has a ``record_id``, the same every time the same thing is recorded:
 for a deletion, its policy, kind, id, data centre and the batch that meant it
 (the intent's, ``core.handles.Journal``), so a deletion recorded by the attempt
 that made it and again from its intent (a retried batch, a later batch finding
-it gone) is one record; for a decision not to delete, its batch and status. A
+it gone) is one record; for a decision not to delete, its object (a dead
+letter's is its bad record, ``topic/partition/offset``), batch and status. A
 write that may meet records already there (a retried batch, or records from an
 intent) is a ``MERGE`` on ``record_id`` that inserts only the new ones, reading
 only the days those can be in (``first_day``); any other (a batch's first
@@ -23,10 +27,14 @@ the running purger, that compacts the last days, deletes the days older than
 ``ledger.retention`` and vacuums.
 
 The report has one row per day, policy, object kind and data centre (``all`` for the
-Cassandra rows), computed from that day's ledger records, so its figures are
-counts over the ledger by construction. The running purger rewrites today's rows
-every ``ledger.report_interval``; ``purger report`` rewrites a day's rows, then
-prints them.
+Cassandra rows), counts over that day's ledger records. It is kept up to date
+incrementally: each refresh reads the records written since the last (the
+ledger's change feed) and adds them to their days' rows, so its cost follows
+what was written since, not the day's volume; a row of its own says up to which
+ledger version it counts. The purge lag's percentiles come from a mergeable
+sketch, within a stated rank error (``LAG_RANK_ERROR``). The running purger
+refreshes every ``ledger.report_interval``; ``purger report`` refreshes, then
+prints a day.
 
 Paths are local directories or ``s3a://bucket/path`` (with ``ledger.s3``).
 
@@ -35,13 +43,18 @@ Example::
     ledger = Ledger(spark, config.ledger)
     ledger.append(outcomes, query_id, batch_id, may_hold=False)
     ledger.records().where("status = 'purged'").count()
-    Report(spark, config.ledger, config.policy_set).refresh(date(2026, 11, 21))
-    ledger.upkeep(date(2026, 11, 22))
+    report = Report(spark, config.ledger, config.policy_set)
+    report.refresh()                   # the records written since the last refresh
+    report.rows(date(2026, 11, 21))
+    ledger.record_command("reconcile", ["mailbox"], actor="jdoe", reason="INC-4711", run="5f0c3a9e21b4")
+    ledger.upkeep(date(2026, 11, 22))  # compaction of the last days, retention, vacuum
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
@@ -58,7 +71,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ra
 
 from purger.core.config import LedgerConfig
 from purger.core.policy_set import PolicySet
-from purger.core.vocabulary import ALL_DCS, PURGED, SKIPPED, STATUSES
+from purger.core.vocabulary import ALL_DCS, COMMAND, PURGED, SKIPPED, STATUSES
 from purger.sinks.journal import JOURNAL_TTL_S
 
 # Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.
@@ -68,13 +81,16 @@ _CONFLICTS = (ConcurrentAppendException, ConcurrentDeleteReadException, Concurre
 LAG_PERCENTILES = (0.5, 0.95, 0.99)
 
 log = logging.getLogger(__name__)
+CHANGE_FEED = "delta.enableChangeDataFeed"
 
 # Delta's own upkeep, as the ledger's table properties (set at creation and on a ledger made without them):
 # each commit's files written in fewer, larger ones, and small files of a partition compacted after a commit
 # (a day of 2 s batches is tens of files, not 43,200); the log checkpointed every 10 commits (Delta's default,
 # kept explicit); the log's entries and the files a compaction, DELETE or VACUUM leaves kept long enough for
-# a reader's time travel and a query under way.
+# a reader's time travel and a query under way. The change feed: the daily report reads new records from it
+# (``Report.refresh``).
 TABLE_PROPERTIES = {
+    CHANGE_FEED: "true",
     "delta.autoOptimize.optimizeWrite": "true",
     "delta.autoOptimize.autoCompact": "true",
     "delta.checkpointInterval": "10",
@@ -171,6 +187,7 @@ class Ledger:
             F.lit(query_id).alias("query_id"),
             "worker",
             F.to_date(_timestamp("decided_at_ms")).alias("date"),
+            F.lit(None).cast("string").alias("actor"),  # a command's (``record_command``), none of the purge's
         )
         if may_hold and self.exists():
             own = F.lit(f"{query_id}/{batch_id}")
@@ -199,12 +216,25 @@ class Ledger:
             .execute()
         )
 
+    def record_command(self, command: str, policies: list[str], actor: str, reason: str, run: str) -> None:
+        """Who ran ``command`` (``reconcile``, ``replay``) on ``policies`` and why: a record per policy, ``id``
+        ``<command>/<run>`` (a reconcile's report rows carry the same run id), written before the command
+        changes anything, so that one cut short is on record too. A ledger written before the ``actor``
+        column existed takes it on."""
+        now = datetime.now(timezone.utc)
+        rows = [(policy, COMMAND, f"{command}/{run}", command, None, COMMAND, reason, None, now, None, None, -1,
+                 run, f"{socket.gethostname()}:{os.getpid()}", now.date(), actor) for policy in policies]
+        records = self.spark.createDataFrame(rows, _COMMAND_SCHEMA).select(
+            F.sha2(F.to_json(F.array("policy", "kind", "id", "status")), 256).alias("record_id"), "*")
+        records.write.format("delta").mode("append").partitionBy("date").option("mergeSchema", "true").save(self.path)
+
     def create(self) -> None:
-        """Make the table if it is not there, or give a ledger of an earlier version its new columns, as
-        ``append`` does: an append of no records; then its ``TABLE_PROPERTIES``, where it lacks them. The
-        purger does it before its first batch, which then does not pay for it and for a new JVM's first
-        Delta write (seconds, BENCHMARKS.md)."""
-        if not self.exists() or "record_id" not in self.records().columns:
+        """Make the table if it is not there, or give a ledger of an earlier version its new columns (a merge
+        inserts every column the table has), as ``append`` does: an append of no records; then its
+        ``TABLE_PROPERTIES`` (the change feed the daily report reads among them), where it lacks them. The purger
+        does it before its first batch, which then does not pay for it and for a new JVM's first Delta write
+        (seconds, BENCHMARKS.md)."""
+        if not self.exists() or not {"record_id", "actor"} <= set(self.records().columns):
             from purger.sinks.purge import OUTCOME_SCHEMA
 
             self.append(self.spark.createDataFrame([], OUTCOME_SCHEMA), "", -1, may_hold=False)
@@ -213,6 +243,17 @@ class Ledger:
         if missing:
             settings = ", ".join(f"'{key}' = '{value}'" for key, value in missing.items())
             self.spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({settings})")
+
+    def version(self) -> int:
+        """The table's latest version."""
+        return DeltaTable.forPath(self.spark, self.path).history(1).first()["version"]
+
+    def inserted(self, after: int, up_to: int) -> DataFrame:
+        """The records written in versions ``after`` (exclusive) to ``up_to``, from the change feed: each
+        version's added records only, however many the table holds."""
+        return (self.spark.read.format("delta").option("readChangeFeed", "true")
+                .option("startingVersion", after + 1).option("endingVersion", up_to).load(self.path)
+                .where(F.col("_change_type") == "insert").drop("_change_type", "_commit_version", "_commit_timestamp"))
 
     def batch(self, query_id: str, batch_id: int, began_ms: int | None = None) -> DataFrame:
         """The records a batch wrote, read from the days they can be in (``first_day``: since ``began_ms``,
@@ -265,35 +306,66 @@ class Ledger:
     def exists(self) -> bool:
         return DeltaTable.isDeltaTable(self.spark, self.path)
 
-    def records(self) -> DataFrame:
-        """Every record; query it with the DataFrame API or SQL (``delta.`<path>```)."""
-        return self.spark.read.format("delta").load(self.path)
+    def records(self, as_of: int | None = None) -> DataFrame:
+        """Every record (as of version ``as_of``, if given); query it with the DataFrame API or SQL
+        (``delta.`<path>```)."""
+        reader = self.spark.read.format("delta")
+        return (reader.option("versionAsOf", as_of) if as_of is not None else reader).load(self.path)
+
+
+# A command's records: the ledger's columns (``Ledger.append``) and who ran it.
+_COMMAND_SCHEMA = ("policy string, kind string, id string, rule string, dc string, status string, reason string, "
+                   "eligible_at timestamp, decided_at timestamp, deleted_at timestamp, lag_s double, batch_id long, "
+                   "query_id string, worker string, date date, actor string")
+
+
+# The purge lag's percentiles come from a KLL sketch (Spark's ``kll_sketch_agg_double``, k = 200), which merges:
+# a refresh adds its records' sketch to the day's. A percentile p it gives is a lag whose rank among the day's
+# lags is within LAG_RANK_ERROR of p (DataSketches' bound for k = 200, at 99% confidence); below 200 lags it is
+# one of them, exactly ranked. The report states the bound in each row (``lag_rank_error``).
+LAG_SKETCH_K = 200
+LAG_RANK_ERROR = 0.0133
+# The report's own row that says up to which ledger version its rows count: no date, so no day's query meets it.
+_PROGRESS = {"policy": "", "kind": "", "dc": ""}
+
+
+class ReportProgressMoved(RuntimeError):
+    """Another refresh counted the same records first: this one is redone from the progress it left."""
+
+
+def _quantile(sketch: str, p: float) -> str:
+    return (f"CASE WHEN kll_sketch_get_n_double({sketch}) > 0 "
+            f"THEN kll_sketch_get_quantile_double({sketch}, {p}) END")
 
 
 class Report:
+    """A row per day, policy, kind and data centre: counts by status, skips by reason, purge lag percentiles,
+    the day's first and last decision; kept up to date incrementally (``refresh``)."""
+
     def __init__(self, spark: SparkSession, ledger: LedgerConfig, policies: PolicySet) -> None:
         self.spark = spark
         self.ledger = Ledger(spark, ledger)
         self.path = ledger.report_path
         self.policies = policies
 
-    def _policy_fields(self, day: date) -> Column:
-        """Each policy's own report fields for the day (``Policy.report_fields``), as a map."""
+    def _policy_fields(self, days: list[date]) -> Column:
+        """Each policy's own report fields for the row's day (``Policy.report_fields``), as a map."""
         result = F.create_map().cast("map<string,string>")
-        for policy in self.policies.policies:
-            extra = policy.report_fields(day)
-            if extra:
-                literal = F.create_map(*(F.lit(v) for item in sorted(extra.items()) for v in item))
-                result = F.when(F.col("policy") == policy.name, literal).otherwise(result)
+        for day in days:
+            for policy in self.policies.policies:
+                extra = policy.report_fields(day)
+                if extra:
+                    literal = F.create_map(*(F.lit(v) for item in sorted(extra.items()) for v in item))
+                    result = F.when((F.col("date") == F.lit(day)) & (F.col("policy") == policy.name),
+                                    literal).otherwise(result)
         return result
 
-    def compute(self, day: date) -> DataFrame:
-        """A day's report from the ledger: per policy, kind and data centre, counts by status, skips by
-        reason, purge lag percentiles (seconds), the first and last decision of the day, and the
-        policy's own fields."""
+    def _counted(self, records: DataFrame) -> DataFrame:
+        """The records' partial report: per day, policy, kind and data centre, what adds up (counts by status,
+        skips by reason, the lag's sketch, the first and last decision), finished into a report's rows
+        (``_finished``)."""
         records = (
-            self.ledger.records()
-            .where(F.col("date") == F.lit(day))
+            records.where(F.col("status") != COMMAND)
             .withColumn("dc", F.coalesce("dc", F.lit(ALL_DCS)))
             # Records written before there were policies are all the mailbox's.
             .withColumn("policy", F.coalesce("policy", F.lit("mailbox")))
@@ -306,43 +378,126 @@ class Report:
             .groupBy(*group)
             .agg(F.map_from_entries(F.collect_list(F.struct("category", "count"))).alias("skipped_by_reason"))
         )
-        lags = F.percentile(F.when(F.col("status") == PURGED, F.col("lag_s")),
-                            F.array(*(F.lit(p) for p in LAG_PERCENTILES)))
         counts = records.groupBy(*group).agg(
             F.count(F.lit(1)).alias("candidates"),
             *(F.count(F.when(F.col("status") == s, True)).alias(s) for s in STATUSES),
-            lags.alias("lags"),
+            F.kll_sketch_agg_double(F.when(F.col("status") == PURGED, F.col("lag_s")), LAG_SKETCH_K)
+            .alias("lag_sketch"),
             F.min("decided_at").alias("started_at"),
             F.max("decided_at").alias("finished_at"),
         )
-        return (
-            counts.join(by_reason, group, "left")
-            .select(
-                *group, "candidates", *STATUSES,
-                F.coalesce("skipped_by_reason", F.create_map().cast("map<string,bigint>")).alias("skipped_by_reason"),
-                *(F.col("lags").getItem(i).alias(f"lag_p{int(p * 100)}_s") for i, p in enumerate(LAG_PERCENTILES)),
-                "started_at", "finished_at",
-                (F.unix_timestamp("finished_at") - F.unix_timestamp("started_at")).alias("duration_s"),
-                self._policy_fields(day).alias("policy_fields"),
-                F.current_timestamp().alias("updated_at"),
-            )
+        return counts.join(by_reason, group, "left").select(
+            *group, "candidates", *STATUSES,
+            F.coalesce("skipped_by_reason", F.create_map().cast("map<string,bigint>")).alias("skipped_by_reason"),
+            "lag_sketch", "started_at", "finished_at")
+
+    def _finished(self, counted: DataFrame, version: int) -> DataFrame:
+        days = [row["date"] for row in counted.select("date").distinct().collect()]
+        return counted.select(
+            "date", "policy", "kind", "dc", "candidates", *STATUSES, "skipped_by_reason",
+            *(F.expr(_quantile("lag_sketch", p)).alias(f"lag_p{int(p * 100)}_s") for p in LAG_PERCENTILES),
+            "started_at", "finished_at",
+            (F.unix_timestamp("finished_at") - F.unix_timestamp("started_at")).alias("duration_s"),
+            self._policy_fields(days).alias("policy_fields"),
+            F.current_timestamp().alias("updated_at"),
+            "lag_sketch", F.lit(LAG_RANK_ERROR).alias("lag_rank_error"), F.lit(version).alias("ledger_version"))
+
+    def compute(self, day: date) -> DataFrame:
+        """A day's report from all its ledger records, read afresh (``purger status``; the refresh's reference):
+        per policy, kind and data centre, counts by status, skips by reason, purge lag percentiles (seconds),
+        the first and last decision of the day, and the policy's own fields."""
+        version = self.ledger.version()
+        return self._finished(self._counted(self.ledger.records(version).where(F.col("date") == F.lit(day))),
+                              version)
+
+    def _progress(self) -> int | None:
+        """The ledger version the report's rows count up to; None without a report, or one written before it
+        said (its rows are rebuilt)."""
+        if not DeltaTable.isDeltaTable(self.spark, self.path):
+            return None
+        report = self.spark.read.format("delta").load(self.path)
+        if "ledger_version" not in report.columns:
+            return None
+        found = report.where(F.col("date").isNull() & (F.col("policy") == "")).select("ledger_version").first()
+        return None if found is None else found[0]
+
+    def _with_progress(self, rows: DataFrame, version: int) -> DataFrame:
+        """``rows`` and the progress row, which says they count the ledger up to ``version``."""
+        progress = self.spark.createDataFrame([(None, *_PROGRESS.values(), version)],
+                                              "date date, policy string, kind string, dc string, ledger_version long")
+        return rows.unionByName(progress, allowMissingColumns=True)
+
+    def _rebuild(self, version: int) -> None:
+        """Every day's rows from the ledger as of ``version``, and the progress at it: the first refresh, and
+        one whose next records the change feed no longer has."""
+        rows = self._finished(self._counted(self.ledger.records(version)), version)
+        (
+            self._with_progress(rows, version).write.format("delta").mode("overwrite")
+            .partitionBy("date").option("overwriteSchema", "true").save(self.path)
         )
 
-    @retry(retry=retry_if_exception_type(_CONFLICTS), stop=stop_after_attempt(5), wait=wait_random(0.2, 2),
-           reraise=True)
-    def refresh(self, day: date | None = None) -> None:
-        """Rewrite one day's rows (today, UTC, by default) from the ledger. When two run at once (the
-        purger's and ``purger report``), one loses Delta's optimistic check and is redone."""
+    def _add(self, after: int, version: int) -> None:
+        """The records written after ledger version ``after`` up to ``version`` added to their days' rows, and
+        the progress moved to ``version``, in one commit; refused whole if another refresh moved it first."""
+        added = self._finished(self._counted(self.ledger.inserted(after, version)), version)
+        merged = "kll_sketch_merge_double(coalesce(t.lag_sketch, s.lag_sketch), coalesce(s.lag_sketch, t.lag_sketch))"
+        summed = {
+            "candidates": "t.candidates + s.candidates",
+            **{status: f"t.{status} + s.{status}" for status in STATUSES},
+            "skipped_by_reason": "map_zip_with(t.skipped_by_reason, s.skipped_by_reason, "
+                                 "(k, a, b) -> coalesce(a, 0) + coalesce(b, 0))",
+            "lag_sketch": merged,
+            **{f"lag_p{int(p * 100)}_s": _quantile(merged, p) for p in LAG_PERCENTILES},
+            "started_at": "least(t.started_at, s.started_at)",
+            "finished_at": "greatest(t.finished_at, s.finished_at)",
+            "duration_s": "unix_timestamp(greatest(t.finished_at, s.finished_at)) - "
+                          "unix_timestamp(least(t.started_at, s.started_at))",
+            "policy_fields": "s.policy_fields", "updated_at": "s.updated_at",
+            "lag_rank_error": "s.lag_rank_error", "ledger_version": "s.ledger_version",
+        }
+        (
+            DeltaTable.forPath(self.spark, self.path).alias("t")
+            .merge(self._with_progress(added, version).alias("s"),
+                   "t.date <=> s.date AND t.policy = s.policy AND t.kind = s.kind AND t.dc = s.dc")
+            .whenMatchedUpdate(condition="s.date IS NULL", set={"ledger_version": (
+                f"CASE WHEN t.ledger_version = {after} THEN s.ledger_version "
+                f"ELSE raise_error('{ReportProgressMoved.__name__}') END")})
+            .whenMatchedUpdate(set=summed)
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
+
+    @retry(retry=retry_if_exception_type((*_CONFLICTS, ReportProgressMoved)), stop=stop_after_attempt(5),
+           wait=wait_random(0.2, 2), reraise=True)
+    def refresh(self) -> None:
+        """Bring the report up to the ledger's latest version: the records written since the last refresh
+        (read from the ledger's change feed) added to their days' rows; its cost follows what was written
+        since, not the day's volume. The first refresh, or one after the change feed lost the records since
+        the last (``delta.logRetentionDuration``), rebuilds every day from the ledger. When two run at once
+        (the purger's and ``purger report``), one loses and is redone from the other's progress."""
+        from pyspark.errors import AnalysisException, PySparkException
+
         if not self.ledger.exists():
             return
-        day = day or datetime.now(timezone.utc).date()
-        (
-            self.compute(day).write.format("delta").mode("overwrite").partitionBy("date")
-            .option("replaceWhere", f"date = '{day.isoformat()}'")
-            # A report written before the policy columns existed takes them on.
-            .option("mergeSchema", "true")
-            .save(self.path)
-        )
+        version = self.ledger.version()
+        after = self._progress()
+        if after is None:
+            self._rebuild(version)
+            return
+        if version <= after:
+            return
+        try:
+            self._add(after, version)
+        except PySparkException as error:
+            if ReportProgressMoved.__name__ in str(error):  # the progress row's raise_error
+                raise ReportProgressMoved() from None
+            if not isinstance(error, AnalysisException):
+                raise
+            # The change feed off for those versions, or its files gone: every day counted again, once.
+            log.warning("daily report %s: the ledger's change feed does not have its versions after %d (%s); "
+                        "rebuilding every day from the ledger", self.path, after,
+                        (str(error).strip().splitlines() or [type(error).__name__])[0])
+            self._rebuild(version)
 
     def rows(self, day: date) -> list[Row]:
         if not DeltaTable.isDeltaTable(self.spark, self.path):

@@ -9,9 +9,10 @@ the stateful operator's state through Spark's state data sources, which read wit
 
 - a kind the checkpoint keeps state for that no configured policy has;
 - a kind's state whose fields changed in a way the checkpoint's state encoding cannot take. Spark's
-  ``unsaferow`` encoding (checkpoints started before 0.2.0) takes no change at all; ``avro`` (the default since)
-  takes fields added that accept None (the state kept before reads None there), fields removed, and a type
-  widened as Avro resolves it (int to bigint, float to double); nothing else.
+  ``unsaferow`` encoding (checkpoints started before 0.2.0) reads a state's fields by their position, so it
+  takes no change at all, their order included; ``avro`` (the default since) resolves them by name, and takes
+  fields added that accept None (the state kept before reads None there), fields removed, and a type widened
+  as Avro resolves it (int to bigint, float to double); nothing else.
 
 A new kind (a policy added) is a state variable Spark adds. ``stream.shuffle_partitions`` differing from the
 checkpoint's is no refusal: Spark keeps the checkpoint's, and ``drift`` says so.
@@ -57,7 +58,7 @@ class Field:
 @dataclass(frozen=True)
 class StoredState:
     """What a checkpoint's stateful stage was last run with: the state encoding, the state partitions, and each
-    kind's stored fields (name -> Spark type, e.g. ``bigint``)."""
+    kind's stored fields in their stored order (name -> Spark type, e.g. ``bigint``)."""
 
     encoding: str
     partitions: int
@@ -66,7 +67,7 @@ class StoredState:
 
 def refusals(location: str, stored: StoredState, current: dict[str, dict[str, Field]]) -> list[str]:
     """Why this release cannot continue the checkpoint at ``location`` (empty: it can). ``current``: each
-    configured kind's fields as this release stores them."""
+    configured kind's fields as this release stores them, in their order."""
     found = []
     redo = "or replay into a new checkpoint (purger replay --from earliest)"
     for kind in sorted(stored.kinds.keys() - current.keys()):
@@ -78,14 +79,20 @@ def refusals(location: str, stored: StoredState, current: dict[str, dict[str, Fi
         removed = [name for name in before if name not in now]
         retyped = [f"{name} {before[name]} -> {now[name].type}" for name in now
                    if name in before and before[name] != now[name].type]
+        # unsaferow reads each field from its place: the fields both have, compared in their two orders.
+        kept_before, kept_now = [name for name in before if name in now], [name for name in now if name in before]
+        moved = [name for name, was in zip(kept_now, kept_before) if name != was]
+        reordered = [f"{', '.join(moved)} (the checkpoint's order: {', '.join(before)})"] if moved else []
         changes = "; ".join(f"{what} {', '.join(names)}" for what, names in
-                            (("added", added), ("removed", removed), ("retyped", retyped)) if names)
+                            (("added", added), ("removed", removed), ("retyped", retyped), ("moved", reordered))
+                            if names)
         if not changes:
             continue
         if stored.encoding != AVRO:
             found.append(f"checkpoint {location}: kind {kind!r}'s state changed ({changes}), and the checkpoint "
-                         f"keeps state in Spark's {stored.encoding} encoding, which takes no change of a state's "
-                         f"fields; run the release that started it, {redo}")
+                         f"keeps state in Spark's {stored.encoding} encoding, which reads a state's fields by their "
+                         f"position and takes no change of them, their order included; run the release that "
+                         f"started it, {redo}")
             continue
         narrowed = [f"{name} {before[name]} -> {now[name].type}" for name in now if name in before
                     and before[name] != now[name].type and (before[name], now[name].type) not in WIDENED]

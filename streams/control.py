@@ -4,8 +4,9 @@ Structured Streaming has no path from a sink back to the state, so the purger
 writes its own events to ``kafka.control_topic``, which the query reads (from
 its end on a fresh checkpoint: a replay rebuilds them from the events):
 
-- ``clock``: a tick stamped with the wall clock (``streams.clock``); the only
-  thing that moves the watermark;
+- ``clock``: a tick stamped with the time up to which the query has read the
+  events (``streams.clock``), the wall clock once it has read them all; the
+  only thing that moves the watermark;
 - ``recheck``: look at an object again at ``event_time`` (the double-check kept
   it and the row says when it will be due, or a store or Cassandra failed),
   with ``kind``, ``rule`` and the object's id in its kind's id field;
@@ -55,9 +56,9 @@ ENGINE_TYPES = (CLOCK, RECHECK)
 FIELDS = (EventField("kind", "string", identifier=True), EventField("rule", "string", identifier=True))
 
 
-def tick() -> bytes:
-    """A clock event stamped with the wall clock."""
-    stamp = format_timestamp(datetime.now(timezone.utc))
+def tick(at_ms: int | None = None) -> bytes:
+    """A clock event stamped ``at_ms`` (epoch milliseconds), by default the wall clock."""
+    stamp = format_timestamp(datetime.now(timezone.utc)) if at_ms is None else format_epoch_ms(at_ms)
     return json.dumps({"event_id": f"clock-{uuid.uuid4()}", "type": CLOCK, "event_time": stamp}).encode()
 
 

@@ -8,7 +8,8 @@ Every parsed record is routed to the objects it is about, keyed by ``(kind, id)`
   reaches that payload as a ``link``);
 - the sink's reports from the control topic to the object they name
   (``streams.control``);
-- a bad record to ``dead_letter``, passed through untouched to the sink;
+- a bad record to ``dead_letter`` (keyed by its partition, ``topic/partition``), passed through untouched to
+  the sink as a dead letter of its own (``dead_letter_id``);
 - a clock tick to ``clock``, where it only moves the watermark.
 
 The watermark is driven by clock ticks alone: events carry no watermark time,
@@ -150,6 +151,12 @@ def stored_kinds(policies: PolicySet) -> dict[str, _Stored]:
     return {kind.name: _Stored(kind) for kind in policies.kinds}
 
 
+def dead_letter_id(topic: str, partition: int, offset: int) -> str:
+    """A bad record's id, where Kafka keeps it: its ledger record's too (``sinks.ledger``), so the ledger keeps one
+    record per bad record, the same when its batch runs again."""
+    return f"{topic}/{partition}/{offset}"
+
+
 def _output(**values: Any) -> Row:
     return Row(**{name: values.get(name) for name in _OUTPUT_FIELDS})
 
@@ -177,8 +184,8 @@ class PurgeProcessor(StatefulProcessor):
         kind, object_id = key
         if kind == DEAD_LETTER:
             for r in rows:
-                yield _output(kind=DEAD_LETTER, id=object_id, reason=r.error, key=r.key, value=r.value,
-                              topic=r.topic, partition=r.partition, offset=r.offset)
+                yield _output(kind=DEAD_LETTER, id=dead_letter_id(r.topic, r.partition, r.offset), reason=r.error,
+                              key=r.key, value=r.value, topic=r.topic, partition=r.partition, offset=r.offset)
             return
         if kind not in self.kinds:
             return  # clock ticks: they only move the watermark

@@ -120,8 +120,10 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
                        "reconcile_path": str(ledger / "reconcile_report")},
             "metrics": {"port": 0},
             # The keyspace is every test's: a test reconciles a keyspace of its own (tests/test_reconcile.py).
+            # Its tables hold tens of rows: two scan tasks a core, not the default 16 (each a Python task and a
+            # Cassandra session), are plenty. The release before refuses the key: test_upgrades leaves it out.
             "reconcile": {"interval": "0", "overdue_after": "2s", "orphan_grace": "2s", "orphan_grace_check": False,
-                          "max_rows_per_second": 100_000},
+                          "max_rows_per_second": 100_000, "tasks_per_core": 2},
         }
     )
     # Data centre 2 through the proxy; environment overrides above have set every endpoint alike.
@@ -150,24 +152,3 @@ def platform(config):
     platform = Platform(config)
     yield platform
     platform.close()
-
-
-@pytest.fixture(scope="session")
-def secure_kafka_broker(tmp_path_factory):
-    """A second Kafka broker that takes SASL_SSL only (PLAIN and SCRAM-SHA-512), with a certificate authority
-    made for it (tests.support.secure_kafka): its address, the authority's file, a login per mechanism."""
-    from tests.support.secure_kafka import secure_kafka
-
-    with secure_kafka(tmp_path_factory.mktemp("secure-kafka")) as broker:
-        yield broker
-
-
-@pytest.fixture(scope="session")
-def secure_cassandra_node(servers):
-    """A Cassandra node of its own on 127.0.0.3 that requires a login and TLS (devstack.secure_cassandra)."""
-    from devstack.secure_cassandra import SecureCassandra
-
-    node = SecureCassandra(log=lambda _: None)
-    node.up()
-    yield node
-    node.down()

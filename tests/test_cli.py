@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+
+import pytest
 
 from purger.cli import _set_on_signals
 
@@ -36,7 +39,8 @@ def test_schema_prints_each_enabled_policys_reference_cql_under_the_configured_n
     cql = result.stdout
     for table in ("messages", "payload_refs", "blobs", "rule_events", "own_journal"):
         assert f"CREATE TABLE IF NOT EXISTS platform.{table} (" in cql
-    assert "platform.payloads " not in cql and "{" not in cql  # renamed, and nothing left unrendered
+    # Renamed, and no placeholder left unrendered (the journal's compaction map is CQL's own braces).
+    assert "platform.payloads " not in cql and not re.search(r"\{\w*\}", cql)
     assert "platform.users" not in cql  # a policy not enabled
     assert cql.count("CREATE TABLE") == cql.count(";") == 5  # one statement each, ready for cqlsh
 
@@ -154,3 +158,27 @@ def test_schema_with_replication_prints_the_keyspaces_create_keyspace_first(tmp_
     bad = CliRunner().invoke(app, ["schema", "--replication", "dc1:three"])
     assert bad.exit_code == 2 and bad.output.strip() == (
         "--replication takes DC:REPLICAS,... (e.g. dc1:3,dc2:3); 'dc1:three' is not one")
+
+
+@pytest.mark.parametrize("command", ["reconcile", "replay"])
+def test_a_command_that_changes_what_is_deleted_without_a_reason_exits_2_in_one_line(tmp_path, command):
+    from typer.testing import CliRunner
+
+    from purger.cli import app
+
+    # Refused before the configuration is read or anything starts: the file does not even exist.
+    result = CliRunner().invoke(app, [command, "--config", str(tmp_path / "absent.toml"), "--actor", "jdoe"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"purger {command} changes what is deleted: say why with --reason (a ticket, an incident); the ledger "
+        "records it with who ran it (--actor, by default the OS user)"]
+
+
+def test_who_runs_a_command_is_the_actor_given_or_the_os_user_and_a_dry_run_needs_no_reason():
+    import getpass
+
+    from purger.cli import _who_and_why
+
+    assert _who_and_why("reconcile", "jdoe@example.com", "INC-4711", False) == ("jdoe@example.com", "INC-4711")
+    assert _who_and_why("reconcile", None, "INC-4711", False) == (getpass.getuser(), "INC-4711")
+    assert _who_and_why("replay", None, None, True) == (getpass.getuser(), "")

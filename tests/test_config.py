@@ -1,3 +1,4 @@
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -113,6 +114,20 @@ def test_a_ledger_retention_under_a_day_is_refused():
     assert build_config({}).ledger.retention == timedelta(days=400)
     with pytest.raises(ConfigError, match="ledger.retention: .*at least 1d"):
         build_config({"ledger": {"retention": "12h"}})
+def test_an_orphan_grace_under_24_hours_is_refused_naming_the_key_and_what_to_do():
+    with pytest.raises(ConfigError) as error:
+        build_config({"reconcile": {"orphan_grace": "86399s"}})
+    assert re.search(r"^  reconcile: .*orphan_grace under 24h .*raise it, or set orphan_grace_check = false",
+                     str(error.value), flags=re.MULTILINE), str(error.value)
+
+
+def test_an_orphan_grace_of_24_hours_is_accepted():
+    assert build_config({"reconcile": {"orphan_grace": "24h"}}).reconcile.orphan_grace == timedelta(hours=24)
+
+
+def test_an_orphan_grace_under_24_hours_is_accepted_with_the_check_off():
+    reconcile = build_config({"reconcile": {"orphan_grace": "2s", "orphan_grace_check": False}}).reconcile
+    assert reconcile.orphan_grace == timedelta(seconds=2) and reconcile.orphan_grace_check is False
 
 
 def test_a_dry_run_has_a_checkpoint_of_its_own():
@@ -185,6 +200,21 @@ def test_operations_keys_are_checked():
         build_config({"ledger": {"s3": {"endpont": "http://x"}}})
     with pytest.raises(ConfigError, match="metrics.port"):
         build_config({"metrics": {"port": 70000}})
+
+
+@pytest.mark.parametrize("host, url", [
+    ("127.0.0.1", "http://127.0.0.1:9108/metrics"), ("0.0.0.0", "http://127.0.0.1:9108/metrics"),
+    ("10.0.0.5", "http://10.0.0.5:9108/metrics"), ("::", "http://[::1]:9108/metrics"),
+    ("fd00::5", "http://[fd00::5]:9108/metrics")])
+def test_the_metrics_endpoint_is_read_where_it_listens(host, url):
+    assert build_config({"metrics": {"host": host}}).metrics.url == url
+    assert build_config({"metrics": {"host": host, "port": 0}}).metrics.url is None
+
+
+def test_the_metrics_endpoint_listens_on_the_loopback_unless_set():
+    assert build_config({}).metrics.host == "127.0.0.1"
+    with pytest.raises(ConfigError, match="metrics.host"):
+        build_config({"metrics": {"host": ""}})
 
 
 @pytest.mark.parametrize("name, section, renamed", [

@@ -31,7 +31,9 @@ from tests.support.races import RaceResult, revival_race
 
 pytestmark = pytest.mark.integration
 
-ATTEMPTS = FAULTS.attempts
+# 2,000 bounded (FaultMatrix.cross_dc_attempts), within RACE_TIME_LIMIT_S: at 400 attempts a fresh-clone run saw
+# the delete through the other data centre never land first (the check that each side wins some failed).
+ATTEMPTS = FAULTS.cross_dc_attempts
 RACE_TIME_LIMIT_S = 180
 
 
@@ -99,6 +101,7 @@ def test_a_revival_through_another_data_centre_is_never_lost_at_serial(purger_co
         race.outcomes
 
 
+@pytest.mark.skipif(not FAULTS.measured_races, reason="a measurement, not a guarantee: make faults-full")
 def test_the_same_race_at_local_serial_is_measured(purger_config):
     """Not asserted: LOCAL_SERIAL runs each data centre's check apart, and the count printed is what it risks."""
     race = race_across_data_centres(at_serial_consistency(purger_config, "LOCAL_SERIAL"))

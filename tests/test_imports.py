@@ -3,8 +3,9 @@ subpackages import one another without a cycle, in the direction of the layers; 
 lie below ``purger.core.policy``, the one module a policy of one's own imports.
 
 The product is the packages ``pyproject.toml`` installs (``[tool.setuptools] packages``: ``purger`` and the
-repository's folders mapped under it); the developer tools ``devstack`` and ``simulation`` run from the clone
-and must import alone too. Each check runs in fresh interpreters, so what another test imported hides
+repository's folders mapped under it), as the installation imports them (``purger.submit.product_packages``,
+what a submitted job ships); the developer tools ``devstack`` and ``simulation`` run from the clone and must
+import alone too. Each check runs in fresh interpreters, so what another test imported hides
 nothing.
 """
 
@@ -22,13 +23,18 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
+from purger.submit import product_packages
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ("devstack", "simulation")
 NOT_PRODUCT = ("devstack", "simulation", "bench")
 # Spark and the servers' drivers: none of them is for the pure core.
 DRIVERS = ("pyspark", "py4j", "cassandra", "kafka", "boto3", "botocore")
-# The product's subpackages as nodes of the package graph; the modules directly in purger/ are "purger.app".
-SUBPACKAGES = ("purger.core", "purger.policies", "purger.streams", "purger.sinks", "purger.connectors")
+# The product's subpackages as nodes of the package graph; the modules directly in purger/ are "purger.app", and
+# so are the reconcile's: it is run by the application and starts a Spark session of its own as the application
+# does (purger.spark, for the state's copy).
+IN_THE_APP = ("purger.reconcile",)
+SUBPACKAGES = tuple(package for package in product_packages() if package.count(".") == 1 and package not in IN_THE_APP)
 APP = "purger.app"
 # The policy interface's parts, one concept each, which ``purger.core.policy`` gathers for a policy of one's own.
 INTERFACE = "purger.core.policy"
@@ -40,9 +46,8 @@ OWN_POLICY = ROOT / "examples" / "push_clients" / "push_clients_policy.py"
 @cache
 def product_modules() -> dict[str, Path]:
     """Every module of the installed product, by name: its packages and the modules in each."""
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     modules = {}
-    for package in packages:
+    for package in product_packages():
         spec = importlib.util.find_spec(package)
         modules[package] = Path(spec.origin)
         for info in pkgutil.iter_modules(spec.submodule_search_locations, f"{package}."):
@@ -51,14 +56,15 @@ def product_modules() -> dict[str, Path]:
     return modules
 
 
-def test_every_package_of_the_products_folders_is_installed():
-    """A folder with an ``__init__.py`` under a package's folder is a package ``pyproject.toml`` must list, or a
-    wheel would leave it out (the editable install finds it anyway)."""
-    modules = product_modules()
-    unlisted = [f"{package}.{sub.name}" for package, init in modules.items() if init.name == "__init__.py"
-                for sub in sorted(init.parent.iterdir())
-                if (sub / "__init__.py").exists() and f"{package}.{sub.name}" not in modules]
-    assert unlisted == []
+def test_the_packages_the_installation_imports_are_the_ones_pyproject_toml_installs():
+    """A folder with an ``__init__.py`` under a package's folder is a package the installation imports (and a
+    submitted job ships), which ``pyproject.toml`` must list, or a wheel would leave it out; and each package it
+    lists is found."""
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = product_packages()
+    assert len(found) == len(set(found))
+    assert sorted(found) == sorted(listed)
+    assert "purger.reconcile" in found and "purger.policies.mailbox" in found
 
 
 def tool_modules() -> list[str]:

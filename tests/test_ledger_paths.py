@@ -111,6 +111,27 @@ def test_a_row_the_platform_removed_itself_is_never_recorded_as_purged(spark, co
     assert purged_records(ledger) == Counter()
 
 
+def test_a_retried_batchs_bad_records_are_each_recorded_once(spark, config, ledger):
+    """Three bad records of one partition, from the stateful stage's processor through the sink, in a batch whose
+    ledger write is a merge (a retry: its first attempt died before it), then run once more: one ``dead_lettered``
+    record each. They once shared an id (their partition's), and the merge kept one per partition."""
+    from pyspark.sql import Row
+
+    from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED
+    from purger.streams.processor import PurgeProcessor
+
+    topic, query = config.kafka.topics[0], new_id("q")
+    bad = [Row(error="value is not a JSON object", key=b"k", value=b"[1]", topic=topic, partition=0, offset=offset)
+           for offset in (7, 8, 9)]
+    letters = list(PurgeProcessor(config.policy_set, 0).handleInputRows((DEAD_LETTER, f"{topic}/0"), iter(bad), None))
+    ledger.create()
+    for _ in range(2):
+        outcomes = list(purge_partition(letters, config, 6, query_id=query))
+        ledger.append(spark.createDataFrame(outcomes, OUTCOME_SCHEMA), query, 6, may_hold=True)
+    recorded = ledger.records().where(F.col("status") == DEAD_LETTERED).collect()
+    assert Counter(r["id"] for r in recorded) == Counter({f"{topic}/0/{offset}": 1 for offset in (7, 8, 9)})
+
+
 @pytest.fixture
 def held_cassandra(config):
     """A session of the purger's own on Cassandra through a TCP proxy that can hold its answers, with a short

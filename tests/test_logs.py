@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.request
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -197,7 +198,7 @@ def test_each_batch_names_its_jobs_in_the_spark_ui(spark, config, tmp_path_facto
     ledger; the daily report's jobs beside them after the report."""
     from purger.running import start_purger
 
-    own = own_config(config, tmp_path_factory.mktemp("jobs"), "jobs")
+    own = own_config(config, tmp_path_factory.mktemp("jobs"), "jobs", report_interval=timedelta(seconds=2))
     platform = Platform(own)
     running = start_purger(spark, own)
     try:

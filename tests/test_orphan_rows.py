@@ -23,11 +23,13 @@ from purger.config import with_policies
 from purger.connectors import cassandra_session
 from purger.core.config import ReconcileConfig
 from purger.core.failpoints import injected
-from purger.core.vocabulary import ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, category
+from purger.core.policy import key_id
+from purger.core.vocabulary import NOT_YET_DUE, ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, category
 from purger.reconcile.run import reconcile
+from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
 from purger.core.vocabulary import ALL_DCS
-from purger.reconcile.orphans import Sweep, decide, ledger_query_id, reconcile_orphan_rows
+from purger.reconcile.orphans import FIRST_FOUND, Sweep, decide, ledger_query_id, reconcile_orphan_rows
 from purger.core.times import duration_ms, now_ms, parse_timestamp
 from purger.policies.mailbox.state import RELEASED
 from simulation.policy_objects import SETTINGS
@@ -194,6 +196,50 @@ def test_a_dry_run_finds_orphan_rows_and_deletes_none(spark, orphaned):
     assert records(spark, own, "uow_objects").get(json.dumps([unit, "MDS", "o1"], separators=(",", ":"))) \
         == [WOULD_DELETE]
 
+
+def test_a_dry_run_neither_writes_nor_clears_the_real_sweeps_first_found_notes(orphaned):
+    """A ``payload_refs`` row's age is when a real sweep first found it without its message, noted in the journal
+    the dry runs share. A dry run before the real sweep notes nothing; one that finds the message back clears
+    nothing: the real sweep deletes the row a grace after its own first sighting, as it would without them."""
+    own, session = orphaned
+    policy = own.policy_set.policy_of("message")
+    [orphans] = policy.orphan_rows  # payload_refs, aged from its first sighting
+    names = tuple(sorted(policy.table_names().items()))
+    grace_ms = duration_ms(GRACE)
+
+    def sweep(dry_run: bool) -> Sweep:
+        return Sweep(policy.name, orphans, dict(names)[orphans.table], None, grace_ms, now_ms() - grace_ms, dry_run,
+                     ledger_query_id(uuid.uuid4().hex[:12], policy.name, orphans.table, ALL_DCS), names)
+
+    uid = uuid.uuid4().hex[:6]
+    payload, message = f"p-noted-{uid}", f"m-noted-{uid}"
+    ref = key_id([payload, message])
+    session.execute(f"INSERT INTO payload_refs (payload_id, message_id) VALUES ('{payload}', '{message}') "
+                    f"USING TIMESTAMP {LONG_AGO_US}")
+    journal = CassandraJournal(session, own.cassandra.keyspace, own.cassandra.journal_table)
+
+    def first_found() -> set[str]:
+        return journal.noted(FIRST_FOUND, f"{dict(names)[orphans.table]}/{ref}")
+
+    def decided(dry_run: bool) -> tuple[str, str | None]:
+        outcome = decide(own, sweep(dry_run), ref, None, None)
+        return outcome[5], outcome[6] and category(outcome[6])
+
+    assert decided(dry_run=True) == (SKIPPED, NOT_YET_DUE)
+    assert first_found() == set()  # the dry run's sighting is no real one
+    assert decided(dry_run=False) == (SKIPPED, NOT_YET_DUE)
+    noted = first_found()
+    assert len(noted) == 1
+
+    session.execute(f"INSERT INTO messages (message_id, mailbox, updated_at) VALUES ('{message}', 'inbox', "
+                    "toTimestamp(now()))")
+    assert decided(dry_run=True) == (SKIPPED, PRESENT)
+    assert first_found() == noted  # the real sweep's note stays
+    session.execute(f"DELETE FROM messages WHERE message_id = '{message}'")
+
+    time.sleep(max(0.0, (int(min(noted)) + grace_ms - now_ms()) / 1000) + 0.5)
+    assert decided(dry_run=False) == (PURGED, None)
+    assert session.execute(f"SELECT * FROM payload_refs WHERE payload_id = '{payload}'").one() is None
 
 
 def test_a_sweep_of_orphan_rows_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, orphaned):

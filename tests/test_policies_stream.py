@@ -217,7 +217,7 @@ def own_purger(spark, config, tmp_path_factory) -> OwnRun:
     """A purger with ``mailbox`` and ``units_of_work`` (``terminal_only``, archived-dependent BULK) only, for
     ``TestAPurgerOfItsOwn``; it has its events (every one twice, shuffled) once it has warmed up."""
     enabled = with_policies(config, {**config.policies, "units_of_work": OWN_SETTINGS})
-    cfg = own_config(enabled, tmp_path_factory.mktemp("own-purger"), "own-purger")
+    cfg = own_config(enabled, tmp_path_factory.mktemp("own-purger"), "own-purger", report_interval=timedelta(seconds=2))
     platform = UnitsOfWorkPlatform(cfg.kafka, cfg.cassandra, cfg.kafka.topics[0], cfg.cassandra.keyspace,
                                    cfg.policy_set.policy_of("unit_of_work").settings)
     run = uuid.uuid4().hex[:8]
@@ -336,7 +336,7 @@ def policies_config(config, tmp_path_factory):
         "units_of_work": {"enabled": True},
     })
     assert {p.name for p in enabled.policy_set.policies} == {"mailbox", "rule_events", "users", "units_of_work"}
-    return own_config(enabled, tmp_path_factory.mktemp("policies"), "policies")
+    return own_config(enabled, tmp_path_factory.mktemp("policies"), "policies", report_interval=timedelta(seconds=2))
 
 
 @pytest.fixture(scope="module")

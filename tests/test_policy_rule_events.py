@@ -1,8 +1,10 @@
 """The ``rule_events`` policy (docs/policies.md, rule_events): its rule table as plain Python, its deletes against real Cassandra."""
 
 import itertools
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -13,8 +15,8 @@ from purger.core.times import epoch_ms, now_ms, parse_timestamp
 from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, PURGED, SKIPPED, WOULD_DELETE, category
 from purger.policies import PolicyError, load_policy
 from purger.policies.rule_events import (
-    COMPLETE, FAILED, KIND, PROCESSING, RULE_EVENT_STATUS, STATUSES, UNPROCESSED, RuleEventsPolicy, StatusEvent,
-    rule_name,
+    COMPLETE, FAILED, KIND, PROCESSING, RULE_EVENT_STATUS, STATUSES, TABLE, UNPROCESSED, RuleEventPurge,
+    RuleEventsPolicy, StatusEvent, rule_name,
 )
 from tests.support.policies import (
     RecordingControl, emitted, fold_in_batches, keyspace_fixture, resources, topic_fixture,
@@ -184,6 +186,41 @@ def test_a_row_whose_status_changed_since_is_kept_under_its_new_status(platform,
     row = platform.row(rule_event_id)
     assert row["status"] == FAILED
     assert rechecks == [(KIND, rule_event_id, "rule_event_failed", epoch_ms(row["updated_at"]) + 30 * 86_400_000)]
+
+
+@pytest.mark.integration
+def test_a_row_without_updated_at_is_dated_by_its_status_write_time_and_a_platform_write_in_between_keeps_it(
+        platform, purge, keyspace):
+    """SPEC 8.1 at delete time: rows another writer inserted COMPLETE without updated_at, at a write time the test
+    gives. Written 8 days ago: purged (by the undated condition). Written now: kept, rechecked at that write time
+    plus the period, not due at once. Written 8 days ago, then set COMPLETE again by the platform (updated_at set)
+    between the purge's read and its delete: kept."""
+    session, name = keyspace
+    due, young, raced = new_id(), new_id(), new_id()
+    long_ago, now_micros = int(ago(8 * DAY).timestamp() * 1e6), int(time.time() * 1e6)
+    for rule_event_id, written in ((due, long_ago), (young, now_micros), (raced, long_ago)):
+        session.execute(f"INSERT INTO {name}.{TABLE} (rule_event_id, status) VALUES (%s, '{COMPLETE}') "
+                        f"USING TIMESTAMP {written}", (rule_event_id,))
+
+    (outcome,), rechecks = purge(due, rule_name(COMPLETE))
+    assert outcome.status == PURGED and rechecks == [] and platform.row(due) is None
+
+    (outcome,), rechecks = purge(young, rule_name(COMPLETE))
+    assert outcome.status == SKIPPED and outcome.reason.startswith("not yet due: rule_event_complete at ")
+    assert rechecks == [(KIND, young, "rule_event_complete", now_micros // 1000 + 7 * 86_400_000)]
+    assert platform.row(young) is not None
+
+    read = RuleEventPurge.read
+
+    def read_then_a_platform_write(self, candidate, serial=False):
+        found = read(self, candidate, serial)
+        if found is not None and found["updated_at"] is None:
+            platform.set_status(raced, COMPLETE)
+        return found
+
+    with mock.patch.object(RuleEventPurge, "read", read_then_a_platform_write):
+        (outcome,), _ = purge(raced, rule_name(COMPLETE))
+    assert outcome.status == SKIPPED and platform.row(raced)["updated_at"] is not None
 
 
 @pytest.mark.integration

@@ -13,6 +13,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -26,7 +27,7 @@ from purger.core.vocabulary import (
 )
 from purger.policies import PolicyError, load_policy
 from purger.policies.users import (
-    MAILBOX_PERMISSION, PURGING, USER, USER_ABSENT, USER_ADDED, USER_REMOVED, VIRTUAL_ROOT, UserEvent,
+    MAILBOX_PERMISSION, PURGING, USER, USER_ABSENT, USER_ADDED, USER_REMOVED, VIRTUAL_ROOT, UserEvent, UserPurge,
     UsersPolicy,
 )
 from tests.support.faults import FAULTS
@@ -246,6 +247,44 @@ def test_a_user_absent_for_less_than_the_grace_is_kept_and_rechecked_when_due(pl
     assert outcome.status == SKIPPED and outcome.reason.startswith("not yet due: user_absent at ")
     rows = platform.rows(user_id)
     assert intact(rows) and rechecks == [(USER, user_id, USER_ABSENT, epoch_ms(rows["user"]["updated_at"]) + 3_600_000)]
+
+
+@pytest.mark.integration
+def test_a_user_without_updated_at_is_dated_by_its_state_write_time_and_a_writer_in_between_keeps_it(
+        platform, purge, keyspace):
+    """SPEC 8.1 at delete time: users rows another writer inserted live and absent everywhere without updated_at, at
+    a write time the test gives, each with its virtual root. Written 2 hours ago: purged (the claim by its undated
+    condition). Written now: kept, rechecked at that write time plus the grace, not due at once. Written 2 hours
+    ago, then added back in dc1 by a writer of the contract (updated_at set) between the purge's read and its
+    claim: kept, with its rows."""
+    session, name = keyspace
+    due, young, raced = new_user(), new_user(), new_user()
+    two_hours_ago, now_micros = int(ago(2 * HOUR).timestamp() * 1e6), int(time.time() * 1e6)
+    for user_id, written in ((due, two_hours_ago), (young, now_micros), (raced, two_hours_ago)):
+        session.execute(f"INSERT INTO {name}.users (user_id, state) VALUES (%s, 'live') USING TIMESTAMP {written}",
+                        (user_id,))
+        session.execute(f"INSERT INTO {name}.virtual_roots (user_id, mailbox) VALUES (%s, 'inbox')", (user_id,))
+
+    outcomes, rechecks = purge(due)
+    assert deleted(outcomes) == [(PURGED, VIRTUAL_ROOT, due), (PURGED, None, None)] and rechecks == []
+    assert platform.rows(due) == GONE
+
+    (outcome,), rechecks = purge(young)
+    assert outcome.status == SKIPPED and outcome.reason.startswith("not yet due: user_absent at ")
+    assert rechecks == [(USER, young, USER_ABSENT, now_micros // 1000 + 3_600_000)]
+
+    read = UserPurge.read
+
+    def read_then_added_back(self, candidate, serial=False):
+        found = read(self, candidate, serial)
+        if found is not None and found.updated_at is None:
+            platform.add_user(raced, "dc1")
+        return found
+
+    with mock.patch.object(UserPurge, "read", read_then_added_back):
+        (outcome,), _ = purge(raced)
+    assert (outcome.status, outcome.reason) == (SKIPPED, "present: re-added while being purged")
+    assert platform.rows(raced)["user"]["present_in"] == {"dc1"} and platform.rows(raced)["virtual_root"] is not None
 
 
 @pytest.mark.integration

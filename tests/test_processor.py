@@ -249,17 +249,28 @@ def test_a_payload_keeps_its_data_centres_through_the_store():
 # --- what the processor passes through or ignores ----------------------------------------------------
 
 
+def bad_records(*offsets: int) -> list[Row]:
+    """Bad records of partition 0 of ``mailbox.events``, as ``routed`` gives them (keyed by their partition)."""
+    return [routed(type=None, error="value is not a JSON object", key=b"k", value=b"[1]", topic="mailbox.events",
+                   partition=0, offset=offset) for offset in offsets]
+
+
 def test_bad_records_pass_through_as_dead_letters_with_no_state():
     harness = Harness()
-    key = (DEAD_LETTER, "mailbox.events/0")
-    bad = [routed(type=None, error="value is not a JSON object", key=b"k", value=b"[1]", topic="mailbox.events",
-                  partition=0, offset=offset) for offset in (7, 8)]
-    out = harness.feed(key, bad)
+    out = harness.feed((DEAD_LETTER, "mailbox.events/0"), bad_records(7, 8))
     assert [(r.kind, r.id, r.reason, r.key, r.value, r.topic, r.partition, r.offset) for r in out] == [
-        (DEAD_LETTER, "mailbox.events/0", "value is not a JSON object", b"k", b"[1]", "mailbox.events", 0, o)
+        (DEAD_LETTER, f"mailbox.events/0/{o}", "value is not a JSON object", b"k", b"[1]", "mailbox.events", 0, o)
         for o in (7, 8)]
     assert all(r.rule is None and r.hint is None for r in out)
     assert harness.handle.values == {} and harness.handle.timers == {}
+
+
+def test_each_bad_record_is_a_dead_letter_of_its_own_the_same_at_every_retry():
+    """A dead letter's id is its ledger record's (``sinks.ledger``): one per bad record, so that a batch's merge into
+    the ledger keeps each, and the same when the batch runs again, so that it keeps each once."""
+    first = [r.id for r in Harness().feed((DEAD_LETTER, "mailbox.events/0"), bad_records(7, 8, 9))]
+    retried = [r.id for r in Harness().feed((DEAD_LETTER, "mailbox.events/0"), bad_records(9, 7, 8))]
+    assert len(set(first)) == 3 and sorted(retried) == sorted(first)
 
 
 def test_clock_ticks_only_move_the_watermark():

@@ -12,6 +12,9 @@ second, their `for:` cut to seconds. Through Prometheus's HTTP API the test find
 expr, PurgerRecordsDeadLettered firing on a burst of bad records, and PurgerDown pending, firing and resolved
 as the metrics endpoint stops answering and answers again. (The dead-letter alert counts over 15 minutes, so
 it would resolve only 15 minutes after the burst; a cut endpoint is the fault cheapest to cause and undo.)
+Then who reaches that purger: from a network namespace of the test's own (tests.support.exposure), its metrics
+endpoint does not answer (it listens on the loopback alone), and the Spark UI's kill endpoints answer and kill
+none of its jobs.
 
 Example::
 
@@ -26,22 +29,25 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import pytest
 
 from devstack.stack import prepare
+from purger.core.config import PurgerConfig
 from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED
 from purger.metrics import PurgerMetrics
 from purger.policies.mailbox.deletes import payload_key
 from purger.running import start_purger
 from simulation.mailbox import Platform
 from tests.support.configs import free_port, mailbox, own_config
+from tests.support.exposure import NetworkNamespace, kill_forms, listening_addresses
 from tests.support.faults import TcpProxy, bad_records
 from tests.support.waits import ago, wait_for
 from tests.support.rules import ROOT, RULES, run_promtool
@@ -216,10 +222,89 @@ def prometheus(home: Path, target: str):
         server.stop()
 
 
+def check_who_reaches_it(spark, running, own: PurgerConfig, flag: Path) -> None:
+    """From a network namespace of the test's own, as from another host: the metrics endpoint (metrics.host's
+    default, the loopback alone, as its listening sockets say) refuses the connection that the Spark UI (on every
+    interface, Spark's default) accepts; and the UI's kill endpoints, asked to kill every stage and job that runs,
+    the purger's and a job of the test's own, with the token of the UI's forms, answer and kill nothing: the test's
+    job returns its result, and the purger's query runs on, its next batch done."""
+    assert own.metrics.host == "127.0.0.1"
+    assert listening_addresses(own.metrics.port) == {"127.0.0.1"}
+    sc = spark.sparkContext
+    assert sc.getConf().get("spark.ui.killEnabled") == "false"
+    ui_port = urlsplit(sc.uiWebUrl).port
+    tracker = sc.statusTracker()
+    group = f"exposure-{uuid.uuid4().hex[:8]}"
+    began = time.monotonic()
+    result: dict = {}
+
+    def wait_for_flag(path: str) -> str:  # a function of this one's, which the Python workers are sent whole
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return path
+
+    def own_job() -> None:  # runs until ``flag`` exists (a task that sleeps would take its core for longer)
+        sc.setJobGroup(group, "the exposure check's job")
+        try:
+            result["value"] = sc.parallelize([str(flag)], 1).map(wait_for_flag).collect()
+        except Exception as error:
+            result["error"] = error
+
+    waiting = threading.Thread(target=own_job, name=group)
+    waiting.start()
+    try:
+        wait_for(lambda: any(tracker.getJobInfo(job).status == "RUNNING" for job in tracker.getJobIdsForGroup(group))
+                 and tracker.getActiveStageIds(), 60, "the test's own job to run")
+        print(f"exposure: the test's own job runs after {time.monotonic() - began:.1f} s")
+        ours = {stage for job in tracker.getJobIdsForGroup(group) for stage in tracker.getJobInfo(job).stageIds}
+        # The pages offer no kill link while jobs run.
+        assert kill_forms(sc.uiWebUrl, "/stages/") == [] and kill_forms(sc.uiWebUrl, "/jobs/") == []
+        # The token the UI's kill forms carry when kills are on (Spark 4.1.4): without it the endpoints refuse
+        # before kills are considered, which would prove nothing about spark.ui.killEnabled.
+        token = sc._jsc.sc().ui().get().csrfToken()
+        asked_stages: set[int] = set()
+        asked_jobs: set[int] = set()
+        with NetworkNamespace() as outside:
+            assert not outside.connects(own.metrics.port), "the metrics endpoint answered from outside the machine"
+            assert outside.connects(ui_port), "the Spark UI did not answer from the namespace: the check proves nothing"
+
+            def ask_to_kill_what_runs() -> bool:
+                assert "error" not in result, result["error"]  # the test's job ended before it was asked
+                for stage in set(tracker.getActiveStageIds()) - asked_stages:
+                    status, location = outside.post(ui_port, "/stages/stage/kill/",
+                                                    {"id": str(stage), "terminate": "true", "csrfToken": token})
+                    assert status == 302 and location.endswith("/stages/"), (stage, status, location)
+                    asked_stages.add(stage)
+                for job in set(tracker.getActiveJobsIds()) - asked_jobs:
+                    status, location = outside.post(ui_port, "/jobs/job/kill/", {"id": str(job), "csrfToken": token})
+                    assert status == 302 and location.endswith("/jobs/"), (job, status, location)
+                    asked_jobs.add(job)
+                return bool(asked_stages & ours) and bool(asked_stages - ours)  # the purger's stages too
+
+            wait_for(ask_to_kill_what_runs, 60, "kills asked of the test's stage and of the purger's")
+        print(f"exposure: {len(asked_stages)} stages and {len(asked_jobs)} jobs asked to be killed after "
+              f"{time.monotonic() - began:.1f} s")
+        batch = last_batch(running.query)
+    finally:
+        flag.touch()
+        waiting.join(120)
+    assert result == {"value": [str(flag)]}, result
+    wait_for(lambda: last_batch(running.query) > batch, 60, "the purger's next batch")
+    assert running.query.isActive and running.query.exception() is None
+
+
+def last_batch(query) -> int:
+    return (query.lastProgress or {}).get("batchId", -1)
+
+
 @pytest.mark.skipif(PROMETHEUS is None and not os.environ.get("CI"),
                     reason="no `prometheus` on PATH: `make install` installs it (Debian's prometheus package)")
+@pytest.mark.skipif(not NetworkNamespace.available() and not os.environ.get("CI"),
+                    reason="a network namespace of the test's own needs root, unshare, nsenter and ip")
 def test_on_a_real_prometheus_every_panel_has_series_and_alerts_fire_then_resolve(spark, config, tmp_path):
     assert PROMETHEUS, "CI installs Debian's prometheus package (.ci/run), yet `prometheus` is not on PATH"
+    assert NetworkNamespace.available(), "CI runs as root with unshare, nsenter and ip, yet they are not all there"
     began = time.monotonic()
 
     def lap(what: str, since: float = began) -> float:
@@ -339,6 +424,11 @@ def test_on_a_real_prometheus_every_panel_has_series_and_alerts_fire_then_resolv
                 lap("PurgerDown resolved after the restore", restored)
                 assert states == [None, "pending", "firing", None]
                 assert fired_s >= FOR_IN_TEST_S
+            # (c) Who reaches it: the metrics endpoint only from this machine, the UI's kills do nothing. Last, so
+            # that its job of its own takes no core from the batches the alerts above wait for.
+            checked = time.monotonic()
+            check_who_reaches_it(spark, running, own, tmp_path / "exposure-job-may-end")
+            lap("who reaches it", checked)
         finally:
             running.stop()
         assert running.failure is None

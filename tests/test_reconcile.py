@@ -32,7 +32,7 @@ from devstack.stack import prepare
 from purger.config import with_policies
 from purger.reconcile.run import reconcile
 from purger.running import start_purger
-from purger.sinks.ledger import Ledger
+from purger.sinks.ledger import Ledger, Report
 from purger.core.policy import key_id
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects
@@ -231,7 +231,8 @@ def test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing(spark, reconci
         for point in ("in_reconcile_scan", "in_reconcile_feed"):
             marker = tmp_path / f"{point}.fired"
             process = subprocess.Popen(
-                [sys.executable, "-m", "purger", "reconcile", "--config", str(config_file)],
+                [sys.executable, "-m", "purger", "reconcile", "--config", str(config_file), "--actor", "oncall@example",
+                 "--reason", f"INC-{point}"],
                 env={**os.environ, "PURGER_FAILPOINT": point, "PURGER_FAILPOINT_MARKER": str(marker)},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             try:
@@ -257,6 +258,15 @@ def test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing(spark, reconci
                     ledger_missing=len(missing), ledger_doubled=len(doubled), **kills)
         assert not wrongly_deleted and not missing and not doubled
         assert sum(r.unknown_fed for r in report) > 0  # the killed runs' feeds were cut short
+        # Who ran each killed reconcile and why, recorded before it changed anything: a record per policy.
+        commands = Ledger(spark, own.ledger).records().where(F.col("status") == "command").collect()
+        assert sorted((r.rule, r.actor, r.reason, r.policy) for r in commands) == sorted(
+            ("reconcile", "oncall@example", f"INC-{point}", policy.name)
+            for point in kills for policy in own.policy_set.policies)
+        assert len({r.id for r in commands}) == len(kills)
+        # The daily report counts outcomes only.
+        assert "command" not in {r.kind for r in Report(spark, own.ledger, own.policy_set).compute(now().date())
+                                 .collect()}
     finally:
         quiet.close()
         objects.close()
@@ -296,6 +306,8 @@ def test_a_dry_run_from_the_command_line_feeds_and_deletes_nothing_and_prints_it
         assert sorted((r.status, r.rule, r.dc) for r in records) == [
             ("would_delete", "orphan", dc) for dc in sorted(own.stores)]
         assert Ledger(spark, own.ledger).records().where(F.col("id") == orphan).count() == 0
+        # A dry run changes nothing: no reason asked, no command recorded.
+        assert Ledger(spark, dry).records().where(F.col("status") == "command").count() == 0
         runs = spark.read.format("delta").load(dry.reconcile_path).where(F.col("policy") == "mailbox")
         assert runs.count() > 0 and runs.where(~F.col("dry_run")).count() == 0
         real_runs = spark.read.format("delta").load(own.ledger.reconcile_path)

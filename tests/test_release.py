@@ -77,7 +77,8 @@ def test_the_wheel_and_sdist_build_and_the_wheel_installs_and_runs_in_a_clean_vi
     # The wheel installs the purger namespace alone: no top-level core, sinks, tests, devstack, bench, ...
     wheel_names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in wheel_names} == {"purger", f"purger-{version}.dist-info"}
-    for package in purger.PACKAGES:
+    packages = tomllib.loads((source / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    for package in packages:
         assert f"{package.replace('.', '/')}/__init__.py" in wheel_names
     assert {"purger/log4j2.properties", "purger/fairscheduler.xml"} <= set(wheel_names)
 
@@ -98,6 +99,11 @@ def test_the_wheel_and_sdist_build_and_the_wheel_installs_and_runs_in_a_clean_vi
     installed_at = _run([str(venv / "bin" / "python"), "-c", "import purger; print(purger.__file__)"],
                         cwd=tmp_path, timeout_s=30).stdout.strip()
     assert Path(installed_at).is_relative_to(venv), installed_at
+    # What a submission from this installation zips for --py-files: the same packages, found in site-packages.
+    shipped = _run([str(venv / "bin" / "python"), "-c",
+                    "from purger.submit import product_packages; print(*product_packages())"],
+                   cwd=tmp_path, timeout_s=30).stdout.split()
+    assert sorted(shipped) == sorted(packages)
 
     printed_version = _run([str(venv / "bin" / "purger"), "--version"], cwd=tmp_path, timeout_s=30).stdout
     assert printed_version == f"purger {version}\n"

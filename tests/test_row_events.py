@@ -24,7 +24,9 @@ from typing import Any, Callable
 from unittest import mock
 
 import pytest
-from hypothesis import given, settings
+from cassandra.cqltypes import DateType
+from cassandra.marshal import int64_pack
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "push_clients"))
@@ -36,7 +38,9 @@ from purger.core.policy import (  # noqa: E402
 )
 from purger.core.policy_set import COMMON_FIELDS  # noqa: E402
 from purger.reconcile.verdict import RowVerdict, page_verdicts, routed_events, row_verdict  # noqa: E402
-from purger.core.times import epoch_ms, format_timestamp, parse_timestamp  # noqa: E402
+from purger.core.times import (  # noqa: E402
+    epoch_ms, format_epoch_ms, format_timestamp, from_epoch_ms, parse_timestamp,
+)
 from purger.core.vocabulary import WOULD_DELETE  # noqa: E402
 from purger.policies import build_policy_set, rule_events, units_of_work, users  # noqa: E402
 from purger.policies.mailbox import deletes  # noqa: E402
@@ -87,6 +91,23 @@ def moments(earliest_hours: int = -8, latest_hours: int = 8) -> st.SearchStrateg
 
 # A unit's times: days back, across the P2D lower bound (2026-02-27T00:00) and the start of today.
 days = moments(-120, 24)
+
+# Every timestamp the Cassandra driver decodes (year 1 to 9999: a datetime holds no other), in milliseconds.
+FIRST_MS = (datetime.min - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
+LAST_MS = (datetime.max - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
+
+
+def decoded(ms: int) -> datetime:
+    """A timestamp cell as the driver decodes it (``DateType``): through a float of seconds, so a few microseconds
+    off its millisecond far from 1970."""
+    return DateType.deserialize(int64_pack(ms), 4)
+
+
+# Any of them, or one around NOW (where ties are).
+instants = moments() | st.integers(FIRST_MS, LAST_MS).map(decoded)
+# A write time (microseconds) anywhere in that range, or around NOW.
+write_times = st.builds(lambda moment, micros: epoch_ms(moment) * 1000 + micros, moments(), st.integers(0, 999)) | \
+    st.integers(FIRST_MS * 1000, LAST_MS * 1000 + 999)
 
 
 def at(moment: datetime) -> str:
@@ -166,8 +187,18 @@ def payload_rows(draw: Any) -> Sample:
                    "referenced": bool(refs)}, refs)
 
 
-def rows_of(**columns: st.SearchStrategy) -> st.SearchStrategy[Sample]:
-    return st.fixed_dictionaries(columns).map(Sample)
+def rows_of(scanned: Scanned | None = None, **columns: st.SearchStrategy) -> st.SearchStrategy[Sample]:
+    """Rows of ``columns``; with ``scanned``, each cell of ``scanned.written`` set with its write time (around NOW)."""
+    if scanned is None:
+        return st.fixed_dictionaries(columns).map(Sample)
+    return st.fixed_dictionaries(columns).flatmap(lambda row: st.builds(
+        lambda written_at, past: Sample({**row, **written(row, scanned, lambda column: micros(written_at) + past)}),
+        moments(), st.integers(0, 999)))
+
+
+def scanned_of(policy: str) -> Scanned:
+    [scanned] = POLICY[policy].scanned
+    return scanned
 
 
 USER_GRACE = POLICY["users"].settings.user_grace
@@ -227,6 +258,8 @@ class Table:
     real_events: Callable[[dict[str, Any]], st.SearchStrategy[list[dict[str, Any]]]]
     says_nothing: Callable[[dict[str, Any]], bool]
     rules: Callable[[Any], dict[str, Rule]] | None = None
+    # With ``rules``: the row as its purge sees it, for a rule's period on a row without ``updated_at``.
+    row_state: Callable[[dict[str, Any]], Any] | None = None
 
     @property
     def scanned(self) -> Scanned:
@@ -237,24 +270,28 @@ class Table:
 
 
 TABLES = [
+    # Rows without updated_at too (SPEC 8.1), dated by their cells' write time.
     Table("rule_events", "rule_events",
-          rows_of(rule_event_id=ids, status=st.sampled_from((*STATUSES, None, "ARCHIVED")),
+          rows_of(scanned_of("rule_events"), rule_event_id=ids, status=st.sampled_from((*STATUSES, None, "ARCHIVED")),
                   updated_at=maybe(moments())),
           events_of(lambda row, t, status: record("rule_event_status", t, rule_event_id=row["rule_event_id"],
                                                   status=status), moments(), st.sampled_from(STATUSES)),
-          lambda row: row["status"] not in STATUSES or row["updated_at"] is None,
-          rules=lambda policy: policy.rules),
+          lambda row: row["status"] not in STATUSES or (
+              row["updated_at"] is None and undated(row, scanned_of("rule_events"))),
+          rules=lambda policy: policy.rules, row_state=rule_events._row_state),
     Table("users", "users",
-          rows_of(user_id=ids,
+          rows_of(scanned_of("users"), user_id=ids,
                   present_in=st.sampled_from((None, {"dc1"}, {"dc2"}, set(DCS), {"dc3"}, {"dc1", "dc3"})),
                   state=st.sampled_from(("live", "live", "purging", None)), updated_at=maybe(moments()))
-          # The claim's condition: absent everywhere, a grace ago.
+          # The claim's condition: absent everywhere, a grace ago (the claim's write of the state in the past).
           .filter(lambda sample: sample.row["state"] != "purging" or (
-              sample.row["present_in"] is None and sample.row["updated_at"] is not None
-              and sample.row["updated_at"] <= NOW - USER_GRACE)),
+              sample.row["present_in"] is None and (
+                  sample.row["updated_at"] <= NOW - USER_GRACE if sample.row["updated_at"] is not None
+                  else sample.row["writetime_state"] <= micros(NOW)))),
           events_of(lambda row, t, kind, dc: record(kind, t, user_id=row["user_id"], dc=dc),
                     moments(), st.sampled_from(("user_added", "user_removed")), st.sampled_from((*DCS, "dc3"))),
-          lambda row: row["state"] is None or row["updated_at"] is None or "dc3" in (row["present_in"] or ())),
+          lambda row: row["state"] is None or (row["updated_at"] is None and undated(row, scanned_of("users")))
+          or "dc3" in (row["present_in"] or ())),
     Table("units_of_work", "units_of_work",
           rows_of(unit_of_work_id=ids, journey_type=st.sampled_from((*JOURNEY_TYPES, "BULK", None)),
                   started_at=maybe(days), finished_at=maybe(days), archived_at=maybe(days),
@@ -278,7 +315,7 @@ TABLES = [
           lambda row: (row["updated_at"] is None and undated(row, deletes.MESSAGES)) or (
               row["created_at"] is None and not row["complete"] and row["extract_count"] is None
               and row["extract_until"] is None and not row["deleted"]),
-          rules=lambda policy: policy.retention.message_rules),
+          rules=lambda policy: policy.retention.message_rules, row_state=deletes.row_state),
     Table("mailbox", "payloads", payload_rows(), payload_events,
           lambda row: (row["last_ref_at"] is None and undated(row, deletes.PAYLOADS)) or row["state"] is None or (
               row["state"] == "live" and row["referenced"])),
@@ -373,14 +410,14 @@ def purged_now(table: Table, sample: Sample) -> bool:
     return [outcome.status for outcome in purge.purge(candidate, Attempt())][-1] == WOULD_DELETE
 
 
-def holds(rule: Rule, row: dict[str, Any]) -> bool:
+def holds(rule: Rule, row: dict[str, Any], state: Any) -> bool:
     """The CQL condition the rule's delete carries on the row, as Cassandra reads it (a comparison with null is
     false, ``= null`` true of a null cell), its ``?`` bound to the rule's cutoff. On a row without ``updated_at``, a
     rule whose condition reads it carries its undated condition, once its period has passed since the row's
-    write time (``MessagePurge.delete``)."""
+    write time by ``state``, the row as its purge sees it (``RuleWrite``)."""
     condition = rule.condition
-    if getattr(rule, "undated", None) and row["updated_at"] is None:
-        eligible_at = rule.eligible_at(deletes.row_state(row))
+    if rule.undated and row["updated_at"] is None:
+        eligible_at = rule.eligible_at(state)
         if eligible_at is None or eligible_at > NOW_MS:
             return False
         condition = rule.undated
@@ -467,8 +504,9 @@ def test_the_verdict_says_due_exactly_when_the_delete_time_decision_purges_the_r
         assert is_due == purged_now(table, sample)
         if table.rules is not None:  # the conditional DELETE of the verdict's rule applies exactly then
             rules = table.rules(POLICY[table.policy])
-            assert is_due == any(holds(rule, sample.row) for rule in rules.values())
-            assert not is_due or holds(rules[verdict.rule], sample.row)
+            state = table.row_state(sample.row)
+            assert is_due == any(holds(rule, sample.row, state) for rule in rules.values())
+            assert not is_due or holds(rules[verdict.rule], sample.row, state)
 
     check()
 
@@ -502,15 +540,15 @@ def test_a_rows_events_and_the_real_ones_fold_alike_in_any_order(table):
 
 @st.composite
 def any_message_rows(draw: Any) -> Sample:
-    """``messages`` rows no platform writes: each cell set or not on its own, ``updated_at`` before ``created_at``."""
+    """``messages`` rows no platform writes: each cell set or not on its own, ``updated_at`` before ``created_at``,
+    timestamps and write times anywhere the driver decodes them."""
     row = {"message_id": draw(ids), "mailbox": draw(maybe(st.just("inbox"))), "payload_id": draw(maybe(ids)),
            "payload_size": draw(maybe(st.integers(0, 10**12))), "inline_payload": draw(maybe(st.just(b"bytes"))),
-           "extract_count": draw(st.sampled_from((None, 0, 0, 1, 3))), "extract_until": draw(maybe(moments())),
+           "extract_count": draw(st.sampled_from((None, 0, 0, 1, 3))), "extract_until": draw(maybe(instants)),
            "complete": draw(st.sampled_from((True, False, None))),
            "deleted": draw(st.sampled_from((None, False, True))),
-           "created_at": draw(maybe(moments())), "updated_at": draw(maybe(moments()))}
-    return Sample({**row, **written(row, deletes.MESSAGES,
-                                    lambda column: micros(draw(moments())) + draw(st.integers(0, 999)))})
+           "created_at": draw(maybe(instants)), "updated_at": draw(maybe(instants))}
+    return Sample({**row, **written(row, deletes.MESSAGES, lambda column: draw(write_times))})
 
 
 # The tables a policy judges on whole columns (``Policy.page_verdicts``); the others go a row at a time.
@@ -531,6 +569,15 @@ def test_a_page_judged_on_whole_columns_is_each_of_its_rows_judged_alone(table):
                                     [v.eligible_at_ms for v in alone])
 
     check()
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.integers(FIRST_MS, LAST_MS))
+@example(1_096_401_405_843)  # 2004-09-28T19:56:45.843Z: a float of its seconds, times 1000, is a millisecond short
+def test_a_timestamp_the_driver_decodes_is_its_millisecond_in_every_conversion(ms):
+    assert epoch_ms(decoded(ms)) == ms
+    assert parse_timestamp(format_epoch_ms(ms)) == ms and epoch_ms(from_epoch_ms(ms)) == ms
+    assert TIMESTAMP_TEXT.fullmatch(format_epoch_ms(ms))
 
 
 # --- the mailbox's choices, by example ---------------------------------------------------------------
@@ -629,6 +676,41 @@ def test_a_payload_without_last_ref_at_is_released_at_the_write_time_of_its_stat
     verdict = row_verdict(POLICIES, deletes.PAYLOADS, row)
     assert verdict.eligible_at_ms == epoch_ms(released_at + PAYLOAD_GRACE)
     assert purged_now(PAYLOADS_TABLE, Sample(row)) == (state == "deleting")
+
+
+RULE_EVENTS_TABLE, USERS_TABLE = (next(t for t in TABLES if t.table == table) for table in ("rule_events", "users"))
+COMPLETE_PERIOD = POLICY["rule_events"].settings.complete
+
+
+def test_a_rule_event_without_updated_at_is_its_status_since_the_write_time_of_its_status():
+    """Left without ``updated_at`` by a writer other than the platform: its status since its status cell was written
+    (to the millisecond), neither skipped nor due at once; the check at delete time dates it alike."""
+    changed = NOW - timedelta(hours=1)
+    row = {"rule_event_id": "r1", "status": "COMPLETE", "updated_at": None, "writetime_status": micros(changed) + 999}
+    assert set(row) == set(RULE_EVENTS_TABLE.scanned.row_fields)
+    [status] = POLICY["rule_events"].row_events("rule_events", row)
+    assert (status["type"], status["event_time"], status["status"]) == ("rule_event_status", at(changed), "COMPLETE")
+    verdict = row_verdict(POLICIES, RULE_EVENTS_TABLE.scanned, row)
+    assert (verdict.rule, verdict.eligible_at_ms) == ("rule_event_complete", epoch_ms(changed + COMPLETE_PERIOD))
+    assert not purged_now(RULE_EVENTS_TABLE, Sample(row))
+    assert purged_now(RULE_EVENTS_TABLE, Sample({**row, "writetime_status": micros(NOW - COMPLETE_PERIOD)}))
+
+
+@pytest.mark.parametrize("state, absent_before", [("live", timedelta(0)), ("purging", USER_GRACE)])
+def test_a_user_without_updated_at_is_absent_since_the_write_time_of_its_state(state, absent_before):
+    """Written by no writer of the contract, which sets ``updated_at``: a live user absent everywhere is absent since
+    its state was written (its insert), due a grace later. A claimed one's state is the claim's, which found it
+    absent a grace old: absent a grace before, due at once (the real run finishes it)."""
+    state_written = NOW - timedelta(minutes=30)
+    row = {"user_id": "u1", "present_in": None, "state": state, "updated_at": None,
+           "writetime_state": micros(state_written) + 1}
+    assert set(row) == set(USERS_TABLE.scanned.row_fields)
+    absent_since = state_written - absent_before
+    assert [(r["type"], r["dc"], r["event_time"]) for r in POLICY["users"].row_events("users", row)] == [
+        ("user_removed", dc, at(absent_since)) for dc in DCS]
+    verdict = row_verdict(POLICIES, USERS_TABLE.scanned, row)
+    assert verdict.eligible_at_ms == epoch_ms(absent_since + USER_GRACE)
+    assert purged_now(USERS_TABLE, Sample(row)) == (state == "purging")
 
 
 def test_a_row_with_neither_its_timestamp_nor_a_write_time_says_nothing_and_is_not_due():

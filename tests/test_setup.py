@@ -17,8 +17,10 @@ from typer.testing import CliRunner
 from purger.config import with_policies
 from purger.connectors import cassandra_session
 from purger.core.config import PurgerConfig
+from purger.core.sizing import Volume, size
 from purger.policies.mailbox import MailboxPolicy
 from purger.cli import app
+from purger.output import sizing_lines
 from tests.support.configs import free_port, write_config
 from tests.support.policies import policy_keyspace
 
@@ -50,6 +52,16 @@ def problems(config: PurgerConfig, tmp_path: Path) -> list[str]:
 
 def cassandra_address(config: PurgerConfig) -> str:
     return ", ".join(f"{host}:{config.cassandra.port}" for host in config.cassandra.hosts)
+
+
+def remove_what_setup_made(own: PurgerConfig, admin: KafkaAdminClient) -> None:
+    """The purger's own topics (and a dry run's) and the journal table ``setup`` made for ``own``."""
+    admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic,
+                         f"{own.kafka.control_topic}.dry-run", f"{own.kafka.dead_letter_topic}.dry-run"])
+    admin.close()
+    session = cassandra_session(own.cassandra)
+    session.execute(f"DROP TABLE IF EXISTS {own.cassandra.keyspace}.{own.cassandra.journal_table}")
+    session.cluster.shutdown()
 
 
 def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tmp_path):
@@ -96,12 +108,39 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
                f"topic {own.kafka.control_topic}, topic {own.kafka.dead_letter_topic}, " \
                f"topic {own.kafka.reconcile_topic}" in again.stdout
     finally:
-        admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic,
-                             f"{own.kafka.control_topic}.dry-run", f"{own.kafka.dead_letter_topic}.dry-run"])
-        admin.close()
-        session = cassandra_session(config.cassandra)
-        session.execute(f"DROP TABLE IF EXISTS {keyspace}.journal_{run}")
-        session.cluster.shutdown()
+        remove_what_setup_made(own, admin)
+
+
+def test_setup_at_a_rate_prints_what_it_needs_and_gives_the_purgers_topics_its_partitions(config, tmp_path):
+    """`purger setup --rate 20M`: the estimate and settings first, then the reconcile topic created with as many
+    partitions as the state needs at that volume; at twice the rate, the topic is one line with the command
+    that adds the partitions."""
+    run = uuid.uuid4().hex[:8]
+    own = variant(config, kafka={"control_topic": f"test.{run}.rate.control",
+                                 "dead_letter_topic": f"test.{run}.rate.dead-letter",
+                                 "reconcile_topic": f"test.{run}.rate.reconcile"},
+                  cassandra={"journal_table": f"journal_{run}"})
+    config_file = write_config(own, tmp_path / "purger.toml")
+    admin = KafkaAdminClient(bootstrap_servers=config.kafka.bootstrap_servers)
+    try:
+        sized = size(Volume(20e6, reconcile_rows_per_s=own.reconcile.max_rows_per_second))
+        result = CliRunner().invoke(app, ["setup", "--config", str(config_file), "--rate", "20M"], env=NO_OVERRIDES)
+        assert result.exit_code == 0, result.output
+        assert result.stdout.splitlines()[:len(sizing_lines(sized))] == sizing_lines(sized)
+        described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(
+            [own.kafka.control_topic, own.kafka.reconcile_topic])}
+        assert sized.reconcile_topic_partitions == 24
+        assert described == {own.kafka.control_topic: 1, own.kafka.reconcile_topic: 24}
+
+        twice = size(Volume(40e6, reconcile_rows_per_s=own.reconcile.max_rows_per_second))
+        result = CliRunner().invoke(app, ["setup", "--config", str(config_file), "--rate", "40M"], env=NO_OVERRIDES)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.splitlines() == [
+            f"Kafka {config.kafka.bootstrap_servers}: topic {own.kafka.reconcile_topic} (kafka.reconcile_topic) has 24 "
+            f"partitions, {twice.reconcile_topic_partitions} at this rate: kafka-topics.sh --alter --topic "
+            f"{own.kafka.reconcile_topic} --partitions {twice.reconcile_topic_partitions}"]
+    finally:
+        remove_what_setup_made(own, admin)
 
 
 def test_an_events_topic_that_does_not_exist_is_one_line(config, tmp_path):

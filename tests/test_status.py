@@ -5,6 +5,7 @@ from a ledger and a reconcile report, and a line for each source it could not re
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -162,6 +163,18 @@ def test_the_query_is_read_from_a_purgers_metrics_endpoint_and_an_unanswered_one
     assert "give --metrics" in str(unanswered.value) and "\n" not in str(unanswered.value)
     with serving(b"# nothing of the purger's\n") as other, pytest.raises(Unreadable, match="not a purger's"):
         read_query(other)
+
+
+def test_an_endpoint_that_cannot_listen_names_the_keys():
+    from purger.metrics import PurgerMetrics
+
+    metrics = PurgerMetrics(max_deletions_per_second=1000, reconcile_interval_s=86400)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"cannot listen on 127.0.0.1 port {port} \(metrics.host, metrics.port\)"):
+            metrics.serve(port, "127.0.0.1")
 
 
 class serving:

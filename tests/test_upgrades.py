@@ -30,8 +30,6 @@ from purger.streams.checkpoint import (
 ROOT = Path(__file__).resolve().parents[1]
 # The release a running purger is upgraded from (CHANGELOG.md), by its tag.
 RELEASE = "0.1.0"
-# Settings added since RELEASE, which it refuses as unknown keys: its configuration leaves them at their defaults.
-NEWER_KEYS = frozenset({"kafka.reconcile_max_offsets_per_trigger", "reconcile.tasks_per_core"})
 # A policy of one's own (examples/push_clients) and its next release (tests/evolved), found as a user's would be
 # on the driver; the executors get them with addPyFile too (as --py-files), in case the session started before.
 HERE = ROOT / "examples" / "push_clients"
@@ -65,10 +63,29 @@ def test_unsaferow_takes_no_change_of_a_states_fields():
     stored = StoredState(UNSAFEROW, 2, {"push_client": KEPT})
     [added] = refusals(CP, stored, {"push_client": now_fields(registered_ms=Field("bigint", True))})
     assert added == ("checkpoint /cp: kind 'push_client''s state changed (added registered_ms), and the checkpoint "
-                     "keeps state in Spark's unsaferow encoding, which takes no change of a state's fields; run "
-                     "the release that started it, or replay into a new checkpoint (purger replay --from earliest)")
+                     "keeps state in Spark's unsaferow encoding, which reads a state's fields by their position and "
+                     "takes no change of them, their order included; run the release that started it, or replay "
+                     "into a new checkpoint (purger replay --from earliest)")
     fewer = {name: f for name, f in now_fields().items() if name != "recheck_rule"}
     assert "(removed recheck_rule)" in refusals(CP, stored, {"push_client": fewer})[0]
+
+
+def test_unsaferow_refuses_the_same_fields_in_another_order_naming_them_and_the_kept_order():
+    stored = StoredState(UNSAFEROW, 2, {"push_client": KEPT})
+    assert refusals(CP, stored, {"push_client": now_fields()}) == []  # the same fields, the same order
+    reordered = {name: now_fields()[name] for name in ("timer_ms", "last_connected_ms", "recheck_rule")}
+    [moved] = refusals(CP, stored, {"push_client": reordered})
+    assert moved.startswith("checkpoint /cp: kind 'push_client''s state changed (moved timer_ms, last_connected_ms "
+                            "(the checkpoint's order: last_connected_ms, timer_ms, recheck_rule)), and the checkpoint "
+                            "keeps state in Spark's unsaferow encoding, which reads a state's fields by their position")
+    assert moved.endswith("run the release that started it, or replay into a new checkpoint (purger replay --from "
+                          "earliest)")
+
+
+def test_avro_reads_fields_by_name_so_another_order_is_continued():
+    stored = StoredState(AVRO, 2, {"push_client": KEPT})
+    reordered = {name: now_fields()[name] for name in ("recheck_rule", "timer_ms", "last_connected_ms")}
+    assert refusals(CP, stored, {"push_client": reordered}) == []
 
 
 def test_avro_takes_added_fields_that_accept_none_removed_fields_and_widened_types():
@@ -140,6 +157,29 @@ def release_source(version: str, destination: Path) -> Path:
     return destination
 
 
+# Prints the settings (``section.key``) the configuration model on the path knows (-P: not the working tree's).
+KNOWN_KEYS = """
+from pydantic import BaseModel
+from purger.core.config import PurgerConfig
+def keys(model, at=""):
+    for name, field in model.model_fields.items():
+        kind = field.annotation
+        yield from keys(kind, f"{at}{name}.") if isinstance(kind, type) and issubclass(kind, BaseModel) else [at + name]
+print("\\n".join(keys(PurgerConfig)))
+"""
+
+
+def newer_keys(site: Path) -> frozenset[str]:
+    """The settings this release has and the release installed at ``site`` does not (it refuses them as unknown
+    keys): its configuration leaves them out, at their defaults."""
+    def known(path: str | None) -> set[str]:
+        environment = {**os.environ, "PYTHONPATH": path} if path else os.environ
+        return set(subprocess.run([sys.executable, "-P", "-c", KNOWN_KEYS], env=environment, check=True,
+                                  capture_output=True, text=True).stdout.split())
+
+    return frozenset(known(None) - known(str(site)))
+
+
 def committed_offsets(checkpoint: Path, topic: str) -> dict[str, int]:
     """The offsets of ``topic`` that the checkpoint's last committed batch read up to, by partition."""
     last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
@@ -147,6 +187,18 @@ def committed_offsets(checkpoint: Path, topic: str) -> dict[str, int]:
         if topic in (source := json.loads(line)):
             return {partition: int(offset) for partition, offset in source[topic].items()}
     raise AssertionError(f"{topic} not in {checkpoint}'s offsets")
+
+
+def end_offsets(config, topic: str) -> dict[str, int]:
+    """The offsets of ``topic``'s next records, by partition."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers)
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        return {str(p.partition): offset for p, offset in consumer.end_offsets(partitions).items()}
+    finally:
+        consumer.close()
 
 
 def started_from(query, topic: str) -> dict[str, int]:
@@ -180,13 +232,9 @@ def test_a_purger_of_the_release_before_is_continued_from_its_checkpoint_to_an_u
                    check=True, capture_output=True, timeout=300)
     platform = Platform(own)
     live = [f"live-{uuid.uuid4().hex[:6]}-{i}" for i in range(2)]
-    # Due 40 s after their deletion now: still waiting in the state when the earlier release stops.
     waiting = [f"waiting-{uuid.uuid4().hex[:6]}-{i}" for i in range(4)]
     for m in live:
         platform.enqueue(m, f"p-{m}", extract_count=1)
-    for m in waiting:
-        platform.enqueue(m, f"p-{m}")
-        platform.delete(m)
     before = deletable(platform, own, 4, "before")  # due at once
     platform.flush()
 
@@ -195,13 +243,23 @@ def test_a_purger_of_the_release_before_is_continued_from_its_checkpoint_to_an_u
     with open(log, "ab") as output:
         # From tmp_path: the working tree's purger/ must not shadow the release's (python -m puts the cwd first).
         release = subprocess.Popen([sys.executable, "-m", "purger.job", "--config",
-                                    str(write_config(own, tmp_path / "purger.toml", leaving_out=NEWER_KEYS))],
+                                    str(write_config(own, tmp_path / "purger.toml", leaving_out=newer_keys(site)))],
                                    cwd=tmp_path, env=environment, stdout=output, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     try:
         wait_for(lambda: release.poll() is None and all(platform.row(m) is None and platform.payload_gone(f"p-{m}")
                                                         for m in before),
                  timeout_s=300, what=f"release {RELEASE} to purge what was due (log: {log})")
+        # Deleted now, due 40 s later: read by the running release, whose state holds them when it stops (its
+        # start took 50 s here: deleted before it, they were due before it stopped).
+        for m in waiting:
+            platform.enqueue(m, f"p-{m}")
+            platform.delete(m)
+        platform.flush()
+        written = end_offsets(own, own.kafka.topics[0])
+        wait_for(lambda: all(committed_offsets(Path(own.stream.checkpoint), own.kafka.topics[0]).get(partition, 0)
+                             >= offset for partition, offset in written.items()),
+                 timeout_s=30, what=f"release {RELEASE} to read the waiting messages' events (log: {log})")
         release.terminate()  # the driver alone: it stops the query between batches
         assert release.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
@@ -283,8 +341,9 @@ def test_a_policys_state_gaining_a_field_is_continued_and_refused_from_an_unsafe
         check_continuable(spark, unsaferow[1])
     assert str(refused.value).splitlines() == [
         f"checkpoint {tmp_path / 'old'}: kind 'push_client''s state changed (added registered_ms), and the "
-        "checkpoint keeps state in Spark's unsaferow encoding, which takes no change of a state's fields; run the "
-        "release that started it, or replay into a new checkpoint (purger replay --from earliest)"]
+        "checkpoint keeps state in Spark's unsaferow encoding, which reads a state's fields by their position and "
+        "takes no change of them, their order included; run the release that started it, or replay into a new "
+        "checkpoint (purger replay --from earliest)"]
 
     assert check_continuable(spark, v2) == []
     running = start_purger(spark, v2)

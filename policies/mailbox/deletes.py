@@ -20,7 +20,7 @@ row's ``dcs`` in one write, and the failed ones are retried after
 A row that lacks the timestamp its rule runs from (a message's ``updated_at``, a
 payload's ``last_ref_at``) is dated by the write time of its cells, read with it
 (``last_change``, ``last_link``): never skipped, never due at once. A message
-so dated goes by its rule's undated condition (``rules.MessageRule.undated``),
+so dated goes by its rule's undated condition (``Rule.undated``, ``RuleWrite``),
 a payload by the same claim, bound to the null ``last_ref_at`` read: a platform
 write in between sets the timestamp, and then neither applies.
 
@@ -47,8 +47,8 @@ from typing import Any
 
 from purger.core.events import Eligibility
 from purger.core.handles import Resources
-from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, key_id
-from purger.core.reconcile_descriptors import Scanned, latest_write
+from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, RuleWrite, key_id
+from purger.core.reconcile_descriptors import Scanned, dated, latest_write
 from purger.core.times import epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, RECENTLY_LINKED, REFERENCED, RELINKED, reason
 from purger.policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE
@@ -93,7 +93,7 @@ def last_change(row: dict[str, Any]) -> datetime | None:
 def last_link(row: dict[str, Any]) -> datetime | None:
     """When a ``payloads`` row was last linked, which its grace runs from: ``last_ref_at``, which the writer contract
     sets at every link; for a row without it (never linked so), the write time of its state. None: neither is set."""
-    return row["last_ref_at"] or latest_write(row, PAYLOADS.written)
+    return dated(row, "last_ref_at", PAYLOADS)
 
 
 def row_state(row: dict[str, Any]) -> MessageState:
@@ -126,14 +126,8 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
         super().__init__(resources, tables)
         self.retention = retention
         prepare = self.tables.prepare
-        self.conditional_delete = {
-            name: prepare(f"DELETE FROM {{messages}} WHERE message_id = ? IF {rule.condition}")
-            for name, rule in retention.message_rules.items()
-        }
-        self.undated_delete = {
-            name: prepare(f"DELETE FROM {{messages}} WHERE message_id = ? IF {rule.undated}")
-            for name, rule in retention.message_rules.items() if rule.undated
-        }
+        self.conditional_delete = {name: RuleWrite(self.tables, "DELETE FROM {messages} WHERE message_id = ? IF", rule)
+                                   for name, rule in retention.message_rules.items()}
         self.read_row = prepare(f"SELECT {', '.join(MESSAGES.selected)} FROM {{messages}} WHERE message_id = ?")
         self.delete_ref = prepare("DELETE FROM {payload_refs} WHERE payload_id = ? AND message_id = ?")
         self.read_ref = prepare("SELECT message_id FROM {payload_refs} WHERE payload_id = ? AND message_id = ?")
@@ -150,14 +144,10 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
         return _why_kept(row_state(row), due)
 
     def delete(self, candidate: Candidate, row: dict[str, Any]) -> bool:
-        rule = self.retention.message_rules[candidate.rule]
-        if row["updated_at"] is None and rule.undated:
-            # Dated by its cells' write time, which no condition can compare: this rule's period is checked on the
-            # row read (``due`` checked the earliest rule's), and the delete applies only to the row as read.
-            eligible_at = rule.eligible_at(row_state(row))
-            return (eligible_at is not None and eligible_at <= now_ms()
-                    and self.tables.applied(self.undated_delete[rule.name], candidate.id))
-        return self.tables.applied(self.conditional_delete[rule.name], candidate.id, rule.cutoff())
+        # This rule's period (``due`` checked the earliest rule's), for a row dated by its cells' write time.
+        eligible_at = self.retention.message_rules[candidate.rule].eligible_at(row_state(row))
+        return self.conditional_delete[candidate.rule].applied((candidate.id,), row["updated_at"] is not None,
+                                                               eligible_at)
 
     def _would_delete_reason(self, candidate: Candidate, row: dict[str, Any], due: Eligibility) -> str | None:
         payload_id, inline = _payload_of(candidate, row)

@@ -18,9 +18,9 @@ payload                no reference, and period passed since the last went    pa
 
 A row that lacks the ``updated_at`` the counter and deleted rules run from (written by no platform
 writer, which always sets it) is dated by the write time of its cells (``deletes.last_change``), and its
-delete carries the rule's ``undated`` condition: ``updated_at = null`` in place of ``updated_at <= ?``,
-the period having been checked on the row read. Any platform write in between sets ``updated_at``, so
-the delete does not apply.
+delete carries the rule's ``undated`` condition (``Rule.undated``): ``updated_at = null`` in place of
+``updated_at <= ?``, the period having been checked on the row read. Any platform write in between sets
+``updated_at``, so the delete does not apply.
 
 The earliest message rule that applies wins. Inline payloads live in the
 message row and go with it. The payload's check is the writer contract
@@ -54,14 +54,6 @@ PAYLOAD = "payload"
 
 
 @dataclass(frozen=True)
-class MessageRule(Rule[MessageState]):
-    """A message rule, with ``undated``: the condition its delete carries instead on a row read with no
-    ``updated_at`` (None: ``condition`` does not read it)."""
-
-    undated: str | None = None
-
-
-@dataclass(frozen=True)
 class Retention:
     """The periods of docs/reference.md, Rules, in milliseconds, with their defaults."""
 
@@ -80,25 +72,25 @@ class Retention:
         )
 
     @cached_property
-    def message_rules(self) -> dict[str, MessageRule]:
+    def message_rules(self) -> dict[str, Rule[MessageState]]:
         """The message rules, in the order of docs/reference.md, Rules, each with its deadline and its checks at
         delete time."""
         return {rule.name: rule for rule in (
-            MessageRule(EXPIRED_BY_COUNTER, self.expired_ttl_ms,
-                        lambda s: s.counter_zero_since,
-                        # updated_at is the row's last change, so the counter has been 0 at least since then.
-                        "extract_count = 0 AND updated_at <= ?",
-                        undated="extract_count = 0 AND updated_at = null"),
-            MessageRule(EXPIRED_BY_DATE, self.expired_ttl_ms,
-                        lambda s: s.extract_until_ms,
-                        "extract_until <= ?"),
-            MessageRule(INCOMPLETE, self.incomplete_ttl_ms,
-                        lambda s: s.created_at_ms if s.complete is False else None,
-                        "complete = false AND created_at <= ?"),
-            MessageRule(DELETED, self.deleted_ttl_ms,
-                        lambda s: s.deleted_at_ms,
-                        "deleted = true AND updated_at <= ?",
-                        undated="deleted = true AND updated_at = null"),
+            Rule(EXPIRED_BY_COUNTER, self.expired_ttl_ms,
+                 lambda s: s.counter_zero_since,
+                 # updated_at is the row's last change, so the counter has been 0 at least since then.
+                 "extract_count = 0 AND updated_at <= ?",
+                 undated="extract_count = 0 AND updated_at = null"),
+            Rule(EXPIRED_BY_DATE, self.expired_ttl_ms,
+                 lambda s: s.extract_until_ms,
+                 "extract_until <= ?"),
+            Rule(INCOMPLETE, self.incomplete_ttl_ms,
+                 lambda s: s.created_at_ms if s.complete is False else None,
+                 "complete = false AND created_at <= ?"),
+            Rule(DELETED, self.deleted_ttl_ms,
+                 lambda s: s.deleted_at_ms,
+                 "deleted = true AND updated_at <= ?",
+                 undated="deleted = true AND updated_at = null"),
         )}
 
     @cached_property

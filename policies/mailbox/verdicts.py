@@ -22,13 +22,13 @@ import numpy as np
 import pyarrow as pa
 
 from purger.core.reconcile_descriptors import PageVerdicts
+from purger.core.times import nearest_ms
 from purger.policies.mailbox.deletes import MESSAGES
 from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, Retention
 
 
 def _values(values: list[Any], kind: pa.DataType) -> tuple[np.ndarray, np.ndarray]:
-    """A column as int64 values (0 where null) and whether each is set; timestamps in epoch milliseconds (the
-    driver's are naive, in UTC)."""
+    """A column as int64 values (0 where null) and whether each is set."""
     column = pa.array(values, type=kind)
     present = column.is_valid().to_numpy(zero_copy_only=False)
     if kind == pa.bool_():
@@ -36,22 +36,30 @@ def _values(values: list[Any], kind: pa.DataType) -> tuple[np.ndarray, np.ndarra
     return column.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False), present
 
 
+def _epoch_ms(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """A timestamp column (the driver's datetimes, naive, in UTC) in epoch milliseconds as ``epoch_ms`` gives each,
+    the nearest (Arrow's cast to milliseconds truncates), and whether each is set."""
+    micros, present = _values(values, pa.timestamp("us"))
+    return nearest_ms(micros), present
+
+
 def _set(values: list[Any]) -> np.ndarray:
     return np.fromiter((value is not None for value in values), dtype=bool, count=len(values))
 
 
 def message_verdicts(retention: Retention, columns: dict[str, list[Any]]) -> PageVerdicts:
-    timestamp = pa.timestamp("ms")
-    created, has_created = _values(columns["created_at"], timestamp)
-    updated, has_updated = _values(columns["updated_at"], timestamp)
+    created, has_created = _epoch_ms(columns["created_at"])
+    updated, has_updated = _epoch_ms(columns["updated_at"])
     count, has_count = _values(columns["extract_count"], pa.int64())
-    until, has_until = _values(columns["extract_until"], timestamp)
+    until, has_until = _epoch_ms(columns["extract_until"])
     complete, has_complete = _values(columns["complete"], pa.bool_())
     deleted, _ = _values(columns["deleted"], pa.bool_())
     # The last change: updated_at, else the latest write time of the cells (microseconds), no earlier than created_at.
     write_times = [_values(columns[f"writetime_{column}"], pa.int64()) for column in MESSAGES.written]
-    written = np.max([np.where(present, micros // 1000, -1) for micros, present in write_times], axis=0)
-    has_written = written >= 0
+    # Any write time, one before 1970 too, outranks a cell without one.
+    unset = np.iinfo(np.int64).min
+    written = np.max([np.where(present, micros // 1000, unset) for micros, present in write_times], axis=0)
+    has_written = np.any([present for _, present in write_times], axis=0)
     written = np.where(has_created, np.maximum(written, created), written)
     has_last = has_updated | has_written
     last = np.where(has_updated, updated, written)

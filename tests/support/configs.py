@@ -26,9 +26,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def own_config(config: PurgerConfig, tmp: Path, name: str, **stream) -> PurgerConfig:
+# The daily report's interval where a test does not read it: each round re-reads the day's ledger (5-7 s of
+# jobs here), and every 2 s it took 40% of the Spark jobs' time of a module with a purger running.
+UNREAD_REPORT = timedelta(minutes=10)
+
+
+def own_config(config: PurgerConfig, tmp: Path, name: str, report_interval: timedelta = UNREAD_REPORT,
+               **stream) -> PurgerConfig:
     """The session's configuration with topics (created here), checkpoint, ledger and metrics port of its
-    own; ``stream`` overrides `[stream]` keys."""
+    own; ``report_interval``: the daily report's, short where a test reads the report the purger writes;
+    ``stream`` overrides `[stream]` keys."""
     run = f"{name}.{uuid.uuid4().hex[:8]}"
     own = config.model_copy(update={
         "kafka": config.kafka.model_copy(update={
@@ -37,7 +44,7 @@ def own_config(config: PurgerConfig, tmp: Path, name: str, **stream) -> PurgerCo
         "stream": config.stream.model_copy(update={"checkpoint": str(tmp / "checkpoint"), **stream}),
         "ledger": config.ledger.model_copy(update={
             "path": str(tmp / "ledger"), "report_path": str(tmp / "report"), "reconcile_path": str(tmp / "reconcile"),
-            "report_interval": timedelta(seconds=2)}),
+            "report_interval": report_interval}),
         "metrics": MetricsConfig(port=free_port()),
     })
     prepare(own, partitions=2)

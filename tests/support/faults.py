@@ -177,21 +177,27 @@ class FaultMatrix:
     injected on the real servers, fewer times. ``PURGER_FAULTS=full`` (``make faults-full``) injects each in
     full; ``PURGER_FAULT_ATTEMPTS``, ``PURGER_FAULT_RANDOM_KILLS`` and ``PURGER_FAULT_OUTAGE_S`` set one figure."""
 
-    attempts: int  # per race
+    attempts: int  # per race in one data centre
+    cross_dc_attempts: int  # per race across data centres, where the delete through the other rarely lands first
     random_kills: int  # the kill test's kills at a random moment, besides its failpoints
-    executor_kills: int  # executors SIGKILLed mid-delete on the cluster
+    executor_kills: int  # executors killed in the middle of a task on the cluster
+    executor_kill_objects: int  # the messages those executors delete, paced so that each kill finds a task
     every_failpoint: bool  # the kill test kills at each failpoint, or at one per step of the purge protocol
     outage_s: float  # how long a server stays down
+    measured_races: bool  # the races whose outcome is measured, not asserted (a consistency level's risk)
 
 
 def fault_matrix(environ: dict[str, str] | os._Environ = os.environ) -> FaultMatrix:
     full = environ.get("PURGER_FAULTS", "") == "full"
     return FaultMatrix(
-        attempts=int(environ.get("PURGER_FAULT_ATTEMPTS", 20_000 if full else 400)),
+        attempts=(attempts := int(environ.get("PURGER_FAULT_ATTEMPTS", 20_000 if full else 400))),
+        cross_dc_attempts=5 * attempts,
         random_kills=int(environ.get("PURGER_FAULT_RANDOM_KILLS", 10 if full else 1)),
         executor_kills=3 if full else 1,
+        executor_kill_objects=150 if full else 50,
         every_failpoint=full,
         outage_s=float(environ.get("PURGER_FAULT_OUTAGE_S", 30 if full else 10)),
+        measured_races=full,
     )
 
 

@@ -34,7 +34,7 @@ from tests.support.faults import reliability
 from tests.support.mailbox import deletable
 from tests.support.waits import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
