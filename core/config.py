@@ -41,7 +41,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Sequence, Union
 if TYPE_CHECKING:
     from purger.core.policy_set import PolicySet
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator,
+    model_validator,
+)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -265,8 +268,18 @@ class LedgerConfig(_Section):
     reconcile_path: str = "ledger/reconcile_report"
     # How often the running purger rewrites today's report from the ledger.
     report_interval: Duration = timedelta(minutes=1)
+    # How long records are kept (an audit period): the running purger's daily upkeep deletes older days.
+    retention: Duration = timedelta(days=400)
     # The S3 endpoint for s3a:// paths.
     s3: S3Endpoint = Field(default_factory=S3Endpoint)
+
+    @field_validator("retention")
+    @classmethod
+    def _retention_is_days(cls, value: timedelta) -> timedelta:
+        if value < timedelta(days=1):
+            raise ValueError("at least 1d (the upkeep deletes whole days of records); "
+                             "write e.g. '400d'")
+        return value
 
     def as_dry_run(self) -> "LedgerConfig":
         """A dry run's: its own ledger, daily report and reconcile report, each ``<path>.dry-run``

@@ -1,5 +1,6 @@
 """The running purger: the candidates stream (``streams.candidates``) into the purge sink
-(``sinks.sink``), with its clock, its metrics, the daily report and the scheduled reconciles beside it.
+(``sinks.sink``), with its clock, its metrics, the daily report, the ledger's daily upkeep and the scheduled
+reconciles beside it.
 
 Example::
 
@@ -14,6 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Callable
 
 from pyspark.sql import SparkSession
@@ -44,6 +46,8 @@ class RunningPurger:
     reporting: "Every | None" = None
     # The scheduled reconciles (``reconcile.interval``), which ``stop`` cancels: the next run does the work.
     reconciling: "Every | None" = None
+    # The ledger's daily upkeep (``Ledger.upkeep``), which ``stop`` cancels: the next round does the work.
+    upkeeping: "Every | None" = None
     # Set by ``stop``: False when a batch was cut in its deletions or its ledger write.
     stopped_cleanly: bool | None = None
 
@@ -85,7 +89,7 @@ class RunningPurger:
         began = time.monotonic()
         deadline = began + wait_for_batch_s
         self.clock.stop()
-        for rounds in (self.reporting, self.reconciling):
+        for rounds in (self.reporting, self.reconciling, self.upkeeping):
             if rounds is not None:
                 rounds.stop_soon()
         finished = self.sink.close(wait_for_batch_s)
@@ -137,15 +141,18 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     reporting = Every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
                       lambda: set_up_thread(spark, REPORT_JOB_GROUP, "daily report"),
                       lambda: spark.sparkContext.cancelJobGroup(REPORT_JOB_GROUP))
+    upkeeping = Every(UPKEEP_INTERVAL_S, lambda: _upkeep(ledger), UPKEEP_JOB_GROUP,
+                      lambda: set_up_thread(spark, UPKEEP_JOB_GROUP, "ledger upkeep", pool=REPORT_JOB_GROUP),
+                      lambda: spark.sparkContext.cancelJobGroup(UPKEEP_JOB_GROUP), first_in=lambda: UPKEEP_FIRST_IN_S)
     reconciling = None
     if config.reconcile.interval:
         reconciling = Every(config.reconcile.interval.total_seconds(), lambda: _reconcile(spark, config, metrics),
                             RECONCILE_JOB_GROUP, lambda: set_up_thread(spark, RECONCILE_JOB_GROUP, "reconcile"),
                             lambda: _cancel_reconcile(spark),
                             first_in=lambda: _first_reconcile_in_s(spark, config, metrics))
-    beside = [each for each in (reporting, reconciling) if each is not None]
+    beside = [each for each in (reporting, reconciling, upkeeping) if each is not None]
     return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, beside),
-                         reporting, reconciling)
+                         reporting, reconciling, upkeeping)
 
 
 # The daily report's jobs, which a stop cancels when a round outlasts REPORT_GRACE_S: a round of a warm
@@ -154,14 +161,34 @@ REPORT_JOB_GROUP = "purger-report"
 REPORT_GRACE_S = 5
 # The scheduled reconciles' jobs, which a stop cancels at once.
 RECONCILE_JOB_GROUP = "purger-reconcile"
+# The ledger's upkeep: its jobs in the report's pool, in a group of their own, which a stop cancels at once.
+# Daily, and a while after a start (after the first batches' warm-up), so that a purger restarted more often
+# than daily keeps its ledger too; a round with nothing to do costs a few reads of the Delta log.
+UPKEEP_JOB_GROUP = "purger-ledger-upkeep"
+UPKEEP_INTERVAL_S = 24 * 3600
+UPKEEP_FIRST_IN_S = 10 * 60
 
 
-def set_up_thread(spark: SparkSession, group: str, description: str) -> None:
-    """A thread's jobs beside the batches' (the report's, the reconciles'): in a scheduler pool of their own,
-    named in the Spark UI, whose tasks take only the cores the batches leave (purger/fairscheduler.xml), and
-    in a job group of their own, which a stop cancels."""
-    spark.sparkContext.setLocalProperty("spark.scheduler.pool", group)
+def set_up_thread(spark: SparkSession, group: str, description: str, pool: str | None = None) -> None:
+    """A thread's jobs beside the batches' (the report's, the reconciles', the ledger's upkeep): in a scheduler
+    pool (``group``'s own unless ``pool``), named in the Spark UI, whose tasks take only the cores the batches
+    leave (purger/fairscheduler.xml), and in a job group of their own, which a stop cancels."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", pool or group)
     spark.sparkContext.setJobGroup(group, description)
+
+
+def _upkeep(ledger: Ledger) -> None:
+    """A round of the ledger's upkeep; a failure is one line (the next round, a day later, tries again)."""
+    started = time.monotonic()
+    try:
+        if ledger.upkeep(datetime.now(timezone.utc).date()):
+            log.info("ledger %s: upkeep done in %.0f s", ledger.path, time.monotonic() - started)
+        else:
+            log.info("ledger %s: upkeep under way already; this round skipped", ledger.path)
+    except Exception as error:
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        log.warning("ledger %s: upkeep failed, tried again at the next round: %s: %s", ledger.path, type(error).__name__,
+                    first_line)
 
 
 def _cancel_reconcile(spark: SparkSession) -> None:

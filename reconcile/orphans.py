@@ -588,8 +588,7 @@ def _recorded_already(ledger: Ledger, sweep: Sweep, row: ReportRow, run_id: str)
     a re-run sweeps nothing twice."""
     if not ledger.holds(sweep.query_id, 0):
         return False
-    counts = {r["status"]: r["count"] for r in ledger.records().where(F.col("query_id") == sweep.query_id)
-              .groupBy("status").count().collect()}
+    counts = {r["status"]: r["count"] for r in ledger.batch(sweep.query_id, 0).groupBy("status").count().collect()}
     row.orphans_found = sum(counts.values())
     row.orphans_deleted = counts.get(WOULD_DELETE if row.dry_run else PURGED, 0)
     log.info("orphans of %s.%s in %s: recorded already by run %s", sweep.policy, sweep.table,

@@ -12,17 +12,32 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyspark.sql import SparkSession
+
+
+def _marker(spark: SparkSession, directory: str, batch_id: int) -> tuple[Any, Any]:
+    """The filesystem and path of batch ``batch_id``'s mark."""
+    marker = spark._jvm.org.apache.hadoop.fs.Path(f"{directory}/{batch_id}")  # type: ignore[union-attr]
+    return marker.getFileSystem(spark._jsc.hadoopConfiguration()), marker  # type: ignore[union-attr]
 
 
 def first_attempt(spark: SparkSession, directory: str, batch_id: int, keep: int = 100) -> bool:
     """Mark batch ``batch_id`` as attempted (a file beside the checkpoint, on any Hadoop filesystem);
     False when an earlier attempt had marked it, i.e. this run of the batch is a retry."""
-    hadoop = spark._jvm.org.apache.hadoop.fs  # type: ignore[union-attr]
-    marker = hadoop.Path(f"{directory}/{batch_id}")
-    fs = marker.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    fs, marker = _marker(spark, directory, batch_id)
     if fs.exists(marker):
         return False
     fs.create(marker, False).close()
-    fs.delete(hadoop.Path(f"{directory}/{batch_id - keep}"), False)
+    fs.delete(_marker(spark, directory, batch_id - keep)[1], False)
     return True
+
+
+def first_attempted_ms(spark: SparkSession, directory: str, batch_id: int) -> int | None:
+    """When batch ``batch_id`` was first attempted (its mark's time, by the filesystem's clock), in ms since the
+    epoch; None when it has no mark. Whatever any attempt of it recorded, it recorded after that."""
+    fs, marker = _marker(spark, directory, batch_id)
+    if not fs.exists(marker):
+        return None
+    return int(fs.getFileStatus(marker).getModificationTime())

@@ -17,9 +17,14 @@ that made it and again from its intent (a retried batch, a later batch finding
 it gone) is one record; for a decision not to delete, its object (a dead
 letter's is its bad record, ``topic/partition/offset``), batch and status. A
 write that may meet records already there (a retried batch, or records from an
-intent) is a ``MERGE`` on ``record_id`` that inserts only the new ones; any
-other (a batch's first attempt deleting afresh) appends without reading the
-table.
+intent) is a ``MERGE`` on ``record_id`` that inserts only the new ones, reading
+only the days those can be in (``first_day``); any other (a batch's first
+attempt deleting afresh) appends without reading the table.
+
+The ledger keeps itself small: Delta's optimized writes, auto compaction and
+log checkpoints (``TABLE_PROPERTIES``), and a daily ``Ledger.upkeep``, run by
+the running purger, that compacts the last days, deletes the days older than
+``ledger.retention`` and vacuums.
 
 The report has one row per day, policy, object kind and data centre (``all`` for the
 Cassandra rows), counts over that day's ledger records. It is kept up to date
@@ -42,6 +47,7 @@ Example::
     report.refresh()                   # the records written since the last refresh
     report.rows(date(2026, 11, 21))
     ledger.record_command("reconcile", ["mailbox"], actor="jdoe", reason="INC-4711", run="5f0c3a9e21b4")
+    ledger.upkeep(date(2026, 11, 22))  # compaction of the last days, retention, vacuum
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
@@ -75,6 +82,29 @@ LAG_PERCENTILES = (0.5, 0.95, 0.99)
 
 log = logging.getLogger(__name__)
 CHANGE_FEED = "delta.enableChangeDataFeed"
+
+# Delta's own upkeep, as the ledger's table properties (set at creation and on a ledger made without them):
+# each commit's files written in fewer, larger ones, and small files of a partition compacted after a commit
+# (a day of 2 s batches is tens of files, not 43,200); the log checkpointed every 10 commits (Delta's default,
+# kept explicit); the log's entries and the files a compaction, DELETE or VACUUM leaves kept long enough for
+# a reader's time travel and a query under way. The change feed: the daily report reads new records from it
+# (``Report.refresh``).
+TABLE_PROPERTIES = {
+    CHANGE_FEED: "true",
+    "delta.autoOptimize.optimizeWrite": "true",
+    "delta.autoOptimize.autoCompact": "true",
+    "delta.checkpointInterval": "10",
+    "delta.logRetentionDuration": "interval 30 days",
+    "delta.deletedFileRetentionDuration": "interval 7 days",
+}
+# The days before today the upkeep compacts again: yesterday's files (written until midnight), and those of
+# the days before, when upkeeps were missed (a purger stopped). A day compacted already costs a log read.
+COMPACTED_DAYS = 7
+# How far a record's date may fall before the time its batch began: the executors' clocks (``decided_at``)
+# against the filesystem's (the batch's mark, ``sinks.attempts``).
+CLOCK_SKEW = timedelta(hours=1)
+# One upkeep at a time in a process (the running purger's rounds, a ``purger`` command beside them).
+_upkeep_lock = threading.Lock()
 
 
 def lag_seconds(eligible_at_ms: Any, deleted_at_ms: Any) -> Any:
@@ -115,15 +145,34 @@ def use_s3a(spark: SparkSession, ledger: LedgerConfig) -> None:
         spark.conf.set(key, value)
 
 
+def first_day(began_ms: int | None, now: datetime | None = None) -> date:
+    """The earliest day (``date`` partition) a record of a batch that began at ``began_ms`` can be in.
+
+    A record's date is its decision's (``decided_at``), made by an attempt of the batch that records it, so
+    never before the batch began (less ``CLOCK_SKEW``). A record from an intent is the same record as the
+    one the batch that meant the deletion wrote, if it did, before that intent expired: an intent of
+    unknown age, or a batch of unknown start (``began_ms`` None), bounds it by the journal's
+    ``JOURNAL_TTL_S`` instead."""
+    now = now or datetime.now(timezone.utc)
+    earliest = now - timedelta(seconds=JOURNAL_TTL_S) - CLOCK_SKEW
+    if began_ms is not None:
+        earliest = max(earliest, datetime.fromtimestamp(began_ms / 1000, timezone.utc) - CLOCK_SKEW)
+    return earliest.date()
+
+
 class Ledger:
     def __init__(self, spark: SparkSession, ledger: LedgerConfig) -> None:
         self.spark = spark
         self.path = ledger.path
+        self.retention = ledger.retention
         use_s3a(spark, ledger)
 
-    def append(self, outcomes: DataFrame, query_id: str, batch_id: int, may_hold: bool = True) -> None:
+    def append(self, outcomes: DataFrame, query_id: str, batch_id: int, may_hold: bool = True,
+               began_ms: int | None = None) -> None:
         """Add a batch's outcomes (``sinks.purge.OUTCOME_SCHEMA``), each record once by its ``record_id``;
-        ``may_hold``: some may be there already (a retry, records from an intent), so only the new go in.
+        ``may_hold``: some may be there already (a retry, records from an intent), so only the new go in,
+        reading only the days those can be in: since the batch began (``began_ms``, its first attempt), or,
+        with records from another batch's intent or no ``began_ms``, since the oldest intent (``first_day``).
 
         >>> Ledger(spark, config.ledger).append(outcomes, query.id, 7)   # a second call adds nothing
         """
@@ -141,7 +190,10 @@ class Ledger:
             F.lit(None).cast("string").alias("actor"),  # a command's (``record_command``), none of the purge's
         )
         if may_hold and self.exists():
-            self._merge(records.dropDuplicates(["record_id"]))
+            own = F.lit(f"{query_id}/{batch_id}")
+            if outcomes.where(F.col("intent").isNotNull() & (F.col("intent") != own)).limit(1).count():
+                began_ms = None  # another batch's intent: that batch's start is not known here
+            self._merge(records.dropDuplicates(["record_id"]), first_day(began_ms))
             return
         (
             records.write.format("delta").mode("append").partitionBy("date")
@@ -152,12 +204,11 @@ class Ledger:
 
     @retry(retry=retry_if_exception_type(_CONFLICTS), stop=stop_after_attempt(5), wait=wait_random(0.2, 2),
            reraise=True)
-    def _merge(self, records: DataFrame) -> None:
-        """Insert the records whose ``record_id`` is not in the ledger. A deletion's records are at most
-        ``JOURNAL_TTL_S`` apart (an intent lives that long), so only those days' partitions are read. It
-        reads what it writes into, so an append committed meanwhile (the stream's batch beside a reconcile's
-        sweep) makes it conflict: redone, as the report's refresh is."""
-        since = (datetime.now(timezone.utc) - timedelta(seconds=JOURNAL_TTL_S + 2 * 86_400)).date()
+    def _merge(self, records: DataFrame, since: date) -> None:
+        """Insert the records whose ``record_id`` is not in the ledger, reading only the days from ``since``
+        (the partitions the records it may meet can be in: ``first_day``). It reads what it writes into, so
+        an append committed meanwhile (the stream's batch beside a reconcile's sweep) or a compaction of a day
+        it reads makes it conflict: redone, as the report's refresh is."""
         (
             DeltaTable.forPath(self.spark, self.path).alias("ledger")
             .merge(records.alias("new"), f"ledger.date >= '{since.isoformat()}' AND ledger.record_id = new.record_id")
@@ -179,17 +230,19 @@ class Ledger:
 
     def create(self) -> None:
         """Make the table if it is not there, or give a ledger of an earlier version its new columns (a merge
-        inserts every column the table has), as ``append`` does: an append of no records; and keep its change
-        feed, which the daily report reads its new records from (``Report.refresh``). The purger does it before
-        its first batch, which then does not pay for it and for a new JVM's first Delta write (seconds,
-        BENCHMARKS.md)."""
+        inserts every column the table has), as ``append`` does: an append of no records; then its
+        ``TABLE_PROPERTIES`` (the change feed the daily report reads among them), where it lacks them. The purger
+        does it before its first batch, which then does not pay for it and for a new JVM's first Delta write
+        (seconds, BENCHMARKS.md)."""
         if not self.exists() or not {"record_id", "actor"} <= set(self.records().columns):
             from purger.sinks.purge import OUTCOME_SCHEMA
 
             self.append(self.spark.createDataFrame([], OUTCOME_SCHEMA), "", -1, may_hold=False)
-        table = DeltaTable.forPath(self.spark, self.path)
-        if table.detail().first()["properties"].get(CHANGE_FEED) != "true":
-            self.spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({CHANGE_FEED} = true)")
+        properties = DeltaTable.forPath(self.spark, self.path).detail().first()["properties"]
+        missing = {key: value for key, value in TABLE_PROPERTIES.items() if properties.get(key) != value}
+        if missing:
+            settings = ", ".join(f"'{key}' = '{value}'" for key, value in missing.items())
+            self.spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({settings})")
 
     def version(self) -> int:
         """The table's latest version."""
@@ -202,13 +255,53 @@ class Ledger:
                 .option("startingVersion", after + 1).option("endingVersion", up_to).load(self.path)
                 .where(F.col("_change_type") == "insert").drop("_change_type", "_commit_version", "_commit_timestamp"))
 
-    def holds(self, query_id: str, batch_id: int) -> bool:
+    def batch(self, query_id: str, batch_id: int, began_ms: int | None = None) -> DataFrame:
+        """The records a batch wrote, read from the days they can be in (``first_day``: since ``began_ms``,
+        when it began, if known)."""
+        return self.records().where((F.col("date") >= F.lit(first_day(began_ms))) & (F.col("query_id") == query_id)
+                                    & (F.col("batch_id") == batch_id))
+
+    def holds(self, query_id: str, batch_id: int, began_ms: int | None = None) -> bool:
         """Whether the batch's records are in the ledger (a Delta commit holds all of them or none).
         Ledgers written by earlier versions, with Delta's ``txnAppId``, carry the same columns."""
         if not self.exists():
             return False
-        written = self.records().where((F.col("query_id") == query_id) & (F.col("batch_id") == batch_id))
-        return bool(written.limit(1).count())
+        return bool(self.batch(query_id, batch_id, began_ms).limit(1).count())
+
+    @retry(retry=retry_if_exception_type(_CONFLICTS), stop=stop_after_attempt(5), wait=wait_random(0.2, 2),
+           reraise=True)
+    def upkeep(self, today: date) -> bool:
+        """Compact the last ``COMPACTED_DAYS`` days before ``today`` (what auto compaction left: a day's last
+        files), delete the days older than ``ledger.retention``, then vacuum the files no version within
+        ``delta.deletedFileRetentionDuration`` (7 days) reads. False, doing nothing, when another upkeep is
+        under way in this process. Each step is one Delta commit; one that conflicts with a batch's write (a
+        compaction of a day a retried batch's merge reads) is redone, as the merge is."""
+        if not _upkeep_lock.acquire(blocking=False):
+            return False
+        try:
+            if not self.exists():
+                return True
+            table = DeltaTable.forPath(self.spark, self.path)
+            compacted_from = today - timedelta(days=COMPACTED_DAYS)
+            table.optimize().where(f"date >= '{compacted_from.isoformat()}' AND date < '{today.isoformat()}'") \
+                .executeCompaction()
+            # Whole days (the partition column alone): Delta drops their files without reading them.
+            table.delete(F.col("date") < F.lit(today - self.retention))
+            # VACUUM lists the table's directories in a Spark job of this many tasks, 10,000 by default: minutes
+            # of empty tasks on a few cores. A few per core lists 400 days' directories as fast.
+            listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+            set_before = self.spark.conf.get(listing, None)
+            self.spark.conf.set(listing, str(4 * self.spark.sparkContext.defaultParallelism))
+            try:
+                table.vacuum()
+            finally:
+                if set_before is None:
+                    self.spark.conf.unset(listing)
+                else:
+                    self.spark.conf.set(listing, set_before)
+            return True
+        finally:
+            _upkeep_lock.release()
 
     def exists(self) -> bool:
         return DeltaTable.isDeltaTable(self.spark, self.path)

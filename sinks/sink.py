@@ -34,7 +34,7 @@ from purger.core.config import PurgerConfig
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.core.failpoints import failpoint
 from purger.core.times import human_duration
-from purger.sinks.attempts import first_attempt
+from purger.sinks.attempts import first_attempt, first_attempted_ms
 from purger.sinks.ledger import Ledger, lag_seconds
 from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition
 from purger.sinks.throttle import per_task_rate
@@ -227,7 +227,10 @@ class PurgeSink:
         started = time.monotonic()
         rate = per_task_rate(config.stream.max_deletions_per_second, candidates.rdd.getNumPartitions(),
                              spark.sparkContext.defaultParallelism)
-        retried = not first_attempt(spark, f"{config.stream.checkpoint_location}/purger-attempts", batch_id)
+        attempts = f"{config.stream.checkpoint_location}/purger-attempts"
+        retried = not first_attempt(spark, attempts, batch_id)
+        # What an earlier attempt recorded, it recorded since then: a retry's merge reads those days only.
+        began_ms = first_attempted_ms(spark, attempts, batch_id)
         query_id = self.query_id
         if self._tally is None:
             self._tally = spark.sparkContext.accumulator(OutcomeTally().zero(), OutcomeTally())
@@ -247,7 +250,8 @@ class PurgeSink:
                 if by_kind_and_status:
                     with job_description(spark, f"batch {batch_id}: ledger"):
                         failpoint("before_ledger_write")
-                        self.ledger.append(outcomes, self.query_id, batch_id, may_hold=retried or from_intent > 0)
+                        self.ledger.append(outcomes, self.query_id, batch_id, may_hold=retried or from_intent > 0,
+                                           began_ms=began_ms)
                         failpoint("after_ledger_write")
                 break
             except Exception as error:

@@ -110,6 +110,10 @@ def test_a_payload_grace_under_the_clock_skew_is_refused():
         build_config({"policies": {"mailbox": {"payload_grace": "0s"}}})
 
 
+def test_a_ledger_retention_under_a_day_is_refused():
+    assert build_config({}).ledger.retention == timedelta(days=400)
+    with pytest.raises(ConfigError, match="ledger.retention: .*at least 1d"):
+        build_config({"ledger": {"retention": "12h"}})
 def test_an_orphan_grace_under_24_hours_is_refused_naming_the_key_and_what_to_do():
     with pytest.raises(ConfigError) as error:
         build_config({"reconcile": {"orphan_grace": "86399s"}})
