@@ -76,11 +76,11 @@ def test_the_ledger_holds_one_record_per_deletion_across_forced_retries(spark, o
     appends: list[tuple[int, bool]] = []  # (batch, may hold records already) of each call
     original = Ledger.append
 
-    def failing_append(self, outcomes, query_id, batch_id, may_hold=True):
+    def failing_append(self, outcomes, query_id, batch_id, may_hold=True, began_ms=None):
         appends.append((batch_id, may_hold))
         deletes = outcomes.where((F.col("status") == "purged") & (F.col("kind") == "message")).count()
         if deletes and not failed_batches:
-            original(self, outcomes, query_id, batch_id, may_hold)
+            original(self, outcomes, query_id, batch_id, may_hold, began_ms)
             failed_batches.append(batch_id)
             failures.append(f"forced failure after the ledger write of batch {batch_id}")
             raise RuntimeError(failures[-1])
@@ -88,7 +88,7 @@ def test_the_ledger_holds_one_record_per_deletion_across_forced_retries(spark, o
             failed_batches.append(batch_id)
             failures.append(f"forced failure before the ledger write of batch {batch_id}")
             raise RuntimeError(failures[-1])
-        original(self, outcomes, query_id, batch_id, may_hold)
+        original(self, outcomes, query_id, batch_id, may_hold, began_ms)
 
     monkeypatch.setattr(Ledger, "append", failing_append)
     first = deletable(ops_platform, ops, 6, "retry-a")
