@@ -31,6 +31,11 @@ For each ``Blobs`` of the policy and each data centre, one Spark job:
    next sweep of the same bucket records the deletions of one that never reached its ledger write (a
    purger stopped, a job failed): each noted blob that is gone, from the sweep's intent.
 
+One sweep of a bucket or table at a time, whatever the processes (the scheduled reconcile and a `purger
+reconcile`): a sweep that deletes holds a lease in the journal (a lightweight transaction), renewed while it
+runs; a sweep that finds the lease held by another sweeps nothing and says so in a line. Only under the lease
+is a sweep noted as under way taken for one that stopped.
+
 Example::
 
     report = reconcile_orphans(spark, config, config.policy_set.policies[0], run_id, dry_run=False)
@@ -46,8 +51,10 @@ import os
 import socket
 import string
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
@@ -120,6 +127,51 @@ class Sweep:
 # the blobs it is about to delete. Not identifiers, so no policy's kind of object.
 OPEN_SWEEPS = "(orphan sweeps)"
 SWEEP_DELETES = "(orphan sweep)"
+# The leases of the sweeps (``CassandraJournal.lease``), per bucket or table. A sweep renews its lease every
+# quarter of it; one whose process died holds its bucket or table until the lease runs out.
+SWEEP_LEASES = "(orphan sweep lease)"
+SWEEP_LEASE_S = 120
+
+
+class SweepUnderWay(Exception):
+    """Another sweep holds the lease of the bucket or table (its name: the exception's argument)."""
+
+
+@contextmanager
+def _leased(journal: CassandraJournal, sweeps_key: str, holder: str) -> Iterator[threading.Event]:
+    """The sweeps of ``sweeps_key`` to ``holder`` alone while the block runs: the lease taken (``SweepUnderWay``
+    if another sweep holds it), renewed, and given up at the end. The event it gives is set if the lease was lost
+    meanwhile (a renewal found another holder, or none succeeded for as long as a lease lasts): another sweep may
+    then have recorded some of this one's deletions."""
+    other = journal.lease(SWEEP_LEASES, sweeps_key, holder, SWEEP_LEASE_S)
+    if other is not None:
+        raise SweepUnderWay(other)
+    lost, done = threading.Event(), threading.Event()
+
+    def renew() -> None:
+        renewed = time.monotonic()
+        while not done.wait(SWEEP_LEASE_S / 4):
+            try:
+                if journal.lease(SWEEP_LEASES, sweeps_key, holder, SWEEP_LEASE_S) is not None:
+                    lost.set()
+                renewed = time.monotonic()
+            except Exception as error:  # Cassandra unreachable for a moment: tried again at the next renewal
+                log.warning("orphan sweep %s: its lease of %s not renewed: %s", holder, sweeps_key, error)
+                if time.monotonic() - renewed >= SWEEP_LEASE_S:
+                    lost.set()
+
+    renewing = threading.Thread(target=renew, name=f"purger-sweep-lease {sweeps_key}", daemon=True)
+    renewing.start()
+    try:
+        yield lost
+    finally:
+        done.set()
+        renewing.join()
+        try:
+            journal.give_up(SWEEP_LEASES, sweeps_key, holder)
+        except Exception as error:  # the sweep's own outcome goes on; the lease runs out on its own
+            log.warning("orphan sweep %s: its lease of %s not given up (it runs out within %d s): %s", holder,
+                        sweeps_key, SWEEP_LEASE_S, error)
 
 
 def ledger_query_id(run_id: str, policy: str, table: str, dc: str) -> str:
@@ -608,27 +660,36 @@ def _sweep(spark: SparkSession, config: PurgerConfig, ledger: Ledger, sweep: Swe
     description = f"reconcile {sweep.policy}: {what}{where}"
     spark.sparkContext.setJobDescription(description)
     journal = CassandraJournal(executor_session(config), config.cassandra.keyspace, config.cassandra.journal_table)
+    by_status: Counter[str] = Counter()
     try:
-        if not sweep.dry_run:
-            _record_stopped_sweeps(spark, config, ledger, journal, sweep, sweeps_key)
-            journal.note(OPEN_SWEEPS, sweeps_key, {sweep.query_id})
-        # Computed once and kept (in two executors on a cluster): computing the outcomes again would delete again.
-        outcomes = spark.createDataFrame(
-            found.repartition(tasks).rdd.mapPartitions(partial(_decide_task, config, sweep, rate)),
-            OUTCOME_SCHEMA,
-        ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
-        counted = outcomes.groupBy("status", F.col("intent").isNotNull().alias("from_intent")).count().collect()
-        by_status: Counter[str] = Counter()
-        for counts in counted:
-            by_status[counts["status"]] += counts["count"]
-        if by_status:
-            spark.sparkContext.setJobDescription(f"{description}: ledger")
-            failpoint("before_orphan_ledger_write")
-            # Only a task run again finds its orphans gone after their intents: records the ledger may hold.
-            ledger.append(outcomes, sweep.query_id, 0, may_hold=any(counts["from_intent"] for counts in counted))
-        outcomes.unpersist()
-        if not sweep.dry_run:
-            journal.unnote(OPEN_SWEEPS, sweeps_key, {sweep.query_id})
+        # A dry run deletes nothing, and so takes no lease and notes nothing.
+        with nullcontext(None) if sweep.dry_run else _leased(journal, sweeps_key, sweep.query_id) as lost:
+            if not sweep.dry_run:
+                _record_stopped_sweeps(spark, config, ledger, journal, sweep, sweeps_key)
+                journal.note(OPEN_SWEEPS, sweeps_key, {sweep.query_id})
+            # Computed once and kept (in two executors on a cluster): computing the outcomes again would delete
+            # again.
+            outcomes = spark.createDataFrame(
+                found.repartition(tasks).rdd.mapPartitions(partial(_decide_task, config, sweep, rate)),
+                OUTCOME_SCHEMA,
+            ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
+            counted = outcomes.groupBy("status", F.col("intent").isNotNull().alias("from_intent")).count().collect()
+            for counts in counted:
+                by_status[counts["status"]] += counts["count"]
+            if by_status:
+                spark.sparkContext.setJobDescription(f"{description}: ledger")
+                failpoint("before_orphan_ledger_write")
+                # Records the ledger may hold: a task run again finds its orphans gone after their intents; a
+                # sweep that lost its lease may have had some recorded by the sweep that took it.
+                may_hold = any(counts["from_intent"] for counts in counted) or bool(lost and lost.is_set())
+                ledger.append(outcomes, sweep.query_id, 0, may_hold=may_hold)
+            outcomes.unpersist()
+            if not sweep.dry_run:
+                journal.unnote(OPEN_SWEEPS, sweeps_key, {sweep.query_id})
+    except SweepUnderWay as holder:
+        log.warning("%s of %s%s: sweep %s holds %s, so this run sweeps nothing there (the next run sweeps what is "
+                    "left; the lease of a sweep whose process died runs out within %d s)", what, sweep.policy, where,
+                    holder, sweeps_key, SWEEP_LEASE_S)
     finally:
         spark.sparkContext.setJobDescription(None)
     row.orphans_found = sum(by_status.values())

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from typing import Any
 
 from purger.core.handles import Journal
@@ -54,7 +55,7 @@ def create_journal(session: Any, keyspace: str, table: str) -> None:
 class CassandraJournal(Journal):
     def __init__(self, session: Any, keyspace: str, table: str) -> None:
         self.session = session
-        name = f"{keyspace}.{table}"
+        self.name = name = f"{keyspace}.{table}"
         self.insert = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch, rows) VALUES (?, ?, ?, ?)")
         self.select = session.prepare(f"SELECT purge_batch, rows FROM {name} WHERE kind = ? AND object_id = ?")
         self.add = session.prepare(f"UPDATE {name} SET rows = rows + ? WHERE kind = ? AND object_id = ?")
@@ -81,6 +82,40 @@ class CassandraJournal(Journal):
     def noted(self, kind: str, object_id: str) -> set[str]:
         found = self.session.execute(self.select, (kind, object_id)).one()
         return set(found.rows or ()) if found else set()
+
+    # A lease, held by one holder at a time until it expires or is given up: the orphan sweeps' (one sweep of a
+    # bucket or table at a time, ``reconcile.orphans``). Lightweight transactions only, at the session's serial
+    # consistency, so that two takers never both win; ``ttl_s`` bounds how long a holder that died keeps it.
+
+    def lease(self, kind: str, object_id: str, holder: str, ttl_s: int) -> str | None:
+        """Take, or renew, ``holder``'s lease for ``ttl_s`` seconds: None once it holds it, else the holder that
+        does."""
+        taken = self.session.execute(self._lease_take, (kind, object_id, holder, ttl_s))
+        if taken.was_applied:
+            return None
+        current = taken.one().purge_batch
+        if current != holder:
+            return current
+        renewed = self.session.execute(self._lease_renew, (ttl_s, holder, kind, object_id, holder))
+        return None if renewed.was_applied else renewed.one().purge_batch
+
+    def give_up(self, kind: str, object_id: str, holder: str) -> None:
+        """End ``holder``'s lease, if it still holds it."""
+        self.session.execute(self._lease_end, (kind, object_id, holder))
+
+    @cached_property
+    def _lease_take(self) -> Any:
+        return self.session.prepare(f"INSERT INTO {self.name} (kind, object_id, purge_batch) VALUES (?, ?, ?) "
+                                    f"IF NOT EXISTS USING TTL ?")
+
+    @cached_property
+    def _lease_renew(self) -> Any:
+        return self.session.prepare(f"UPDATE {self.name} USING TTL ? SET purge_batch = ? WHERE kind = ? AND "
+                                    f"object_id = ? IF purge_batch = ?")
+
+    @cached_property
+    def _lease_end(self) -> Any:
+        return self.session.prepare(f"DELETE FROM {self.name} WHERE kind = ? AND object_id = ? IF purge_batch = ?")
 
     def intended(self, kind: str, object_id: str) -> dict[str, str]:
         found = self.session.execute(self.select, (kind, object_id)).one()

@@ -27,7 +27,9 @@ from purger.core.vocabulary import (
 from purger.sinks.ledger import Ledger
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
-from purger.reconcile.orphans import MAX_CHARACTER, Sweep, decide, ledger_query_id, list_shard, reconcile_orphans
+from purger.reconcile.orphans import (
+    MAX_CHARACTER, SWEEP_LEASES, Sweep, decide, ledger_query_id, list_shard, reconcile_orphans,
+)
 from devstack.stack import create_schema
 from purger.running import RECONCILE_JOB_GROUP, start_purger
 from tests.support.configs import own_config
@@ -262,6 +264,77 @@ def test_a_sweep_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, 
     found = [(r.id, r.dc, r.status, r.query_id) for r in records(spark, orphans_config) if r.status == PURGED]
     assert sorted(found) == [(orphan, "dc1", PURGED, ledger_query_id(stopped, "mailbox", "payloads", "dc1"))
                              for orphan in orphans]
+
+
+def test_two_reconciles_at_once_sweep_each_bucket_once_and_record_each_deletion_once(spark, orphans_config, stores,
+                                                                                  caplog):
+    """The scheduled reconcile and a `purger reconcile` at the same moment. The first is held in its sweep of
+    dc1, after its deletes and before its ledger write, until the second has run whole; then it goes on. The
+    second must not take the first for a stopped sweep (it would record the first's deletions, which the first
+    then records again): it finds dc1's lease held and sweeps nothing there, and sweeps dc2, whose lease is
+    free. Checked against the blobs the test put and finds gone: one ``purged`` record each, and both leases
+    free at the end."""
+    uid = uuid.uuid4().hex[:8]
+    orphans = [f"c{i}{uid}" for i in range(3)]
+    for orphan in orphans:
+        stores.put(PREFIX + orphan)
+    past_grace()
+    policy = mailbox_policy(orphans_config)
+    first_run, second_run = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
+    held, second_done = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def hold_the_first(name: str) -> None:
+        if name == "before_orphan_ledger_write" and threading.current_thread().name == "first" \
+                and not held.is_set():
+            held.set()
+            second_done.wait(180)
+
+    def run(run_id: str) -> None:
+        try:
+            reconcile_orphans(spark, orphans_config, policy, run_id, dry_run=False)
+        except BaseException as error:  # noqa: BLE001 (reported by the test's thread)
+            failures.append(error)
+
+    with injected(hold_the_first), caplog.at_level(logging.WARNING, logger="purger.reconcile.orphans"):
+        first = threading.Thread(target=run, args=(first_run,), name="first")
+        first.start()
+        try:
+            wait_for(held.is_set, 180, "the first sweep of dc1 to reach its ledger write")
+            run(second_run)
+        finally:
+            second_done.set()
+            first.join(300)
+    assert not failures and not first.is_alive(), failures
+    assert not any(stores.exists(PREFIX + orphan, dc) for orphan in orphans for dc in ("dc1", "dc2"))
+    found = [(r.id, r.dc, r.query_id) for r in records(spark, orphans_config) if r.status == PURGED]
+    assert sorted(found) == sorted(
+        [(orphan, "dc1", ledger_query_id(first_run, "mailbox", "payloads", "dc1")) for orphan in orphans]
+        + [(orphan, "dc2", ledger_query_id(second_run, "mailbox", "payloads", "dc2")) for orphan in orphans])
+    assert any(f"sweep {ledger_query_id(first_run, 'mailbox', 'payloads', 'dc1')} holds" in r.getMessage()
+               for r in caplog.records)
+    journal = CassandraJournal(executor_session(orphans_config), orphans_config.cassandra.keyspace,
+                               orphans_config.cassandra.journal_table)
+    for dc, bucket in stores.buckets.items():
+        key = f"mailbox.payloads/{dc}/{bucket}"
+        assert journal.lease(SWEEP_LEASES, key, "probe", 5) is None, key  # given up by both
+        journal.give_up(SWEEP_LEASES, key, "probe")
+
+
+def test_a_lease_is_one_holders_until_given_up_or_run_out(config):
+    """The journal's leases on the real Cassandra: taken by one holder, refused to another (who learns the
+    holder's name), renewed by its holder, free again once given up, and once run out."""
+    journal = CassandraJournal(executor_session(config), config.cassandra.keyspace, config.cassandra.journal_table)
+    key = f"lease-test-{uuid.uuid4().hex[:8]}"
+    assert journal.lease(SWEEP_LEASES, key, "a", 30) is None
+    assert journal.lease(SWEEP_LEASES, key, "b", 30) == "a"
+    assert journal.lease(SWEEP_LEASES, key, "a", 30) is None  # renewed
+    journal.give_up(SWEEP_LEASES, key, "b")  # not b's to give up
+    assert journal.lease(SWEEP_LEASES, key, "b", 30) == "a"
+    journal.give_up(SWEEP_LEASES, key, "a")
+    assert journal.lease(SWEEP_LEASES, key, "b", 2) is None
+    wait_for(lambda: journal.lease(SWEEP_LEASES, key, "a", 30) is None, 10, "b's lease to run out")
+    journal.give_up(SWEEP_LEASES, key, "a")
 
 
 def test_a_row_written_just_before_the_delete_keeps_the_blob(orphans_config, stores, payloads):
