@@ -3,7 +3,7 @@ native Spark query that reads the same kind of ticks from Kafka at the same trig
 
 For each, in the same run, one after the other: the machine's busy cores (CPU seconds a second, every process:
 nothing else should run), the batches it ran, and their mean ``triggerExecution`` from the query's progress;
-and the machine's busy cores with the servers alone, measured first. The purger runs with its configuration's trigger and clock
+and the machine's busy cores with no query at all (the servers and the session), measured last. The purger runs with its configuration's trigger and clock
 (the product's defaults unless ``--set`` changes them).
 
     python -m bench.idle --seconds 60
@@ -44,7 +44,7 @@ def measured(query, seconds: float) -> tuple[float, int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument("--warm-up", type=float, default=30, help="seconds before each measure")
+    parser.add_argument("--warm-up", type=float, default=60, help="seconds before each measure")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args()
 
@@ -54,10 +54,6 @@ def main() -> None:
     trigger = f"{duration_ms(stream.trigger_interval)} milliseconds"
     details = {"seconds": args.seconds, "trigger_interval_s": stream.trigger_interval.total_seconds(),
                "clock_interval_s": stream.clock_interval.total_seconds()}
-
-    servers_before, started = machine_busy_s(), time.monotonic()
-    time.sleep(min(args.seconds, 30))
-    servers_cores = (machine_busy_s() - servers_before) / (time.monotonic() - started)
 
     purger = start_purger(spark, run.config)
     try:
@@ -77,10 +73,14 @@ def main() -> None:
             native_cores, native_batches, native_ms = measured(native, args.seconds)
     finally:
         native.stop()
+    time.sleep(args.warm_up)
+    quiet_before, started = machine_busy_s(), time.monotonic()
+    time.sleep(args.seconds)
+    quiet_cores = (machine_busy_s() - quiet_before) / (time.monotonic() - started)
 
     baseline = "a native Kafka query of the same ticks at the same trigger"
     run.record("idle purger, cores used", purger_cores, "cores", baseline=(baseline, native_cores), **details)
-    run.record("servers alone, cores used", servers_cores, "cores", **details)
+    run.record("no query (the servers and the idle session), cores used", quiet_cores, "cores", **details)
     run.record("idle purger, batches a minute", purger_batches * 60 / args.seconds, "batches",
                baseline=(baseline, native_batches * 60 / args.seconds), **details)
     run.record("idle purger, a batch's triggerExecution, mean", purger_ms, "ms", baseline=(baseline, native_ms),
