@@ -1,9 +1,9 @@
 """What an idle purger costs: a purger with nothing to read but its clock's ticks, for ``--seconds``, against a
 native Spark query that reads the same kind of ticks from Kafka at the same trigger into Spark's noop sink.
 
-For each, in the same run, one after the other: the CPU of this process and every process under it (the JVM,
-Spark's Python workers), in cores (CPU seconds a second), the batches it ran, and their mean
-``triggerExecution`` from the query's progress. The purger runs with its configuration's trigger and clock
+For each, in the same run, one after the other: the machine's busy cores (CPU seconds a second, every process:
+nothing else should run), the batches it ran, and their mean ``triggerExecution`` from the query's progress;
+and the machine's busy cores with no query at all (the servers and the session), measured last. The purger runs with its configuration's trigger and clock
 (the product's defaults unless ``--set`` changes them).
 
     python -m bench.idle --seconds 60
@@ -23,37 +23,19 @@ from purger.core.times import duration_ms
 from purger.running import start_purger
 
 
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds used so far by ``root`` and every live process under it."""
-    parents: dict[int, int] = {}
-    used: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        parents[int(entry.name)] = int(fields[1])
-        used[int(entry.name)] = int(fields[11]) + int(fields[12])
-
-    def under_root(pid: int) -> bool:
-        while pid > 1:
-            if pid == root:
-                return True
-            pid = parents.get(pid, 1)
-        return False
-
-    return sum(ticks for pid, ticks in used.items() if under_root(pid)) / os.sysconf("SC_CLK_TCK")
+def machine_busy_s() -> float:
+    """CPU seconds this machine has been busy (every process: the JVM, Spark's Python workers, which come and
+    go, and the servers answering them), from /proc/stat."""
+    user, nice, system, idle, iowait, *rest = map(int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:])
+    return (user + nice + system + sum(rest)) / os.sysconf("SC_CLK_TCK")
 
 
 def measured(query, seconds: float) -> tuple[float, int, float]:
-    """Cores used over ``seconds``, the batches run meanwhile and their mean triggerExecution (ms)."""
+    """The machine's busy cores over ``seconds``, the batches run meanwhile and their mean triggerExecution (ms)."""
     first_batch = query.lastProgress["batchId"] if query.lastProgress else -1
-    cpu_before, started = tree_cpu_s(os.getpid()), time.monotonic()
+    cpu_before, started = machine_busy_s(), time.monotonic()
     time.sleep(seconds)
-    cores = (tree_cpu_s(os.getpid()) - cpu_before) / (time.monotonic() - started)
+    cores = (machine_busy_s() - cpu_before) / (time.monotonic() - started)
     batches = [p for p in query.recentProgress if p["batchId"] > first_batch]
     mean_ms = statistics.mean(p["durationMs"].get("triggerExecution", 0) for p in batches) if batches else 0.0
     return cores, len(batches), mean_ms
@@ -62,7 +44,7 @@ def measured(query, seconds: float) -> tuple[float, int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument("--warm-up", type=float, default=30, help="seconds before each measure")
+    parser.add_argument("--warm-up", type=float, default=60, help="seconds before each measure")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args()
 
@@ -91,9 +73,14 @@ def main() -> None:
             native_cores, native_batches, native_ms = measured(native, args.seconds)
     finally:
         native.stop()
+    time.sleep(args.warm_up)
+    quiet_before, started = machine_busy_s(), time.monotonic()
+    time.sleep(args.seconds)
+    quiet_cores = (machine_busy_s() - quiet_before) / (time.monotonic() - started)
 
     baseline = "a native Kafka query of the same ticks at the same trigger"
     run.record("idle purger, cores used", purger_cores, "cores", baseline=(baseline, native_cores), **details)
+    run.record("no query (the servers and the idle session), cores used", quiet_cores, "cores", **details)
     run.record("idle purger, batches a minute", purger_batches * 60 / args.seconds, "batches",
                baseline=(baseline, native_batches * 60 / args.seconds), **details)
     run.record("idle purger, a batch's triggerExecution, mean", purger_ms, "ms", baseline=(baseline, native_ms),

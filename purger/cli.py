@@ -194,8 +194,8 @@ def _run(config: PurgerConfig, log_level: LogLevel, start: Callable[..., Running
             typer.echo("stopping")
         running.stop()
         typer.echo(how_it_stopped(running))
-        # Before the process exits: Spark's listener bus hands its last progress events to the Python
-        # listener while Python still answers (else an error with a Java stack trace at every stop).
+        # The session before the process: its JVM's threads (Python workers, the listener bus) end while
+        # Python still answers their calls.
         spark.stop()
 
 

@@ -1,7 +1,7 @@
 """The purger's own metrics, for a scraper: a Prometheus endpoint on the driver.
 
-The sink adds each batch's outcomes (``batch_done``); a ``StreamingQueryListener`` adds what Spark knows of
-the query (its start and end, rates, batch duration, watermark, state rows, candidates); each scheduled
+The sink adds each batch's outcomes (``batch_done``); a ``ProgressFollower`` adds what Spark knows of the
+query (its start and end, rates, batch duration, watermark, state rows, candidates); each scheduled
 reconcile adds its report (``reconciled``). The alerts of deploy/prometheus/purger-rules.yml read them.
 
     purger_outcomes_total{kind,status}      purged, skipped, errors, dead letters, ...
@@ -21,18 +21,23 @@ Example::
 
     metrics = PurgerMetrics(max_deletions_per_second=1000, reconcile_interval_s=86400)
     metrics.serve(9108)          # http://127.0.0.1:9108/metrics
-    spark.streams.addListener(metrics.listener("purger"))
+    follower = metrics.follow(query)   # its progress, read every second
+    ...
+    follower.stop()
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 from datetime import datetime
+from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram, start_http_server
-from pyspark.sql.streaming import StreamingQueryListener
+from py4j.protocol import Py4JError
+from pyspark.sql.streaming import StreamingQuery
 
 from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED, PURGED
 from purger.core.vocabulary import ALL_DCS
@@ -154,8 +159,9 @@ class PurgerMetrics:
                           f"metrics.port): {error.strerror or error}") from error
         return server
 
-    def listener(self, query_name: str) -> StreamingQueryListener:
-        return _ProgressListener(self, query_name)
+    def follow(self, query: StreamingQuery, interval_s: float = 1.0) -> "ProgressFollower":
+        """Feed this instance ``query``'s progress from now on, read every ``interval_s`` (``ProgressFollower``)."""
+        return ProgressFollower(self, query, interval_s).start()
 
 
 def _epoch_s(moment: str) -> float:
@@ -163,25 +169,73 @@ def _epoch_s(moment: str) -> float:
     return datetime.strptime(moment, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
 
 
-class _ProgressListener(StreamingQueryListener):
-    def __init__(self, metrics: PurgerMetrics, query_name: str) -> None:
+Progress = Mapping[str, Any]
+
+
+def executed(progress: Progress) -> bool:
+    """A batch's progress, not the one Spark adds while the query waits for data (no ``addBatch`` in it)."""
+    return "addBatch" in (progress.get("durationMs") or {})
+
+
+def batches_since(last: Progress, recent: Callable[[], Iterable[Progress]], seen: int | None) -> list[Progress]:
+    """The progress of each batch run after batch ``seen`` (None: none seen yet), in order, given the query's
+    last progress and, asked only when batches ran between two reads, its recent ones."""
+    if executed(last) and (seen is None or last["batchId"] == seen + 1):
+        return [last]
+    return sorted((p for p in recent() if executed(p) and (seen is None or p["batchId"] > seen)),
+                  key=lambda p: p["batchId"])
+
+
+class ProgressFollower:
+    """Reads the query's progress every ``interval_s`` and feeds ``metrics`` each batch's, once; the query's end
+    when it is no longer active, or at ``stop``.
+
+    Not a ``StreamingQueryListener``: PySpark hands a Python listener each event converted field by field
+    over Py4J (the state operators' custom metrics, the observed rows: a few hundred calls a batch), which
+    cost an idle purger a quarter of its CPU (BENCHMARKS.md, "What an idle purger costs"). A read here is
+    three calls, and the recent progress only when batches ran faster than the reads.
+    """
+
+    def __init__(self, metrics: PurgerMetrics, query: StreamingQuery, interval_s: float) -> None:
         self.metrics = metrics
-        self.query_name = query_name
-        # The run of the query named ``query_name``: a termination event carries the run, not the name.
-        self.run_id = None
+        self.query = query
+        self.interval_s = interval_s
+        self.seen: int | None = None  # the last batch fed
+        self._read: str | None = None  # the timestamp of the last progress read
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="purger-progress", daemon=True)
 
-    def onQueryStarted(self, event) -> None:
-        if event.name == self.query_name:
-            self.run_id = event.runId
-            self.metrics.query_started(_epoch_s(event.timestamp))
+    def start(self) -> "ProgressFollower":
+        self.metrics.query_started(time.time())
+        self._thread.start()
+        return self
 
-    def onQueryProgress(self, event) -> None:
-        if event.progress.name == self.query_name:
-            self.metrics.progress(json.loads(event.progress.json))
+    def stop(self) -> None:
+        """Feed the last batches, then the query's end."""
+        self._stopped.set()
+        self._thread.join()
+        self.read()
+        self.metrics.query_ended()
 
-    def onQueryIdle(self, event) -> None:
-        pass
+    def read(self) -> None:
+        """Feed the batches run since the last read."""
+        try:
+            last = self.query.lastProgress
+            if last is None or last["timestamp"] == self._read:
+                return
+            self._read = last["timestamp"]
+            for progress in batches_since(last, lambda: self.query.recentProgress, self.seen):
+                self.metrics.progress(json.loads(progress.json))
+                self.seen = progress["batchId"]
+        except Py4JError:  # the session already stopped: nothing more to read
+            pass
 
-    def onQueryTerminated(self, event) -> None:
-        if event.runId == self.run_id:
-            self.metrics.query_ended()
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            self.read()
+            try:
+                if not self.query.isActive:
+                    self.metrics.query_ended()
+                    return
+            except Py4JError:
+                return

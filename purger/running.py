@@ -23,7 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from purger.core.config import PurgerConfig
 from purger.reconcile.known_objects import stop_copies
-from purger.metrics import PurgerMetrics
+from purger.metrics import ProgressFollower, PurgerMetrics
 from purger.reconcile.run import last_reconcile_finished_s, next_reconcile_in_s, reconcile
 from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
@@ -41,7 +41,7 @@ class RunningPurger:
     sink: PurgeSink
     clock: Clock
     metrics: PurgerMetrics
-    release: Callable[[], None]  # the daily report's thread, the listener and the metrics endpoint
+    release: Callable[[], None]  # the daily report's thread, the progress follower and the metrics endpoint
     # The daily report's rounds beside the query, which ``stop`` ends (``Every``).
     reporting: "Every | None" = None
     # The scheduled reconciles (``reconcile.interval``), which ``stop`` cancels: the next run does the work.
@@ -124,8 +124,6 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     ledger.create()
     candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms, apart)
     metrics = PurgerMetrics(stream.max_deletions_per_second, config.reconcile.interval.total_seconds())
-    listener = metrics.listener(stream.query_name)
-    spark.streams.addListener(listener)
     server = metrics.serve(config.metrics.port, config.metrics.host) if config.metrics.port else None
     sink = PurgeSink(config, metrics, ledger)
     query = (
@@ -136,6 +134,7 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
         .start()
     )
     sink.bind(query.id)
+    follower = metrics.follow(query)
     clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
     report = Report(spark, config.ledger, config.policy_set)
     reporting = Every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
@@ -151,7 +150,7 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
                             lambda: _cancel_reconcile(spark),
                             first_in=lambda: _first_reconcile_in_s(spark, config, metrics))
     beside = [each for each in (reporting, reconciling, upkeeping) if each is not None]
-    return RunningPurger(query, sink, clock, metrics, lambda: _stopped(spark, listener, server, beside),
+    return RunningPurger(query, sink, clock, metrics, lambda: _stopped(follower, server, beside),
                          reporting, reconciling, upkeeping)
 
 
@@ -257,10 +256,10 @@ class Every:
             self.thread.join(timeout=0.2)
 
 
-def _stopped(spark: SparkSession, listener, server, beside: list[Every]) -> None:
+def _stopped(follower: ProgressFollower, server, beside: list[Every]) -> None:
     for rounds in beside:
         rounds.join()
-    spark.streams.removeListener(listener)
+    follower.stop()
     if server is not None:
         server.shutdown()
         server.server_close()

@@ -15,13 +15,11 @@ Example::
 from __future__ import annotations
 
 import re
-import uuid
 from datetime import datetime, timezone
 
-from pyspark.sql.streaming.listener import QueryStartedEvent, QueryTerminatedEvent
 
 from purger.reconcile.verdict import ReportRow
-from purger.metrics import PurgerMetrics
+from purger.metrics import PurgerMetrics, batches_since, executed
 from tests.support.rules import ROOT, RULE_TESTS, RULES, alerts, run_promtool
 
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -91,21 +89,28 @@ def test_a_batch_tells_when_it_finished_the_watermark_and_its_candidates():
     assert sample("purger_outcomes_total", {"kind": "dead_letter", "status": "dead_lettered"}) == 0
 
 
-def test_the_listener_follows_the_start_and_end_of_its_own_query_only():
-    metrics = PurgerMetrics(max_deletions_per_second=1000, reconcile_interval_s=0)
-    sample = metrics.registry.get_sample_value
-    listener = metrics.listener("purger")
-    ours, other = (uuid.uuid4(), uuid.uuid4()), (uuid.uuid4(), uuid.uuid4())
-    assert sample("purger_query_active") == 0
-    listener.onQueryStarted(QueryStartedEvent(*other, "another", spark_time(WATERMARK), set()))
-    assert sample("purger_query_active") == 0
-    listener.onQueryStarted(QueryStartedEvent(*ours, "purger", spark_time(BATCH_STARTED), set()))
-    assert sample("purger_query_active") == 1
-    assert sample("purger_query_started_timestamp_seconds") == BATCH_STARTED.timestamp()
-    listener.onQueryTerminated(QueryTerminatedEvent(*other, None, None))
-    assert sample("purger_query_active") == 1
-    listener.onQueryTerminated(QueryTerminatedEvent(*ours, "failed", None))
-    assert sample("purger_query_active") == 0
+def batch(batch_id: int, ran: bool = True) -> dict:
+    """A progress as Spark keeps it: a batch's (with its ``addBatch``), or one added while the query waits."""
+    return {"batchId": batch_id, "timestamp": f"2026-11-20T09:12:{batch_id:02d}.000Z",
+            "durationMs": {"addBatch": 5, "triggerExecution": 9} if ran else {"triggerExecution": 1}}
+
+
+def test_each_batch_is_followed_once_whether_one_or_several_ran_between_two_reads():
+    recent = [batch(3), batch(4), batch(5), batch(6, ran=False)]
+    asked = []
+
+    def recent_progress() -> list[dict]:
+        asked.append(True)
+        return recent
+
+    # The next batch alone: its progress is the last, the recent ones are not asked for.
+    assert batches_since(batch(4), recent_progress, 3) == [batch(4)] and not asked
+    assert batches_since(batch(5), recent_progress, None) == [batch(5)] and not asked
+    # Two batches between two reads, or a wait after them: each batch since, in order, once.
+    assert [p["batchId"] for p in batches_since(batch(5), recent_progress, 3)] == [4, 5]
+    assert [p["batchId"] for p in batches_since(batch(6, ran=False), recent_progress, 3)] == [4, 5]
+    assert batches_since(batch(6, ran=False), recent_progress, 5) == []
+    assert not executed(batch(6, ran=False)) and executed(batch(6))
 
 
 def report_row(table: str, dc: str, **counts: int) -> ReportRow:
@@ -141,8 +146,7 @@ def test_a_reconcile_replaces_the_last_runs_counts_and_adds_to_the_totals():
 
 def test_every_metric_the_rules_read_is_exported():
     metrics = PurgerMetrics(max_deletions_per_second=1000, reconcile_interval_s=86400)
-    listener = metrics.listener("purger")
-    listener.onQueryStarted(QueryStartedEvent(uuid.uuid4(), uuid.uuid4(), "purger", spark_time(BATCH_STARTED), set()))
+    metrics.query_started(BATCH_STARTED.timestamp())
     metrics.batch_done({("message", "purged"): 3, ("message", "error"): 1}, [2.0, 3.5, 4.0], 1.0)
     metrics.progress(progress(3, 1))
     metrics.reconciled([report_row("messages", "all", scanned=5, known=5),

@@ -189,9 +189,12 @@ def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platfo
             assert samples[f'purger_outcomes_total{{kind="{kind}",status="purged"}}'] == n, kind
         assert samples["purger_purge_lag_seconds_count"] >= 3
         assert "purger_deletions_per_second" in samples and "purger_processed_rows_per_second" in samples
-        # The listener has seen Spark's progress; the query's own observed metrics are in it.
-        wait_for(lambda: scrape(ops)["purger_state_rows"] > 0, what="the listener's state rows")
+        # The progress follower has read Spark's progress; the query's own observed metrics are in it.
+        wait_for(lambda: scrape(ops)["purger_state_rows"] > 0, what="the follower's state rows")
         wait_for(lambda: observed(running.query, "message_candidates") >= 1, what="the observed candidates")
+        wait_for(lambda: scrape(ops)['purger_candidates_total{kind="message"}'] >= 3,
+                 what="every batch's candidates, each batch counted once")
+        assert scrape(ops)["purger_query_active"] == 1
         assert running.query.name == ops.stream.query_name
         # Spark's own metrics of the query, for the same scraper, on the UI's port.
         spark_metrics = urllib.request.urlopen(f"{spark.sparkContext.uiWebUrl}/metrics/prometheus",
@@ -200,6 +203,7 @@ def test_the_metrics_are_read_back_from_the_running_query(spark, ops, ops_platfo
     finally:
         running.stop()
         objects.close()
+    assert running.metrics.registry.get_sample_value("purger_query_active") == 0
     # The cap, as in the forced-retries test, over every policy's candidates: users and units of work
     # included, each paced as one deletion however many rows go with it.
     candidates = purged(Ledger(spark, ops.ledger)).where(
