@@ -302,6 +302,9 @@ def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark
         try:
             running.sink.close(timeout_s=60)
             wait_for(lambda: not running.query.isActive, what="the query to end at the closed sink")
+            # The query's end reaches its metrics before any stop (the alert that the purger is down reads it).
+            wait_for(lambda: running.metrics.registry.get_sample_value("purger_query_active") == 0, 10,
+                     "purger_query_active at 0 once the query ended")
         finally:
             running.stop()
         assert running.query.exception() is not None and running.failure is None
