@@ -3,8 +3,8 @@ native Spark query that reads the same kind of ticks from Kafka at the same trig
 
 For each, in the same run, one after the other: the machine's busy cores (CPU seconds a second, every process:
 nothing else should run), the batches it ran, and their mean ``triggerExecution`` from the query's progress;
-and the machine's busy cores with no query at all (the servers and the session), measured last. The purger runs with its configuration's trigger and clock
-(the product's defaults unless ``--set`` changes them).
+and the machine's busy cores with no query at all (the servers and the session), measured last. The purger
+runs with its configuration's trigger and clock (the product's defaults unless ``--set`` changes them).
 
     python -m bench.idle --seconds 60
     python -m bench.idle --seconds 60 --set stream.clock_interval=5s
