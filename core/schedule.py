@@ -30,11 +30,16 @@ from dataclasses import dataclass, replace
 from purger.core.events import Eligibility
 
 
+RECHECK_FIRED = "(fired)"
+
+
 @dataclass(frozen=True)
 class Schedule:
     # The timer registered with Spark, so a changed deadline can delete it.
     timer_ms: int | None = None
-    # A recheck the sink asked for.
+    # A recheck the sink asked for; once it fired, with none pending (no recheck_at_ms), RECHECK_FIRED: the
+    # schedule's fields are the state's, which a checkpoint in Spark's unsaferow encoding keeps by position, so
+    # "it was emitted" is said in a field there is, not a new one.
     recheck_rule: str | None = None
     recheck_at_ms: int | None = None
     # The own eligibility that was last emitted, so the same one is not emitted twice.
@@ -44,13 +49,11 @@ class Schedule:
     # object that never fired, ``forget_after_ms`` after its last event.
     linger_until_ms: int | None = None
 
-    # When it was last emitted, own eligibility or recheck (watermark time).
-    emitted_at_ms: int | None = None
 
     @property
     def never_fired(self) -> bool:
-        # fired_rule too: a state kept before emitted_at_ms existed has it null.
-        return self.emitted_at_ms is None and self.fired_rule is None
+        """Never emitted, under its own eligibility or a recheck."""
+        return self.fired_rule is None and self.recheck_rule is None
 
 
 def _fired(schedule: Schedule, own: Eligibility) -> bool:
@@ -104,12 +107,11 @@ def on_timer(
         emitted = Eligibility(schedule.recheck_rule or "", schedule.recheck_at_ms) if recheck_due else own
         kept = replace(
             schedule,
-            recheck_rule=None if recheck_due else schedule.recheck_rule,
+            recheck_rule=RECHECK_FIRED if recheck_due else schedule.recheck_rule,
             recheck_at_ms=None if recheck_due else schedule.recheck_at_ms,
             fired_rule=own.rule if own_due else schedule.fired_rule,
             fired_at_ms=own.eligible_at_ms if own_due else schedule.fired_at_ms,
             linger_until_ms=watermark_ms + linger_ms,
-            emitted_at_ms=watermark_ms,
         )
         return emitted, kept
     if when is None and schedule.linger_until_ms is not None and schedule.linger_until_ms <= watermark_ms:

@@ -121,7 +121,7 @@ def test_the_stored_fields_say_which_accept_none():
     fields = current_fields(PolicySet([policy], set()))["push_client"]
     assert fields["registered_ms"] == Field("bigint", True) and fields["timer_ms"] == Field("bigint", True)
     assert set(fields) == {"last_connected_ms", "registered_ms", "timer_ms", "recheck_rule", "recheck_at_ms",
-                           "fired_rule", "fired_at_ms", "linger_until_ms", "emitted_at_ms"}
+                           "fired_rule", "fired_at_ms", "linger_until_ms"}
 
 
 def test_the_release_upgraded_from_is_found_by_its_tag_or_by_the_commit_that_set_its_version():
