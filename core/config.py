@@ -236,6 +236,10 @@ class StreamConfig(_Section):
     clock_interval: Duration = timedelta(seconds=1)
     # When to try again a purge that failed (a data centre's store or Cassandra did not answer).
     retry_interval: Duration = timedelta(minutes=1)
+    # How long an object that never was a candidate and has nothing due (a late duplicate of one purged, a
+    # feed record read after its object went) is kept after its last event; then it is forgotten and
+    # counted (purger_forgotten_total). A live object forgotten so is found again by the next reconcile.
+    forget_after: Duration = timedelta(days=30)
     shuffle_partitions: int = Field(default=2, gt=0)
     # A cap on deletions (double-checked purges of a message or a payload) per second, over all
     # partitions together: the share of the database's headroom the purger may take (docs/operations.md, "Throttling").

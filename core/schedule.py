@@ -8,7 +8,12 @@ double-check makes a second one harmless), never missing.
 
 After firing, the state lingers for ``linger_ms`` of watermark time, so that the
 sink's answer and late copies of events still find it, then it is forgotten.
-Only a fired object is ever forgotten: a live one is kept whatever its age.
+An object that never fired and has nothing due (a late duplicate of an object
+already purged and forgotten, a feed record read after its object went, rows
+removed without an event) would be kept for ever: after each of its events it
+is kept for ``forget_after_ms`` of watermark time, then forgotten as one that
+never fired (``on_events``). Whatever is forgotten while its row is still there,
+a reconcile finds again.
 
 Example::
 
@@ -25,17 +30,30 @@ from dataclasses import dataclass, replace
 from purger.core.events import Eligibility
 
 
+RECHECK_FIRED = "(fired)"
+
+
 @dataclass(frozen=True)
 class Schedule:
     # The timer registered with Spark, so a changed deadline can delete it.
     timer_ms: int | None = None
-    # A recheck the sink asked for.
+    # A recheck the sink asked for; once it fired, with none pending (no recheck_at_ms), RECHECK_FIRED: the
+    # schedule's fields are the state's, which a checkpoint in Spark's unsaferow encoding keeps by position, so
+    # "it was emitted" is said in a field there is, not a new one.
     recheck_rule: str | None = None
     recheck_at_ms: int | None = None
     # The own eligibility that was last emitted, so the same one is not emitted twice.
     fired_rule: str | None = None
     fired_at_ms: int | None = None
+    # When the state is forgotten if nothing is due then: the end of the linger after firing, or, for an
+    # object that never fired, ``forget_after_ms`` after its last event.
     linger_until_ms: int | None = None
+
+
+    @property
+    def never_fired(self) -> bool:
+        """Never emitted, under its own eligibility or a recheck."""
+        return self.fired_rule is None and self.recheck_rule is None
 
 
 def _fired(schedule: Schedule, own: Eligibility) -> bool:
@@ -60,6 +78,15 @@ def next_timer(schedule: Schedule, own: Eligibility | None) -> int | None:
     return schedule.linger_until_ms
 
 
+def on_events(schedule: Schedule, own: Eligibility | None, watermark_ms: int, forget_after_ms: int) -> Schedule:
+    """After an object's events (``own``: its eligibility now): one that never fired and has nothing due is
+    kept until ``forget_after_ms`` past the watermark, each event putting that off."""
+    if not schedule.never_fired:
+        return schedule  # its linger runs from its firing
+    nothing_due = due(schedule, own) is None
+    return replace(schedule, linger_until_ms=watermark_ms + forget_after_ms if nothing_due else None)
+
+
 def recheck(schedule: Schedule, rule: str, at_ms: int) -> Schedule:
     """Ask to look again at ``at_ms``. Of two pending rechecks the earlier stands."""
     if schedule.recheck_at_ms is not None and schedule.recheck_at_ms <= at_ms:
@@ -71,7 +98,7 @@ def on_timer(
     schedule: Schedule, own: Eligibility | None, watermark_ms: int, linger_ms: int
 ) -> tuple[Eligibility | None, Schedule | None]:
     """The watermark reached the timer: the candidate to emit (or None), and the schedule to keep
-    (None: forget the object)."""
+    (None: forget the object; ``never_fired`` on the schedule given says whether it ever was a candidate)."""
     when = due(schedule, own)
     if when is not None and when.eligible_at_ms <= watermark_ms:
         recheck_due = schedule.recheck_at_ms is not None and schedule.recheck_at_ms <= watermark_ms
@@ -80,7 +107,7 @@ def on_timer(
         emitted = Eligibility(schedule.recheck_rule or "", schedule.recheck_at_ms) if recheck_due else own
         kept = replace(
             schedule,
-            recheck_rule=None if recheck_due else schedule.recheck_rule,
+            recheck_rule=RECHECK_FIRED if recheck_due else schedule.recheck_rule,
             recheck_at_ms=None if recheck_due else schedule.recheck_at_ms,
             fired_rule=own.rule if own_due else schedule.fired_rule,
             fired_at_ms=own.eligible_at_ms if own_due else schedule.fired_at_ms,

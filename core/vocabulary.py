@@ -25,6 +25,9 @@ COMMAND = "command"
 DEAD_LETTER = "dead_letter"  # a bad record, passed through to the sink
 CLOCK = "clock"  # a clock tick: it only moves the watermark
 ENGINE = "engine"  # the policy column of dead letters
+# The rule of the stateful stage's row for an object forgotten without ever having been a candidate
+# (``core.schedule.on_events``): counted, never decided.
+FORGOTTEN = "forgotten"
 
 # The rule of a blob reconciliation deletes for having no row (``reconcile.orphans``), as the ledger names it.
 ORPHAN = "orphan"

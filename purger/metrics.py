@@ -8,6 +8,7 @@ reconcile adds its report (``reconciled``). The alerts of deploy/prometheus/purg
     purger_purge_lag_seconds                deletion time - eligibility time (histogram)
     purger_deletions_per_second             the last batch's purged objects per second of sink time
     purger_candidates_total{kind}           candidates, each paced by the cap, purger_max_deletions_per_second
+    purger_forgotten_total{kind}            objects dropped from the state that never were candidates
     purger_input_rows_per_second, purger_processed_rows_per_second, purger_batch_duration_seconds,
     purger_last_batch_timestamp_seconds, purger_watermark_lag_seconds, purger_watermark_timestamp_seconds,
     purger_state_rows, purger_query_active, purger_query_started_timestamp_seconds
@@ -48,6 +49,8 @@ ROW_COUNTS = ("scanned", "known", "unknown_fed", "overdue_fed")
 ORPHAN_COUNTS = ("orphans_found", "orphans_deleted")
 # streams.candidates observes each kind's candidates as "<kind>_candidates" in the observed metrics "purger".
 _CANDIDATES = "_candidates"
+# ... and each kind's objects forgotten without ever having been a candidate as "<kind>_forgotten".
+_FORGOTTEN = "_forgotten"
 
 
 class PurgerMetrics:
@@ -65,6 +68,8 @@ class PurgerMetrics:
                                           "Purged objects per second of the last batch's sink time", registry=r)
         self.candidates = PromCounter("purger_candidates", "Candidates by kind, each paced by the deletion cap",
                                       ["kind"], registry=r)
+        self.forgotten = PromCounter("purger_forgotten", "Objects dropped from the state without ever having been "
+                                     "a candidate, stream.forget_after after their last event", ["kind"], registry=r)
         Gauge("purger_max_deletions_per_second", "stream.max_deletions_per_second: the cap on candidates purged "
               "per second", registry=r).set(max_deletions_per_second)
         self.input_rate = Gauge("purger_input_rows_per_second", "Spark: input rows per second", registry=r)
@@ -141,6 +146,8 @@ class PurgerMetrics:
         for name, n in ((progress.get("observedMetrics") or {}).get("purger") or {}).items():
             if name.endswith(_CANDIDATES):
                 self.candidates.labels(name.removesuffix(_CANDIDATES)).inc(n)
+            elif name.endswith(_FORGOTTEN) and n:
+                self.forgotten.labels(name.removesuffix(_FORGOTTEN)).inc(n)
 
     def query_started(self, started_s: float) -> None:
         self.query_active.set(1)

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from purger.core.config import PurgerConfig
 from purger.core.times import duration_ms
-from purger.core.vocabulary import DEAD_LETTER
+from purger.core.vocabulary import DEAD_LETTER, FORGOTTEN
 from purger.streams.parse import parse_events
 from purger.streams.processor import purge_candidates
 from purger.streams.source import read_records
@@ -29,7 +29,8 @@ def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offset
 
     Each batch's progress carries the purger's observed metrics (the Spark UI's streaming page and
     ``query.lastProgress["observedMetrics"]``): ``purger.input`` counts the events ignored as a disabled
-    policy's, ``purger`` the candidates per kind and the dead letters.
+    policy's, ``purger`` the candidates per kind, the dead letters, and per kind the objects forgotten without
+    ever having been a candidate (``stream.forget_after``), whose rows go no further.
     """
     policies = config.policy_set
     # 1. The events topics (and the policies' own), the reconcile topic and the control topic, as one stream.
@@ -38,10 +39,14 @@ def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offset
     events = parse_events(records, config.kafka.written_by_purger, policies).observe(
         "purger.input", F.count(F.when(F.col("ignored"), True)).alias("ignored"))
     # 3. Per object: state, one event-time timer, and a candidate when the watermark passes its due time.
-    candidates = purge_candidates(events, policies, duration_ms(config.stream.watermark_delay))
+    candidates = purge_candidates(events, policies, duration_ms(config.stream.watermark_delay),
+                                  duration_ms(config.stream.forget_after))
+    forgotten = F.col("rule").eqNullSafe(FORGOTTEN)
     return candidates.observe(
         "purger",
-        *(F.count(F.when(F.col("kind") == kind, True)).alias(name)
+        *(F.count(F.when((F.col("kind") == kind) & ~forgotten, True)).alias(name)
           for kind, name in [*((k.name, f"{k.name}_candidates") for k in policies.kinds),
                              (DEAD_LETTER, "dead_lettered")]),
-    )
+        *(F.count(F.when((F.col("kind") == k.name) & forgotten, True)).alias(f"{k.name}_forgotten")
+          for k in policies.kinds),
+    ).where(~forgotten)

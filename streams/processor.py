@@ -25,7 +25,7 @@ candidate, with the kind's ``hint`` as JSON.
 Example::
 
     from purger.streams.processor import purge_candidates
-    candidates = purge_candidates(events, policies, watermark_delay_ms=10_000)
+    candidates = purge_candidates(events, policies, watermark_delay_ms=10_000, forget_after_ms=30 * 86_400_000)
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from pyspark.sql.types import (
 
 from purger.core.events import ObjectKind
 from purger.core.policy_set import PolicySet
-from purger.core.schedule import Schedule, next_timer, on_timer, recheck
-from purger.core.vocabulary import CLOCK, DEAD_LETTER
+from purger.core.schedule import Schedule, next_timer, on_events, on_timer, recheck
+from purger.core.vocabulary import CLOCK, DEAD_LETTER, FORGOTTEN
 from purger.streams.control import RECHECK, control_target
 from purger.streams.parse import timestamp_fields
 
@@ -164,9 +164,10 @@ def _output(**values: Any) -> Row:
 class PurgeProcessor(StatefulProcessor):
     """Keeps each object's state, schedule and timer. See the module docstring."""
 
-    def __init__(self, policies: PolicySet, linger_ms: int) -> None:
+    def __init__(self, policies: PolicySet, linger_ms: int, forget_after_ms: int) -> None:
         self.policies = policies
         self.linger_ms = linger_ms
+        self.forget_after_ms = forget_after_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -200,7 +201,9 @@ class PurgeProcessor(StatefulProcessor):
             else:
                 events.append(self._event(kind, r))
         state = stored.kind.fold(state, events)
-        yield from self._decide(kind, object_id, state, schedule, timerValues.getCurrentWatermarkInMs())
+        watermark_ms = timerValues.getCurrentWatermarkInMs()
+        schedule = on_events(schedule, stored.kind.eligibility(state), watermark_ms, self.forget_after_ms)
+        yield from self._decide(kind, object_id, state, schedule, watermark_ms)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
@@ -224,6 +227,8 @@ class PurgeProcessor(StatefulProcessor):
             if schedule.timer_ms is not None:
                 self.handle.deleteTimer(schedule.timer_ms)
             self.values[kind].clear()
+            if schedule.never_fired:  # counted, then dropped before the sink (``streams.candidates``)
+                yield _output(kind=kind, id=object_id, rule=FORGOTTEN)
             return
         wanted = next_timer(kept, own)
         if wanted != kept.timer_ms:
@@ -285,15 +290,18 @@ def routed(events: DataFrame, policies: PolicySet) -> DataFrame:
     )
 
 
-def purge_candidates(events: DataFrame, policies: PolicySet, watermark_delay_ms: int) -> DataFrame:
+def purge_candidates(events: DataFrame, policies: PolicySet, watermark_delay_ms: int,
+                     forget_after_ms: int) -> DataFrame:
     """Parsed records in (``streams.parse.parse_events``), ``OUTPUT_SCHEMA`` rows out: purge candidates
-    as objects come due, and bad records as dead letters."""
+    as objects come due, bad records as dead letters, and a row with rule ``FORGOTTEN`` for each object
+    forgotten without ever having been a candidate (``core.schedule.on_events``)."""
     return (
         routed(events, policies)
         .withWatermark("watermark_time", f"{watermark_delay_ms} milliseconds")
         .groupBy("kind", "id")
         .transformWithState(
-            statefulProcessor=PurgeProcessor(policies, linger_ms=watermark_delay_ms),
+            statefulProcessor=PurgeProcessor(policies, linger_ms=watermark_delay_ms,
+                                             forget_after_ms=forget_after_ms),
             outputStructType=OUTPUT_SCHEMA,
             outputMode="Append",
             timeMode="EventTime",

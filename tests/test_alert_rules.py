@@ -68,7 +68,8 @@ def progress(message_candidates: int, payload_candidates: int) -> dict:
         "processedRowsPerSecond": 35.0, "eventTime": {"watermark": spark_time(WATERMARK)},
         "stateOperators": [{"numRowsTotal": 120}],
         "observedMetrics": {"purger": {"message_candidates": message_candidates,
-                                       "payload_candidates": payload_candidates, "dead_lettered": 2},
+                                       "payload_candidates": payload_candidates, "dead_lettered": 2,
+                                       "message_forgotten": 2, "payload_forgotten": 0},
                             "purger.input": {"ignored": 0}},
     }
 
@@ -83,6 +84,7 @@ def test_a_batch_tells_when_it_finished_the_watermark_and_its_candidates():
     assert sample("purger_candidates_total", {"kind": "message"}) == 5
     assert sample("purger_candidates_total", {"kind": "payload"}) == 1
     assert sample("purger_candidates_total", {"kind": "dead_lettered"}) is None  # no candidates: bad records
+    assert sample("purger_forgotten_total", {"kind": "message"}) == 4
     assert sample("purger_max_deletions_per_second") == 500
     assert sample("purger_reconcile_interval_seconds") == 86400
     # At 0 from the start, so that the first dead letters are an increase the alert sees.

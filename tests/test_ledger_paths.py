@@ -123,7 +123,7 @@ def test_a_retried_batchs_bad_records_are_each_recorded_once(spark, config, ledg
     topic, query = config.kafka.topics[0], new_id("q")
     bad = [Row(error="value is not a JSON object", key=b"k", value=b"[1]", topic=topic, partition=0, offset=offset)
            for offset in (7, 8, 9)]
-    letters = list(PurgeProcessor(config.policy_set, 0).handleInputRows((DEAD_LETTER, f"{topic}/0"), iter(bad), None))
+    letters = list(PurgeProcessor(config.policy_set, 0, 0).handleInputRows((DEAD_LETTER, f"{topic}/0"), iter(bad), None))
     ledger.create()
     for _ in range(2):
         outcomes = list(purge_partition(letters, config, 6, query_id=query))

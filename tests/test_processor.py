@@ -24,13 +24,14 @@ from pyspark.sql.types import StructType, _make_type_verifier
 
 from purger.config import build_config
 from purger.core.schedule import Schedule
-from purger.core.vocabulary import CLOCK, DEAD_LETTER
+from purger.core.vocabulary import CLOCK, DEAD_LETTER, FORGOTTEN
 from purger.policies.mailbox.state import Event
 from purger.streams.control import RECHECK
 from purger.streams.processor import OUTPUT_SCHEMA, PurgeProcessor, stored_kinds
 
 DELETED_TTL_MS = 1_000
 LINGER_MS = 2_000
+FORGET_AFTER_MS = 100_000
 POLICIES = build_config({"policies": {"mailbox": {"deleted_ttl": "1s", "expired_ttl": "10s"}}}).policy_set
 MESSAGE = ("message", "m1")
 # Every column a routed row carries for the processor (``streams.processor.routed``).
@@ -85,7 +86,7 @@ class Harness:
 
     def __init__(self) -> None:
         self.handle = MemoryHandle()
-        self.processor = PurgeProcessor(POLICIES, linger_ms=LINGER_MS)
+        self.processor = PurgeProcessor(POLICIES, linger_ms=LINGER_MS, forget_after_ms=FORGET_AFTER_MS)
         self.processor.init(self.handle)
         self.kinds = stored_kinds(POLICIES)
 
@@ -179,13 +180,31 @@ def test_a_changed_deadline_moves_the_one_timer():
     assert harness.stored(MESSAGE)[1].timer_ms == 300 + DELETED_TTL_MS
 
 
-def test_a_live_object_has_no_timer_and_is_never_forgotten():
+def test_an_object_with_nothing_due_is_forgotten_forget_after_its_last_event_and_counted():
     harness = Harness()
-    assert harness.feed(MESSAGE, [routed(enqueue(100))]) == []
-    assert harness.timers(MESSAGE) == set()
-    assert harness.advance(10**12) == []
-    state, schedule = harness.stored(MESSAGE)
-    assert state.extract_count == 1 and schedule == Schedule()
+    assert harness.feed(MESSAGE, [routed(enqueue(100))], watermark_ms=1_000) == []  # live: nothing due
+    assert harness.timers(MESSAGE) == {1_000 + FORGET_AFTER_MS}
+    # Each event puts it off; the one timer moves.
+    assert harness.feed(MESSAGE, [routed(Event("cnt", "dequeue", 200, "m1", extract_count=2))], watermark_ms=5_000) == []
+    assert harness.timers(MESSAGE) == {5_000 + FORGET_AFTER_MS}
+    assert harness.advance(5_000 + FORGET_AFTER_MS - 1) == []
+    [forgotten] = harness.advance(5_000 + FORGET_AFTER_MS)
+    assert (forgotten.kind, forgotten.id, forgotten.rule, forgotten.eligible_at_ms) == ("message", "m1", FORGOTTEN, None)
+    assert harness.stored(MESSAGE) is None and harness.timers(MESSAGE) == set()
+    # A later event finds no state: the object is rebuilt from it, and what it makes due is a candidate as ever.
+    out = harness.feed(MESSAGE, [routed(delete(300))], watermark_ms=6_000 + FORGET_AFTER_MS)
+    assert candidates(out) == [("message", "m1", "deleted", 300 + DELETED_TTL_MS)]
+
+
+def test_an_object_that_was_a_candidate_is_forgotten_after_its_linger_uncounted():
+    harness = Harness()
+    harness.feed(MESSAGE, [routed(enqueue(100)), routed(delete(300))])
+    assert candidates(harness.advance(300 + DELETED_TTL_MS)) == [("message", "m1", "deleted", 300 + DELETED_TTL_MS)]
+    # Revived meanwhile (nothing due any more): its linger still runs from its firing, not forget_after.
+    harness.feed(MESSAGE, [routed(enqueue(400, event_id="again"))], watermark_ms=300 + DELETED_TTL_MS + 1)
+    assert harness.timers(MESSAGE) == {300 + DELETED_TTL_MS + LINGER_MS}
+    assert harness.advance(300 + DELETED_TTL_MS + LINGER_MS) == []
+    assert harness.stored(MESSAGE) is None
 
 
 # --- expiry: the candidate, the linger, forgetting ---------------------------------------------------

@@ -1,7 +1,8 @@
 """The whole job on the real servers: events through Kafka, the stateful stage, deletes in Cassandra and S3.
 
 The test configuration's periods: expired_ttl 6s, incomplete_ttl 8s, deleted_ttl 1s, payload_grace 3s,
-watermark delay 2s, clock every 1s, retry after 2s.
+watermark delay 2s, clock every 1s, retry after 2s; this module's purger forgets an object with nothing due
+``FORGET_AFTER`` after its last event.
 """
 
 import json
@@ -20,9 +21,13 @@ from tests.support.waits import ago, now, observed, rows_dropped_as_late, wait_f
 pytestmark = pytest.mark.integration
 
 
+FORGET_AFTER = timedelta(seconds=15)
+
+
 @pytest.fixture(scope="module")
 def purger(spark, config):
-    running = start_purger(spark, config)
+    running = start_purger(spark, config.model_copy(update={
+        "stream": config.stream.model_copy(update={"forget_after": FORGET_AFTER})}))
     yield running
     running.stop()
     assert running.failure is None
@@ -112,6 +117,24 @@ def test_an_idle_stream_still_purges_on_time(purger, platform, config):
     # updated_at is a few milliseconds after the event time.
     print(f"purge lag on an idle stream: {lag_s:.1f}s")
     assert lag_s < 15
+
+
+def test_a_live_message_is_forgotten_after_its_last_event_and_its_deletion_still_purges_it(purger, platform):
+    """SPEC 10.4: a live message (its counter above 0, no date) and its payload have nothing due: dropped from
+    the state ``FORGET_AFTER`` after their events, and counted. The message's deletion, later, is an event of
+    its own: the message and then its payload are purged as ever."""
+    forgotten = purger.metrics.forgotten
+    before = {kind: forgotten.labels(kind)._value.get() for kind in ("message", "payload")}
+    m = f"forgotten-{uuid.uuid4().hex[:8]}"
+    platform.enqueue(m, f"p-{m}")
+    platform.flush()
+    wait_for(lambda: all(forgotten.labels(kind)._value.get() > before[kind] for kind in before),
+             timeout_s=FORGET_AFTER.total_seconds() + 60, what="the live message and its payload forgotten")
+    assert platform.row(m) is not None and platform.payload_intact(f"p-{m}")
+    platform.delete(m)
+    platform.flush()
+    wait_for(lambda: platform.row(m) is None and platform.payload_gone(f"p-{m}"), timeout_s=90,
+             what="the message deleted after it was forgotten, then its payload")
 
 
 def test_late_events_are_applied_not_dropped(purger, platform, config):

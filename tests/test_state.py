@@ -18,7 +18,7 @@ from purger.policies.mailbox.rules import (
     eligibility,
     payload_eligibility,
 )
-from purger.core.schedule import Schedule, due, next_timer, on_timer, recheck
+from purger.core.schedule import Schedule, due, next_timer, on_events, on_timer, recheck
 from purger.policies.mailbox.state import (
     LINK,
     RELEASED,
@@ -256,3 +256,17 @@ def test_the_payload_state_matches_the_reference_model(changes, random):
     if releases and (not links or max(releases) >= max(links)):
         expected = Eligibility(PAYLOAD, max(releases) + RETENTION.payload_grace_ms)
     assert payload_eligibility(apply_all_payload(None, arrivals), RETENTION) == expected
+
+
+def test_an_object_never_emitted_with_nothing_due_is_kept_forget_after_past_its_last_event():
+    nothing_due = on_events(Schedule(), None, watermark_ms=1_000, forget_after_ms=500)
+    assert nothing_due.linger_until_ms == 1_500 and next_timer(nothing_due, None) == 1_500
+    assert on_timer(nothing_due, None, watermark_ms=1_499, linger_ms=100) == (None, nothing_due)
+    assert on_timer(nothing_due, None, watermark_ms=1_500, linger_ms=100) == (None, None)
+    # Something due again: the forgetting is off, the due time is its timer.
+    assert on_events(nothing_due, DUE, watermark_ms=1_200, forget_after_ms=500).linger_until_ms is None
+    # Once emitted (own eligibility or a recheck), its linger runs from that, whatever its events.
+    _, fired = on_timer(Schedule(), DUE, watermark_ms=1_200, linger_ms=100)
+    assert not fired.never_fired and on_events(fired, None, 1_250, 500) == fired
+    _, rechecked = on_timer(recheck(Schedule(), EXPIRED_BY_COUNTER, 1_100), None, watermark_ms=1_200, linger_ms=100)
+    assert not rechecked.never_fired and on_events(rechecked, None, 1_250, 500) == rechecked
