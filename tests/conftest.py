@@ -35,11 +35,30 @@ ENDPOINT_VARIABLES = ("PURGER_KAFKA_BOOTSTRAP", "PURGER_CASSANDRA_HOSTS", "PURGE
 INTEGRATION_FIXTURES = frozenset({"servers", "config", "spark", "secure_kafka_broker", "secure_cassandra_node"})
 
 
+@pytest.fixture(scope="session")
+def spark_jvm_options() -> str:
+    """Every Spark JVM the session starts (each `python -m purger.job`, `purger reconcile` and spark-submit)
+    compiles with C1 alone: they live for seconds to minutes, and on two cores C2's compiler threads took CPU
+    from their first batches; and maps Spark's classes from one class-data sharing archive
+    (tests/support/class_archive.py), made once per machine (docs/development.md, "Where the suite's time
+    goes"). A value of ``SPARK_SUBMIT_OPTS`` already set is kept."""
+    if _OWN_JVM_OPTIONS:
+        from tests.support.class_archive import java_options
+
+        os.environ["SPARK_SUBMIT_OPTS"] = java_options()
+    return os.environ["SPARK_SUBMIT_OPTS"]
+
+
+# Whether this session chose the Spark JVMs' options (no SPARK_SUBMIT_OPTS set by whoever ran pytest).
+_OWN_JVM_OPTIONS = "SPARK_SUBMIT_OPTS" not in os.environ
+
+
 def pytest_configure(config):
-    """Every Spark JVM of the session (its SparkSession, each `python -m purger.job` and spark-submit it starts)
-    compiles with C1 alone: the tests' JVMs are short-lived, and on two cores C2's compiler threads took CPU from
-    their first batches (docs/development.md, "Where the suite's time goes"). A value already set is kept."""
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+    """C1 alone from the start (``spark_jvm_options``), for the JVMs of tests that request no server."""
+    if _OWN_JVM_OPTIONS:
+        from tests.support.class_archive import JIT
+
+        os.environ["SPARK_SUBMIT_OPTS"] = JIT
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -58,7 +77,7 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def servers():
+def servers(spark_jvm_options):
     """Make sure Kafka, Cassandra and S3 answer; yield how they were provided."""
     if all(os.environ.get(v) for v in ENDPOINT_VARIABLES):
         yield "environment"
@@ -135,12 +154,22 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(spark_jvm_options):
     """One SparkSession for every test. It needs no server, so parsing tests run without the stack; but it is a
     JVM, so its tests are integration tests (``INTEGRATION_FIXTURES``)."""
     from purger.spark import spark_session
 
-    session = spark_session(build_config({"stream": {"shuffle_partitions": 2}}).stream, app_name="purger-tests")
+    short_lived = os.environ["SPARK_SUBMIT_OPTS"]
+    if _OWN_JVM_OPTIONS:
+        # This JVM lives as long as the session, and its purgers' batches run back to back: both compilers, whose
+        # steady state ran an idle batch in 632 ms against 1,046 ms with C1 alone (bench.idle at 1 s).
+        from tests.support.class_archive import java_options
+
+        os.environ["SPARK_SUBMIT_OPTS"] = java_options(short_lived=False)
+    try:
+        session = spark_session(build_config({"stream": {"shuffle_partitions": 2}}).stream, app_name="purger-tests")
+    finally:
+        os.environ["SPARK_SUBMIT_OPTS"] = short_lived
     yield session
     session.stop()
 
