@@ -49,12 +49,10 @@ class Schedule:
     # object that never fired, ``forget_after_ms`` after its last event.
     linger_until_ms: int | None = None
 
-
     @property
     def never_fired(self) -> bool:
         """Never emitted, under its own eligibility or a recheck."""
         return self.fired_rule is None and self.recheck_rule is None
-
 
 def _fired(schedule: Schedule, own: Eligibility) -> bool:
     return (schedule.fired_rule, schedule.fired_at_ms) == (own.rule, own.eligible_at_ms)

@@ -45,12 +45,19 @@ def java_options(short_lived: bool = True) -> str:
     archive = archive_path()
     if not archive.exists():
         archive.parent.mkdir(parents=True, exist_ok=True)
+        # An archive is about 200 MB: those made for another JVM, pyspark or jars, and a killed dump's part, go.
+        for stale in archive.parent.glob("spark-*"):
+            stale.unlink(missing_ok=True)
         partial = archive.with_suffix(f".{os.getpid()}.partial")
-        subprocess.run([sys.executable, "-m", "tests.support.class_archive", "--dump"], cwd=Path(__file__).parents[2],
-                       env={**os.environ, "SPARK_SUBMIT_OPTS": f"{JIT} -XX:ArchiveClassesAtExit={partial} {QUIET}"},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
-        if partial.exists():
-            partial.replace(archive)
+        try:
+            subprocess.run([sys.executable, "-m", "tests.support.class_archive", "--dump"],
+                           cwd=Path(__file__).parents[2], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**os.environ, "SPARK_SUBMIT_OPTS": f"{JIT} -XX:ArchiveClassesAtExit={partial} {QUIET}"},
+                           timeout=600)
+            if partial.exists():
+                partial.replace(archive)
+        except subprocess.TimeoutExpired:
+            partial.unlink(missing_ok=True)
     options = [JIT] if short_lived else []
     if archive.exists():
         options += [f"-XX:SharedArchiveFile={archive}", QUIET]
