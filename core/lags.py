@@ -40,14 +40,15 @@ def cumulative(counts: list[int]) -> list[tuple[float, int]]:
 
 
 class Lags:
-    """Lags observed and merged: per bucket counts (the last is +Inf's), their sum, and their sketch."""
+    """Lags observed and merged: per bucket counts (the last is +Inf's), their sum, and their sketch, made at
+    the first lag: an empty Lags holds no native object (the library reports the ones alive at exit)."""
 
     __slots__ = ("counts", "sum_s", "sketch")
 
     def __init__(self) -> None:
         self.counts = [0] * (len(LAG_BUCKETS) + 1)
         self.sum_s = 0.0
-        self.sketch = kll_doubles_sketch(LAG_SKETCH_K)
+        self.sketch: kll_doubles_sketch | None = None
 
     @classmethod
     def of(cls, lags_s: Iterable[float]) -> "Lags":
@@ -60,13 +61,18 @@ class Lags:
         # A lag equal to a bound is in that bound's bucket, as Prometheus counts ``le``.
         self.counts[bisect_left(LAG_BUCKETS, lag_s)] += 1
         self.sum_s += lag_s
+        if self.sketch is None:
+            self.sketch = kll_doubles_sketch(LAG_SKETCH_K)
         self.sketch.update(lag_s)
 
     def merge(self, other: "Lags") -> "Lags":
         """Add ``other``'s lags to these; returns self."""
         self.counts = [a + b for a, b in zip(self.counts, other.counts)]
         self.sum_s += other.sum_s
-        self.sketch.merge(other.sketch)
+        if other.sketch is not None:
+            if self.sketch is None:
+                self.sketch = kll_doubles_sketch(LAG_SKETCH_K)
+            self.sketch.merge(other.sketch)
         return self
 
     @property
@@ -76,15 +82,15 @@ class Lags:
     def quantile(self, q: float) -> float | None:
         """The lag at rank ``q`` (0 to 1), within ``LAG_RANK_ERROR``; None when no lag was observed."""
         # Inclusive, as DataSketches' Java (Spark's sketch functions) ranks: the least lag at least q of all are at most.
-        return None if self.sketch.is_empty() else self.sketch.get_quantile(q, inclusive=True)
+        return None if self.sketch is None else self.sketch.get_quantile(q, inclusive=True)
 
     # A task's Lags reaches the driver pickled (an accumulator's update): the sketch travels as its bytes.
-    def __getstate__(self) -> tuple[list[int], float, bytes]:
-        return self.counts, self.sum_s, self.sketch.serialize()
+    def __getstate__(self) -> tuple[list[int], float, bytes | None]:
+        return self.counts, self.sum_s, None if self.sketch is None else self.sketch.serialize()
 
-    def __setstate__(self, state: tuple[list[int], float, bytes]) -> None:
+    def __setstate__(self, state: tuple[list[int], float, bytes | None]) -> None:
         self.counts, self.sum_s, sketch = state
-        self.sketch = kll_doubles_sketch.deserialize(sketch)
+        self.sketch = None if sketch is None else kll_doubles_sketch.deserialize(sketch)
 
     def __repr__(self) -> str:
         return f"Lags(count={self.count}, sum_s={self.sum_s}, p99={self.quantile(0.99)})"

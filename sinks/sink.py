@@ -245,6 +245,7 @@ class PurgeSink:
                     OUTCOME_SCHEMA,
                 ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
             by_kind_and_status, lags, (from_intent,) = tally.value
+            tally.value = OutcomeTally().zero()  # the batch's sketch is not kept past it (core.lags.Lags)
             try:
                 if by_kind_and_status:
                     with job_description(spark, f"batch {batch_id}: ledger"):
