@@ -36,14 +36,16 @@ from collections import Counter
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 from py4j.protocol import Py4JError
 from pyspark.sql.streaming import StreamingQuery
 
+from purger.core.lags import Lags, cumulative
 from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED, PURGED
 from purger.core.vocabulary import ALL_DCS
 
-_LAG_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 900, 3600, float("inf"))
 # A reconcile report row's counts: a table's scan (data centre ``ALL_DCS``), a data centre's orphan sweep.
 ROW_COUNTS = ("scanned", "known", "unknown_fed", "overdue_fed")
 ORPHAN_COUNTS = ("orphans_found", "orphans_deleted")
@@ -51,6 +53,30 @@ ORPHAN_COUNTS = ("orphans_found", "orphans_deleted")
 _CANDIDATES = "_candidates"
 # ... and each kind's objects forgotten without ever having been a candidate as "<kind>_forgotten".
 _FORGOTTEN = "_forgotten"
+
+
+class LagHistogram:
+    """purger_purge_lag_seconds, a histogram added to a batch at a time from its tasks' merged counts
+    (``core.lags.Lags``), not a deletion at a time as ``prometheus_client.Histogram`` observes."""
+
+    NAME = "purger_purge_lag_seconds"
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counts = Lags().counts
+        self.sum_s = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def add(self, lags: Lags) -> None:
+        with self._lock:
+            self.counts = [a + b for a, b in zip(self.counts, lags.counts)]
+            self.sum_s += lags.sum_s
+
+    def collect(self) -> Iterable[HistogramMetricFamily]:
+        with self._lock:
+            buckets, sum_s = cumulative(self.counts), self.sum_s
+        yield HistogramMetricFamily(self.NAME, "Deletion time minus eligibility time", sum_value=sum_s,
+                                    buckets=[(floatToGoString(bound), n) for bound, n in buckets])
 
 
 class PurgerMetrics:
@@ -62,8 +88,7 @@ class PurgerMetrics:
         self.outcomes = PromCounter("purger_outcomes", "Sink outcomes", ["kind", "status"], registry=r)
         # At 0 from the start: the first dead letters are then an increase, which an alert sees.
         self.outcomes.labels(DEAD_LETTER, DEAD_LETTERED)
-        self.lag = Histogram("purger_purge_lag_seconds", "Deletion time minus eligibility time",
-                             buckets=_LAG_BUCKETS, registry=r)
+        self.lag = LagHistogram(r)
         self.deletions_per_second = Gauge("purger_deletions_per_second",
                                           "Purged objects per second of the last batch's sink time", registry=r)
         self.candidates = PromCounter("purger_candidates", "Candidates by kind, each paced by the deletion cap",
@@ -99,13 +124,12 @@ class PurgerMetrics:
         Gauge("purger_reconcile_interval_seconds", "reconcile.interval: 0 when the schedule is off",
               registry=r).set(reconcile_interval_s)
 
-    def batch_done(self, counts: dict[tuple[str, str], int], lags_s: list[float], sink_seconds: float) -> None:
+    def batch_done(self, counts: dict[tuple[str, str], int], lags: Lags, sink_seconds: float) -> None:
         """One batch's outcome counts by (kind, status), the purge lags of its deletions, and its sink time."""
         for (kind, status), n in counts.items():
             self.totals[(kind, status)] += n
             self.outcomes.labels(kind, status).inc(n)
-        for lag in lags_s:
-            self.lag.observe(lag)
+        self.lag.add(lags)
         purged = sum(n for (_, status), n in counts.items() if status == PURGED)
         self.deletions_per_second.set(purged / sink_seconds if sink_seconds > 0 else 0)
 

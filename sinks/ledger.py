@@ -70,6 +70,7 @@ from pyspark.sql import functions as F
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
 from purger.core.config import LedgerConfig
+from purger.core.lags import LAG_RANK_ERROR, LAG_SKETCH_K
 from purger.core.policy_set import PolicySet
 from purger.core.vocabulary import ALL_DCS, COMMAND, PURGED, SKIPPED, STATUSES
 from purger.sinks.journal import JOURNAL_TTL_S
@@ -319,12 +320,9 @@ _COMMAND_SCHEMA = ("policy string, kind string, id string, rule string, dc strin
                    "query_id string, worker string, date date, actor string")
 
 
-# The purge lag's percentiles come from a KLL sketch (Spark's ``kll_sketch_agg_double``, k = 200), which merges:
-# a refresh adds its records' sketch to the day's. A percentile p it gives is a lag whose rank among the day's
-# lags is within LAG_RANK_ERROR of p (DataSketches' bound for k = 200, at 99% confidence); below 200 lags it is
-# one of them, exactly ranked. The report states the bound in each row (``lag_rank_error``).
-LAG_SKETCH_K = 200
-LAG_RANK_ERROR = 0.0133
+# The purge lag's percentiles come from a KLL sketch (Spark's ``kll_sketch_agg_double``, with the batches' k,
+# ``core.lags``), which merges: a refresh adds its records' sketch to the day's. The report states the bound
+# in each row (``lag_rank_error``).
 # The report's own row that says up to which ledger version its rows count: no date, so no day's query meets it.
 _PROGRESS = {"policy": "", "kind": "", "dc": ""}
 

@@ -25,12 +25,12 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Any, Iterator, Protocol
 
-import numpy as np
 from pyspark import StorageLevel
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 
 from purger.core.config import PurgerConfig
+from purger.core.lags import Lags
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.core.failpoints import failpoint
 from purger.core.times import human_duration
@@ -47,7 +47,7 @@ class BatchObserver(Protocol):
 
     totals: Counter[tuple[str, str]]
 
-    def batch_done(self, counts: dict[tuple[str, str], int], lags_s: list[float], sink_seconds: float) -> None: ...
+    def batch_done(self, counts: dict[tuple[str, str], int], lags: Lags, sink_seconds: float) -> None: ...
 
 
 _SUMMARY_STATUSES = ((PURGED, "purged"), (WOULD_DELETE, "would be deleted"), (ALREADY_GONE, "already gone"),
@@ -55,13 +55,12 @@ _SUMMARY_STATUSES = ((PURGED, "purged"), (WOULD_DELETE, "would be deleted"), (AL
 _SUMMARY_WHEN_ANY = {WOULD_DELETE, ALREADY_GONE}  # a dry run's and a replay's: shown when there are some
 
 
-def batch_summary(batch_id: int, counts: dict[tuple[str, str], int], lags_s: list[float],
-                  sink_seconds: float) -> str:
+def batch_summary(batch_id: int, counts: dict[tuple[str, str], int], lags: Lags, sink_seconds: float) -> str:
     """The purger's line for a batch: its outcome records (the report's ``candidates``) by status, the
-    p99 purge lag of its deletions (exact, as the report computes it), and the sink's time.
+    p99 purge lag of its deletions (from their sketch, as the daily report's), and the sink's time.
 
     >>> batch_summary(42, {("message", "purged"): 3, ("payload", "purged"): 9, ("message", "skipped"): 1},
-    ...               [2.0, 4.0, 3.0], 1.43)
+    ...               Lags.of([2.0, 4.0, 3.0]), 1.43)
     'batch 42: 13 candidates, 12 purged, 1 skipped, 0 errors, 0 dead-lettered, lag p99 4 s, in 1.4 s'
     """
     by_status: Counter[str] = Counter()
@@ -69,28 +68,28 @@ def batch_summary(batch_id: int, counts: dict[tuple[str, str], int], lags_s: lis
         by_status[status] += n
     shown = [f"{by_status[status]} {label}" for status, label in _SUMMARY_STATUSES
              if by_status[status] or status not in _SUMMARY_WHEN_ANY]
-    if lags_s:
-        shown.append(f"lag p99 {human_duration(float(np.percentile(lags_s, 99)))}")
+    if lags.count:
+        shown.append(f"lag p99 {human_duration(lags.quantile(0.99))}")
     return (f"batch {batch_id}: {sum(by_status.values())} candidates, {', '.join(shown)}, "
             f"in {human_duration(sink_seconds)}")
 
 
 class OutcomeTally(AccumulatorParam):
-    """Outcome rows (``OUTCOME_SCHEMA`` tuples) counted by (kind, status), with the purge lag of each
-    deletion and the number recorded from an intent (which the ledger may hold already): added up by each
-    task of the purge job, summed on the driver. Spark merges a task's additions once, from its successful
-    attempt only."""
+    """Outcome rows (``OUTCOME_SCHEMA`` tuples) counted by (kind, status), with the purge lags of the
+    deletions (``core.lags.Lags``) and the number recorded from an intent (which the ledger may hold already):
+    added up by each task of the purge job, merged on the driver a task at a time. Spark merges a task's
+    additions once, from its successful attempt only."""
 
     KIND, STATUS, ELIGIBLE_AT, DELETED_AT, INTENT = (
         OUTCOME_SCHEMA.fieldNames().index(name)
         for name in ("kind", "status", "eligible_at_ms", "deleted_at_ms", "intent"))
 
-    def zero(self, value: Any = None) -> tuple[Counter[tuple[str, str]], list[float], list[int]]:
-        return Counter(), [], [0]
+    def zero(self, value: Any = None) -> tuple[Counter[tuple[str, str]], Lags, list[int]]:
+        return Counter(), Lags(), [0]
 
-    def addInPlace(self, total: Any, more: Any) -> tuple[Counter[tuple[str, str]], list[float], list[int]]:
+    def addInPlace(self, total: Any, more: Any) -> tuple[Counter[tuple[str, str]], Lags, list[int]]:
         total[0].update(more[0])
-        total[1].extend(more[1])
+        total[1].merge(more[1])
         total[2][0] += more[2][0]
         return total
 
@@ -98,15 +97,15 @@ class OutcomeTally(AccumulatorParam):
     def counted(cls, outcomes: Iterator[tuple], tally: Accumulator) -> Iterator[tuple]:
         """Pass ``outcomes`` on, then add their counts and lags to ``tally``. A deletion without both
         times (a policy that does not say when it deleted) is counted and has no lag."""
-        counts, lags_s, from_intent = cls().zero()
+        counts, lags, from_intent = cls().zero()
         for outcome in outcomes:
             counts[(outcome[cls.KIND], outcome[cls.STATUS])] += 1
             eligible_at, deleted_at = outcome[cls.ELIGIBLE_AT], outcome[cls.DELETED_AT]
             if outcome[cls.STATUS] == PURGED and eligible_at is not None and deleted_at is not None:
-                lags_s.append(lag_seconds(eligible_at, deleted_at))
+                lags.observe(lag_seconds(eligible_at, deleted_at))
             from_intent[0] += outcome[cls.INTENT] is not None
             yield outcome
-        tally.add((counts, lags_s, from_intent))
+        tally.add((counts, lags, from_intent))
 
 
 @contextmanager
@@ -245,7 +244,8 @@ class PurgeSink:
                         purge_partition(rows, config, batch_id, rate, query_id), tally)),
                     OUTCOME_SCHEMA,
                 ).localCheckpoint(eager=True, storageLevel=outcome_storage(spark))
-            by_kind_and_status, lags_s, (from_intent,) = tally.value
+            by_kind_and_status, lags, (from_intent,) = tally.value
+            tally.value = OutcomeTally().zero()  # the batch's sketch is not kept past it (core.lags.Lags)
             try:
                 if by_kind_and_status:
                     with job_description(spark, f"batch {batch_id}: ledger"):
@@ -267,8 +267,8 @@ class PurgeSink:
         if by_kind_and_status:
             by_kind_and_status = dict(by_kind_and_status)
             sink_seconds = time.monotonic() - started
-            self.observer.batch_done(by_kind_and_status, lags_s, sink_seconds)
-            log.info("%s", batch_summary(batch_id, by_kind_and_status, lags_s, sink_seconds))
+            self.observer.batch_done(by_kind_and_status, lags, sink_seconds)
+            log.info("%s", batch_summary(batch_id, by_kind_and_status, lags, sink_seconds))
 
     @property
     def totals(self) -> Counter[tuple[str, str]]:

@@ -18,6 +18,7 @@ import re
 from datetime import datetime, timezone
 
 
+from purger.core.lags import Lags
 from purger.reconcile.verdict import ReportRow
 from purger.metrics import PurgerMetrics, batches_since, executed
 from tests.support.rules import ROOT, RULE_TESTS, RULES, alerts, run_promtool
@@ -149,7 +150,7 @@ def test_a_reconcile_replaces_the_last_runs_counts_and_adds_to_the_totals():
 def test_every_metric_the_rules_read_is_exported():
     metrics = PurgerMetrics(max_deletions_per_second=1000, reconcile_interval_s=86400)
     metrics.query_started(BATCH_STARTED.timestamp())
-    metrics.batch_done({("message", "purged"): 3, ("message", "error"): 1}, [2.0, 3.5, 4.0], 1.0)
+    metrics.batch_done({("message", "purged"): 3, ("message", "error"): 1}, Lags.of([2.0, 3.5, 4.0]), 1.0)
     metrics.progress(progress(3, 1))
     metrics.reconciled([report_row("messages", "all", scanned=5, known=5),
                         report_row("payloads", "dc1", orphans_found=1)], 1.0)

@@ -19,6 +19,7 @@ from typing import Callable
 import pytest
 
 from purger.core.config import PurgerConfig
+from purger.core.lags import Lags
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.logs import LogLevel, set_spark_log_level
 from simulation.mailbox import Platform
@@ -42,14 +43,15 @@ NOISE = ("Value state message doesn't contain a value", "Current batch is fallin
 def test_the_batch_line_counts_outcomes_by_status_over_kinds():
     counts = {("message", PURGED): 3, ("payload", PURGED): 9, ("message", SKIPPED): 2,
               ("payload", ERROR): 1, ("dead_letter", DEAD_LETTERED): 4}
-    line = batch_summary(7, counts, [1.0] * 99 + [101.0], 2.345)
-    assert line == ("batch 7: 19 candidates, 12 purged, 2 skipped, 1 errors, 4 dead-lettered, lag p99 2 s, "
+    # The least lag 99% of them are at most, as the sketch ranks them (numpy's interpolation said 2 s).
+    line = batch_summary(7, counts, Lags.of([1.0] * 99 + [101.0]), 2.345)
+    assert line == ("batch 7: 19 candidates, 12 purged, 2 skipped, 1 errors, 4 dead-lettered, lag p99 1 s, "
                     "in 2.3 s")
     assert BATCH_LINE.search(f"INFO purger.sinks.sink: {line}")["purged"] == "12"
 
 
 def test_the_batch_line_shows_a_dry_runs_and_a_replays_statuses_only_when_there_are_some():
-    line = batch_summary(0, {("message", WOULD_DELETE): 2, ("payload", ALREADY_GONE): 1}, [], 0.5)
+    line = batch_summary(0, {("message", WOULD_DELETE): 2, ("payload", ALREADY_GONE): 1}, Lags(), 0.5)
     assert line == ("batch 0: 3 candidates, 0 purged, 2 would be deleted, 1 already gone, 0 skipped, 0 errors, "
                     "0 dead-lettered, in 500 ms")
     assert BATCH_LINE.search(f"INFO purger.sinks.sink: {line}")["would_delete"] == "2"

@@ -1,5 +1,5 @@
 """What a report's purge-lag percentile may be: a lag whose rank among the day's lags is within the sketch's stated
-error of the percentile (``purger.sinks.ledger.LAG_RANK_ERROR``)."""
+error of the percentile (``purger.core.lags.LAG_RANK_ERROR``)."""
 
 from __future__ import annotations
 
