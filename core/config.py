@@ -166,6 +166,8 @@ class CassandraConfig(_Section):
     keyspace: str = "mailbox"
     # The purger's own table in that keyspace (sinks.journal), created by `purger setup`.
     journal_table: str = "purger_journal"
+    # The legal holds (`purger hold`), a table of the purger's own that the platform may write too.
+    holds_table: str = "purger_holds"
     # PasswordAuthenticator's login.
     username: str | None = None
     password: SecretStr | None = None

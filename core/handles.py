@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+from purger.core.holds import Holds
+
 __all__ = ["Consistency", "Control", "Journal", "Resources", "Tables"]
 
 
@@ -99,5 +101,6 @@ class Resources:
     stores: Any
     control: Control
     journal: Journal
+    holds: Holds  # the legal holds in force (``purger.core.holds``)
     retry_ms: int  # when to try again after a store or Cassandra failed
     dry_run: bool  # decide and record would_delete; delete nothing

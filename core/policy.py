@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict
 from purger.core.config import Duration
 from purger.core.events import Eligibility, EventField, EventType, Link, ObjectKind, Rule, earliest
 from purger.core.handles import Consistency, Control, Journal, Resources, Tables
+from purger.core.holds import Hold, Holds
 from purger.core.purge_protocol import (
     Attempt, Candidate, Dependent, Kept, ObjectPurge, Outcome, Purge, RuleWrite, key_id,
 )
@@ -56,7 +57,7 @@ from purger.core.times import (
     duration_ms, epoch_ms, format_epoch_ms, format_timestamp, from_epoch_ms, now_ms, parse_timestamp,
 )
 from purger.core.vocabulary import (
-    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, PRESENT, PURGED,
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, HELD, KEPT_BY_RULE, LIVE_REASON, NOT_YET_DUE, PRESENT, PURGED,
     RECENTLY_LINKED, RELINKED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, category, reason,
 )
 
@@ -67,6 +68,8 @@ __all__ = [
     "Eligibility", "EventField", "EventType", "Link", "ObjectKind", "Rule", "earliest",
     # purger.core.handles
     "Consistency", "Control", "Journal", "Resources", "Tables",
+    # purger.core.holds
+    "Hold", "Holds",
     # purger.core.purge_protocol
     "Attempt", "Candidate", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "RuleWrite", "key_id",
     # purger.core.reconcile_descriptors
@@ -78,7 +81,7 @@ __all__ = [
     # purger.core.vocabulary: the statuses of a purge's outcomes, the reasons' categories and how a reason is
     # written (its REFERENCED, the mailbox's category, is the same word as the scanned row's field above)
     "ALREADY_GONE", "ERROR", "PURGED", "SKIPPED", "WOULD_DELETE",
-    "BEING_DELETED", "EARLIER_ATTEMPT", "KEPT_BY_RULE", "LIVE_REASON", "NOT_YET_DUE", "PRESENT", "RECENTLY_LINKED",
+    "BEING_DELETED", "EARLIER_ATTEMPT", "HELD", "KEPT_BY_RULE", "LIVE_REASON", "NOT_YET_DUE", "PRESENT", "RECENTLY_LINKED",
     "RELINKED", "REMOVED_MEANWHILE", "category", "reason",
 ]
 
@@ -118,6 +121,11 @@ class Policy(ABC):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+
+    def hold_scopes(self) -> tuple[str, ...]:
+        """The scope kinds a legal hold may name for its objects (``purger hold KIND:ID``, ``purger.core.holds``):
+        by default its kinds; its purges' ``ObjectPurge.scopes`` say which scopes each object falls under."""
+        return tuple(kind.name for kind in self.kinds)
 
     @property
     @abstractmethod

@@ -22,9 +22,10 @@ from typing import Any, Callable, ClassVar, Generator, Generic, Iterable, Iterat
 from purger.core.events import Eligibility, Rule
 from purger.core.failpoints import failpoint
 from purger.core.handles import Resources, Tables
+from purger.core.holds import Hold
 from purger.core.times import now_ms
 from purger.core.vocabulary import (
-    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, PURGED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, reason,
+    ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, HELD, PURGED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, reason,
 )
 
 __all__ = [
@@ -145,7 +146,10 @@ class ObjectPurge(Purge, Generic[R]):
     2. Not claimed yet (``claimed``): asks the row when it is due (``due``, the policy's rules applied to
        the row). Not due now: ``skipped`` with the policy's reason (``why_kept``) and, unless a dry run, a
        recheck when it will be (no sooner than ``stream.retry_interval`` under the candidate's own rule:
-       the stream found it due, so the clocks differ a little). A dry run stops here: ``would_delete`` for
+       the stream found it due, so the clocks differ a little). Due, or claimed: a hold over any of its ``scopes``
+       (``purger.core.holds``, read at the serial consistency) wins: ``skipped`` with reason ``held``, nothing
+       claimed or deleted, and the candidate kept under the hold, for its release to look at it again. A dry
+       run stops here: ``would_delete`` for
        each dependent and the object, and no recheck. Then the claim (``claim``, a lightweight
        transaction conditioned on the rule or on what was read, so a stale read only makes it fail); lost
        to a writer: ``skipped`` and a recheck.
@@ -240,6 +244,12 @@ class ObjectPurge(Purge, Generic[R]):
     def released(self, candidate: Candidate, row: R | None) -> None:
         """What follows the row's going, whoever deleted it (``row``: as read before, if it was)."""
 
+    def scopes(self, candidate: Candidate, row: R) -> list[str]:
+        """The hold scopes (``KIND:ID``, ``purger.core.holds``) the object falls under, read from its row before
+        anything of it is claimed or deleted: by default its own (``message:m1``); a message adds its mailbox's.
+        None at all: no hold can name it (a payload, kept by the messages that refer to it)."""
+        return [f"{candidate.kind}:{candidate.id}"]
+
     def journalled_as(self, candidate: Candidate) -> tuple[str, str]:
         """The (kind, id) its intent is kept under in the journal: the candidate's, unless another purge could
         meet the same pair (an orphan blob of a data centre, beside its payload's own purge)."""
@@ -256,28 +266,32 @@ class ObjectPurge(Purge, Generic[R]):
             yield from self._gone(candidate)
             return
         claimed_before = self.claimed(row)
+        if claimed_before and dry_run:
+            yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
+            return
         if not claimed_before:
             due = self.due(candidate, row)
             if due is None or due.eligible_at_ms > now_ms():
                 yield self._kept(candidate, Kept(self.why_kept(candidate, row, due), due))
                 return
-            if dry_run:
-                yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id, dc=d.dc)
-                            for d in self.dependents(candidate, row))
-                yield Outcome(WOULD_DELETE, self._would_delete_reason(candidate, row, due))
-                yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id, dc=d.dc)
-                            for d in self.followers(candidate, row))
-                return
-            if not self.deletes_first:
-                failpoint(f"before_{candidate.kind}_claim")
-                claimed = self.claim(candidate, row)
-                if isinstance(claimed, Kept):
-                    yield self._kept(candidate, claimed)
-                    return
-                row = claimed
-        elif dry_run:
-            yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
+        hold = self.resources.holds.held(self.scopes(candidate, row))
+        if hold is not None:
+            yield self._held(candidate, hold)
             return
+        if dry_run:
+            yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id, dc=d.dc)
+                        for d in self.dependents(candidate, row))
+            yield Outcome(WOULD_DELETE, self._would_delete_reason(candidate, row, due))
+            yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id, dc=d.dc)
+                        for d in self.followers(candidate, row))
+            return
+        if not claimed_before and not self.deletes_first:
+            failpoint(f"before_{candidate.kind}_claim")
+            claimed = self.claim(candidate, row)
+            if isinstance(claimed, Kept):
+                yield self._kept(candidate, claimed)
+                return
+            row = claimed
         found = self.dependents(candidate, row)
         following = self.followers(candidate, row)
         intent = yield from self._intend(candidate, found + following, claimed_before, attempt)
@@ -359,6 +373,15 @@ class ObjectPurge(Purge, Generic[R]):
     def _would_delete_reason(self, candidate: Candidate, row: R, due: Eligibility) -> str | None:
         """A dry run's note on ``would_delete``; a policy may add what would follow."""
         return None
+
+    def _held(self, candidate: Candidate, hold: Hold) -> Outcome:
+        """A candidate under a hold: kept under it, for its release to look at it again (not in a dry run); a hold
+        released since it was read leaves the candidate for a recheck after ``retry_ms``."""
+        if not self.resources.dry_run and not self.resources.holds.keep(hold, candidate.kind, candidate.id,
+                                                                        candidate.rule):
+            return self._kept(candidate, Kept(reason(HELD, f"{hold.scope}, released meanwhile"),
+                                              Eligibility(candidate.rule, now_ms())))
+        return Outcome(SKIPPED, hold.why())
 
     def _kept(self, candidate: Candidate, kept: Kept) -> Outcome:
         if kept.recheck is not None:

@@ -44,6 +44,8 @@ RELINKED = "relinked"
 BEING_DELETED = "being deleted"
 PRESENT = "present"
 KEPT_BY_RULE = "kept"
+# Under a legal hold (``purger.core.holds``): kept whatever the rules say, until the hold is released.
+HELD = "held"
 # A deletion recorded from the purger's intent (``purger.core.handles.Journal``): found gone after the intent.
 EARLIER_ATTEMPT = "earlier attempt"
 # Gone, but not by the purger: another writer removed it between the purger's check and its delete.

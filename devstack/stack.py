@@ -35,7 +35,6 @@ from purger.config import build_config
 from purger.core.config import CassandraConfig, PurgerConfig, S3Endpoint
 from purger.policies import events_topics
 from purger.output import human_duration
-from purger.sinks.journal import create_journal
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -381,7 +380,7 @@ def create_schema(config: PurgerConfig, data_centres: Sequence[str] = ()) -> Non
     tables (docs/reference.md, Tables; docs/policies.md) under the configured names, as `purger schema` prints
     them (``purger.setup.policy_schema``), if they do not exist; a real platform already has them."""
     from purger.connectors import cassandra_session
-    from purger.setup import policy_schema
+    from purger.setup import create_own_tables, policy_schema
 
     keyspace = config.cassandra.keyspace
     session = cassandra_session(config.cassandra)
@@ -392,7 +391,7 @@ def create_schema(config: PurgerConfig, data_centres: Sequence[str] = ()) -> Non
         for statements in policy_schema(config).values():
             for statement in statements:
                 session.execute(statement, timeout=60)
-        create_journal(session, keyspace, config.cassandra.journal_table)
+        create_own_tables(session, config.cassandra)
     finally:
         session.cluster.shutdown()
 

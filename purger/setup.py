@@ -1,8 +1,8 @@
 """``purger setup``: the purger's own topics created, and what it needs of the platform checked.
 
 The purger owns three Kafka topics, the control, reconcile and dead-letter topics,
-and one Cassandra table in the platform's keyspace, its journal
-(``sinks.journal``): ``set_up`` creates them when they are missing
+and two Cassandra tables in the platform's keyspace, its journal
+(``sinks.journal``) and its legal holds (``sinks.holds``): ``set_up`` creates them when they are missing
 (``own_topics`` says how for the topics), and a dry run's control and
 dead-letter topics beside them (``dry_run_topics``), which `purger run
 --dry-run` then finds.
@@ -39,7 +39,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from purger.core.times import duration_ms
 from purger.connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
@@ -48,7 +48,8 @@ from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
 from purger.core.writer_contract import (
     KNOWN_STRATEGIES, SERIAL_LEVELS, Replication, reach, replication_from_schema, seen, seen_from_every_data_centre)
 from purger.output import human_duration
-from purger.sinks.journal import JOURNAL_COLUMNS, create_journal, journal_schema
+from purger.sinks.holds import HOLDS_COLUMNS, holds_schema
+from purger.sinks.journal import JOURNAL_COLUMNS, journal_schema
 
 if TYPE_CHECKING:
     from kafka.admin import KafkaAdminClient
@@ -282,7 +283,7 @@ def _cassandra(config: PurgerConfig, create: bool, findings: Findings) -> None:
         for row in session.execute("SELECT table_name, column_name FROM system_schema.columns "
                                    "WHERE keyspace_name = %s", (keyspace,)):
             columns[row.table_name].add(row.column_name)
-        _journal(session, cassandra, where, columns, create, findings)
+        _own_tables(session, cassandra, where, columns, create, findings)
         checked = []
         for policy in config.policy_set.policies:
             for configured, read in policy.columns_read().items():
@@ -443,10 +444,10 @@ def policy_schema(config: PurgerConfig) -> dict[str, list[str]]:
 
 def reference_schema(config: PurgerConfig, replication: dict[str, int] | None = None) -> str:
     """``policy_schema`` as one CQL script, a comment before each policy's statements, and the purger's own
-    journal table last (``purger setup`` creates that one). The keyspace's data centres are the platform's,
+    own tables last (``purger setup`` creates those). The keyspace's data centres are the platform's,
     which the configuration does not know: with ``replication`` (data centre -> replicas), its CREATE KEYSPACE
     comes first; without, a comment says how to get it."""
-    keyspace, journal = config.cassandra.keyspace, config.cassandra.journal_table
+    keyspace = config.cassandra.keyspace
     head = (f"-- keyspace {keyspace} (cassandra.keyspace): the platform's, with NetworkTopologyStrategy and replicas "
             "in each data centre,\n-- whose counts set the consistency levels the platform's writes need\n"
             f"-- ({WRITER_CONTRACT_DOC}: `purger setup` names them)")
@@ -459,26 +460,54 @@ def reference_schema(config: PurgerConfig, replication: dict[str, int] | None = 
     parts = [head]
     parts += [f"-- {name}: the policy's reference tables (cassandra.keyspace, [policies.{name}])\n"
               + "\n".join(statements) for name, statements in policy_schema(config).items()]
-    parts.append("-- the purger's own journal (cassandra.journal_table): `purger setup` creates it\n"
-                 f"{journal_schema(keyspace, journal)};")
+    parts += [f"-- {own.what}, the purger's own (cassandra.{own.key}): `purger setup` creates it\n"
+              f"{own.schema(keyspace, getattr(config.cassandra, own.key))};" for own in OWN_TABLES]
     return "\n\n".join(parts)
 
 
-def _journal(session: Any, cassandra: CassandraConfig, where: str, columns: dict[str, set[str]], create: bool,
-             findings: Findings) -> None:
-    """The purger's own table: created when missing, or one problem line."""
-    keyspace, table = _cql_name(cassandra.keyspace), _cql_name(cassandra.journal_table)
-    if table in columns:
-        findings.problems.extend(
-            f"{where}: column {keyspace}.{table}.{column} of the purger's journal does not exist; drop the table "
-            "and run `purger setup` again (it holds nothing a stopped purger needs)"
-            for column in sorted(JOURNAL_COLUMNS - columns[table]))
-    elif create:
-        create_journal(session, cassandra.keyspace, cassandra.journal_table)
-        findings.created.append(f"table {keyspace}.{table} (cassandra.journal_table, the purger's journal) on {where}")
-    else:
-        findings.problems.append(f"{where}: table {keyspace}.{table} (cassandra.journal_table, the purger's own) "
-                                 "does not exist; create it with `purger setup` and this configuration")
+@dataclass(frozen=True)
+class OwnTable:
+    """A Cassandra table of the purger's own, in the platform's keyspace: its key in ``[cassandra]``, what it is,
+    its columns, its CQL and what to do when one of them is missing."""
+
+    key: str
+    what: str
+    columns: frozenset[str]
+    schema: Callable[[str, str], str]
+    mend: str
+
+
+OWN_TABLES = (
+    OwnTable("journal_table", "the purger's journal", JOURNAL_COLUMNS, journal_schema,
+             "drop the table and run `purger setup` again (it holds nothing a stopped purger needs)"),
+    OwnTable("holds_table", "the legal holds", HOLDS_COLUMNS, holds_schema,
+             "add it as the holds table's schema in docs/operations.md has it (the holds in it stand meanwhile)"),
+)
+
+
+def create_own_tables(session: Any, cassandra: CassandraConfig, keyspace: str | None = None) -> None:
+    """The purger's own tables, created in ``keyspace`` (by default the configured one) where missing."""
+    for own in OWN_TABLES:
+        session.execute(own.schema(keyspace or cassandra.keyspace, getattr(cassandra, own.key)), timeout=60)
+
+
+def _own_tables(session: Any, cassandra: CassandraConfig, where: str, columns: dict[str, set[str]], create: bool,
+                findings: Findings) -> None:
+    """The purger's own tables: each created when missing, or one problem line."""
+    keyspace = _cql_name(cassandra.keyspace)
+    for own in OWN_TABLES:
+        name = getattr(cassandra, own.key)
+        table = _cql_name(name)
+        if table in columns:
+            findings.problems.extend(
+                f"{where}: column {keyspace}.{table}.{column} of {own.what} does not exist; {own.mend}"
+                for column in sorted(own.columns - columns[table]))
+        elif create:
+            session.execute(own.schema(cassandra.keyspace, name), timeout=60)
+            findings.created.append(f"table {keyspace}.{table} (cassandra.{own.key}, {own.what}) on {where}")
+        else:
+            findings.problems.append(f"{where}: table {keyspace}.{table} (cassandra.{own.key}, the purger's own) "
+                                     "does not exist; create it with `purger setup` and this configuration")
 
 
 def _cql_name(name: str) -> str:

@@ -80,6 +80,7 @@ from purger.core.vocabulary import (
 from purger.reconcile.token_ranges import scan_plan, scan_ranges
 from purger.reconcile.verdict import ReportRow
 from purger.sinks.clients import executor_session
+from purger.sinks.holds import CassandraHolds
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
 from purger.sinks.purge import OUTCOME_SCHEMA
@@ -208,7 +209,8 @@ def _orphan_purge(config: PurgerConfig, sweep: Sweep) -> "OrphanBlobPurge | Orph
         if key not in _purges:
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace), None, _NoRecheck(),
-                                  journal, duration_ms(config.stream.retry_interval), sweep.dry_run)
+                                  journal, CassandraHolds.of(session, config.cassandra), duration_ms(config.stream.retry_interval),
+                                  sweep.dry_run)
             if isinstance(sweep.orphans, Blobs):
                 _purges[key] = OrphanBlobPurge(resources, store, config.stores[sweep.dc].bucket, sweep)
             else:
@@ -371,6 +373,11 @@ class Blob:
     etag: str | None
 
 
+# What holds name an orphan by: nothing. Its parent row is gone, and with it every scope a policy reads from it; a
+# hold on what the orphan belonged to kept that row (``ObjectPurge.scopes``).
+NO_SCOPE: list[str] = []
+
+
 class OrphanBlobPurge(ObjectPurge[Blob]):
     """An orphan blob of one data centre, deleted through the engine's one protocol (``ObjectPurge``): read
     (the row again at the serial consistency, then the blob's ``HEAD``), due?, dry run, the intent in the
@@ -417,6 +424,9 @@ class OrphanBlobPurge(ObjectPurge[Blob]):
         self.resources.journal.note(SWEEP_DELETES, self.sweep.query_id, {candidate.id})
         self.store.delete_object(Bucket=self.bucket, Key=self.prefix + candidate.id)
         return True
+
+    def scopes(self, candidate: Candidate, row: Any) -> list[str]:
+        return NO_SCOPE
 
     def journalled_as(self, candidate: Candidate) -> tuple[str, str]:
         # Not a kind of object: an orphan blob's intent never meets its payload's own purge's.
@@ -466,6 +476,9 @@ class OrphanRowPurge(ObjectPurge[DependentRow]):
         """A row the scan found without its parent, written at ``written_ms`` (None: not known yet)."""
         due_at = now_ms() if written_ms is None else written_ms + self.sweep.grace_ms
         return Candidate(self.sweep.kind, object_id, ORPHAN, due_at)
+
+    def scopes(self, candidate: Candidate, row: Any) -> list[str]:
+        return NO_SCOPE
 
     def _key(self, candidate: Candidate) -> list[Any]:
         return json.loads(candidate.id) if len(self.orphans.key) > 1 else [candidate.id]

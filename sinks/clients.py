@@ -21,6 +21,7 @@ from purger.core.handles import Resources
 from purger.core.purge_protocol import Purge
 from purger.connectors import CassandraTables, cassandra_session, kafka_producer
 from purger.sinks.dead_letters import DeadLetters
+from purger.sinks.holds import CassandraHolds
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
 from purger.streams.control import ControlWriter
@@ -74,7 +75,7 @@ def executor_clients(config: PurgerConfig) -> Clients:
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
             stores = ObjectStores(config.stores)
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace),
-                                  stores, control, journal, retry_ms, config.stream.dry_run)
+                                  stores, control, journal, CassandraHolds.of(session, config.cassandra), retry_ms, config.stream.dry_run)
             purges = {kind: purge for policy in policies.policies for kind, purge in policy.purges(resources).items()}
             _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purges, retry_ms,
                                  journal, stores)

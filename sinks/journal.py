@@ -47,11 +47,6 @@ def journal_schema(keyspace: str, table: str) -> str:
     return _SCHEMA.format(keyspace=keyspace, table=table).strip()
 
 
-def create_journal(session: Any, keyspace: str, table: str) -> None:
-    """Create the journal table ``keyspace.table`` if it does not exist."""
-    session.execute(journal_schema(keyspace, table), timeout=60)
-
-
 class CassandraJournal(Journal):
     def __init__(self, session: Any, keyspace: str, table: str) -> None:
         self.session = session

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from purger.core.policy import (
     Attempt, Candidate, Control, Dependent, Eligibility, Journal, ObjectPurge, Outcome, Resources,
 )
-from purger.core.vocabulary import ALREADY_GONE, PURGED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, category
+from purger.core.vocabulary import ALREADY_GONE, HELD, PURGED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, category
+from tests.support.holds import MemoryHolds
 
 CANDIDATE = Candidate("thing", "t1", "rule", 0)
 
@@ -86,9 +87,10 @@ class Thing:
 class ThingPurge(ObjectPurge[Thing]):
     """A policy's steps, on memory."""
 
-    def __init__(self, thing: Thing, journal: Journal, dry_run: bool = False) -> None:
+    def __init__(self, thing: Thing, journal: Journal, dry_run: bool = False, holds: MemoryHolds | None = None) -> None:
         self.control = RecordedControl()
-        super().__init__(Resources(lambda names: None, None, self.control, journal, retry_ms=1_000,
+        self.holds = holds or MemoryHolds()
+        super().__init__(Resources(lambda names: None, None, self.control, journal, self.holds, retry_ms=1_000,
                                    dry_run=dry_run), {})
         self.thing = thing
 
@@ -146,12 +148,13 @@ class ThingPurge(ObjectPurge[Thing]):
         return True
 
 
-def purge(thing: Thing, journal: Journal, batch: str, crash_after: int | None = None) -> list[Outcome] | None:
+def purge(thing: Thing, journal: Journal, batch: str, crash_after: int | None = None,
+          holds: MemoryHolds | None = None) -> list[Outcome] | None:
     """One attempt; after ``crash_after`` deletes (the object's own included) it crashes: a kill, whose
     outcomes are lost."""
     outcomes: list[Outcome] = []
     try:
-        for outcome in ThingPurge(thing, journal).purge(CANDIDATE, Attempt(batch=batch)):
+        for outcome in ThingPurge(thing, journal, holds=holds).purge(CANDIDATE, Attempt(batch=batch)):
             outcomes.append(outcome)
             if crash_after is not None and len(outcomes) > crash_after:
                 raise Crash()
@@ -255,6 +258,68 @@ def test_a_dry_run_deletes_nothing_and_sends_no_recheck():
     dry = ThingPurge(later, MemoryJournal(), dry_run=True)
     [kept] = dry.purge(CANDIDATE, Attempt())
     assert kept.status == SKIPPED and dry.control.rechecks == []
+
+
+def test_a_held_object_is_kept_under_its_hold_and_nothing_of_it_is_claimed_or_deleted():
+    thing, holds = Thing(2), MemoryHolds()
+    holds.place("thing:t1")
+    held = ThingPurge(thing, MemoryJournal(), holds=holds)
+    [kept] = held.purge(CANDIDATE, Attempt(batch="q/1"))
+    assert kept.status == SKIPPED and category(kept.reason) == HELD and "thing:t1" in kept.reason
+    assert thing.rows == {"r0", "r1"} and thing.present and not thing.claimed
+    assert held.control.rechecks == [], "the release looks at it again, not a timer"
+    assert holds.release("thing:t1") == {("thing", "t1", "rule")}
+
+
+def test_a_dry_run_honours_holds_and_keeps_nothing_under_them():
+    holds = MemoryHolds()
+    holds.place("thing:t1")
+    [kept] = ThingPurge(Thing(1), MemoryJournal(), dry_run=True, holds=holds).purge(CANDIDATE, Attempt())
+    assert category(kept.reason) == HELD and holds.kept == {}
+
+
+def test_a_hold_released_between_its_read_and_the_keep_leaves_a_recheck():
+    class Released(MemoryHolds):
+        def keep(self, hold, kind, object_id, rule):
+            return False
+
+    holds = Released()
+    holds.place("thing:t1")
+    purge = ThingPurge(Thing(1), MemoryJournal(), holds=holds)
+    [kept] = purge.purge(CANDIDATE, Attempt())
+    assert category(kept.reason) == HELD and [rule for _, _, rule, _ in purge.control.rechecks] == ["rule"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 4), steps=st.lists(st.one_of(st.just("hold"), st.just("release"), st.integers(0, 6)),
+                                           max_size=8))
+def test_while_a_hold_stands_nothing_is_deleted_and_after_its_release_each_row_is_recorded_once(n, steps):
+    """Attempts, crashing after any deletion, with a hold placed and released between them (a claimed row a
+    crash left included): no attempt that read a hold deletes anything, every candidate found held is kept under
+    the hold until its release, and once released the purge ends with each row recorded once."""
+    thing, journal, ledger, holds = Thing(n), MemoryJournal(), MemoryLedger(), MemoryHolds()
+    found_held = False
+    for step in steps + ["release"]:
+        if step == "hold":
+            if "thing:t1" not in holds.placed:
+                holds.place("thing:t1")
+        elif step == "release":
+            if "thing:t1" in holds.placed:
+                assert holds.release("thing:t1") == ({("thing", "t1", "rule")} if found_held else set())
+                found_held = False
+        elif thing.present:
+            found_held = found_held or "thing:t1" in holds.placed
+            before = (set(thing.rows), thing.present)
+            outcomes = purge(thing, journal, "q/7", crash_after=step, holds=holds)
+            if "thing:t1" in holds.placed:
+                assert (set(thing.rows), thing.present) == before
+                assert outcomes is None or [category(o.reason) for o in outcomes] == [HELD]
+            elif outcomes is not None:
+                ledger.write(outcomes, "q/7")
+    outcomes = purge(thing, journal, "q/8", holds=holds)
+    ledger.write(outcomes, "q/8")
+    assert thing.rows == set() and not thing.present
+    assert ledger.purged() == Counter({("row", f"r{i}"): 1 for i in range(n)} | {(None, None): 1})
 
 
 def test_a_recheck_under_the_candidates_rule_is_no_sooner_than_the_retry_interval():

@@ -37,7 +37,7 @@ from purger.policies.mailbox.deletes import (
 from purger.policies.mailbox.rules import Retention, eligibility, payload_eligibility
 from purger.policies.mailbox.verdicts import message_verdicts
 from purger.policies.mailbox.state import (
-    DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, LINK, MESSAGE, PAYLOAD, RELEASED, UPLOAD_COMPLETE,
+    DELETE, DEQUEUE, ENQUEUE, EXTRACT_COUNTER, EXTRACT_UNTIL, LINK, MAILBOX, MESSAGE, PAYLOAD, RELEASED, UPLOAD_COMPLETE,
     Event, MessageState, PayloadState, apply_all, apply_all_payload,
 )
 
@@ -215,6 +215,10 @@ CREATE TABLE IF NOT EXISTS {keyspace}.payloads (
     @cached_property
     def kinds(self) -> tuple[ObjectKind, ...]:
         return (MessageKind(self.retention), PayloadKind(self.retention))
+
+    def hold_scopes(self) -> tuple[str, ...]:
+        # A payload is kept by the messages that refer to it, a held message's reference among them.
+        return (MESSAGE, MAILBOX)
 
     def purges(self, resources: Resources) -> dict[str, Purge]:
         messages = MessagePurge(resources, self.table_names(), self.retention)

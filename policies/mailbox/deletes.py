@@ -53,7 +53,7 @@ from purger.core.times import epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, RECENTLY_LINKED, REFERENCED, RELINKED, reason
 from purger.policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE
 from purger.policies.mailbox.rules import Retention, eligibility
-from purger.policies.mailbox.state import MESSAGE, PAYLOAD, RELEASED, MessageState
+from purger.policies.mailbox.state import MAILBOX, MESSAGE, PAYLOAD, RELEASED, MessageState
 
 # A payload row's states in the writer contract.
 LIVE = "live"
@@ -142,6 +142,9 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
 
     def why_kept(self, candidate: Candidate, row: dict[str, Any], due: Eligibility | None) -> str:
         return _why_kept(row_state(row), due)
+
+    def scopes(self, candidate: Candidate, row: dict[str, Any]) -> list[str]:
+        return [f"{MESSAGE}:{candidate.id}"] + ([f"{MAILBOX}:{row['mailbox']}"] if row["mailbox"] else [])
 
     def delete(self, candidate: Candidate, row: dict[str, Any]) -> bool:
         # This rule's period (``due`` checked the earliest rule's), for a row dated by its cells' write time.
@@ -237,6 +240,10 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
 
     def claimed(self, row: PayloadRow) -> bool:
         return row.state == DELETING and row.referrer is None
+
+    def scopes(self, candidate: Candidate, row: PayloadRow) -> list[str]:
+        # Kept while a message refers to it, and a held message keeps its reference: no hold names a payload.
+        return []
 
     def due(self, candidate: Candidate, row: PayloadRow) -> Eligibility | None:
         if row.referrer is not None:

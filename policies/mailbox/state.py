@@ -31,6 +31,8 @@ from dataclasses import dataclass, replace
 # The mailbox policy's kinds of object.
 MESSAGE = "message"
 PAYLOAD = "payload"
+# The hold scope of every message of a mailbox (``mailbox:alice``, ``purger.core.holds``).
+MAILBOX = "mailbox"
 
 # Lifecycle event types (docs/reference.md, Events).
 ENQUEUE = "enqueue"

@@ -29,7 +29,9 @@ from functools import partial
 from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
 from purger.core.policy import Control, ObjectKind, Policy, Resources
 from devstack.stack import keyspace_replication
-from purger.sinks.journal import CassandraJournal, create_journal
+from purger.setup import create_own_tables
+from purger.sinks.holds import CassandraHolds
+from purger.sinks.journal import CassandraJournal
 
 
 class RecordingControl(Control):
@@ -51,9 +53,10 @@ def resources(session: Any, keyspace: str, control: Control, dry_run: bool = Fal
     """What a policy's purger needs, on ``keyspace`` (made by ``policy_keyspace``): no object stores."""
     from purger.connectors import CassandraTables
 
+    cassandra = CassandraConfig(keyspace=keyspace)
     return Resources(partial(CassandraTables, session, keyspace), stores=None, control=control,
-                     journal=CassandraJournal(session, keyspace, CassandraConfig().journal_table), retry_ms=2_000,
-                     dry_run=dry_run)
+                     journal=CassandraJournal(session, keyspace, cassandra.journal_table),
+                     holds=CassandraHolds.of(session, cassandra), retry_ms=2_000, dry_run=dry_run)
 
 
 def environment_config() -> PurgerConfig:
@@ -77,7 +80,7 @@ def policy_keyspace(policy_class: type[Policy], prefix: str, cassandra: Cassandr
         for statement in policy_class.schema.format(keyspace=name).split(";"):
             if statement.strip():
                 session.execute(statement)
-        create_journal(session, name, CassandraConfig().journal_table)
+        create_own_tables(session, CassandraConfig(), name)
         yield session, name
     finally:
         session.execute(f"DROP KEYSPACE {name}")
