@@ -514,3 +514,116 @@ def reconcile(
     title = (f"Reconcile of {', '.join(sorted({r.policy for r in rows})) or 'no policy'}"
              + (" (dry run: nothing fed back or deleted)" if dry_run else ""))
     Console().print(reconcile_table(rows, title) if rows else "no policy scans a table")
+
+
+ScopeArgument = typer.Argument(..., help="What to hold: KIND:ID, a scope a policy names (message:m1, mailbox:alice, "
+                                         "user:u1, unit_of_work:uw1).")
+
+
+def _scope(text: str) -> Any:
+    from purger.core.holds import Scope
+
+    try:
+        return Scope.parse(text)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+def _policies_naming(config: PurgerConfig, scope: Any) -> list[str]:
+    from purger.holds import HoldRefused, policies_naming
+
+    try:
+        return policies_naming(config, scope)
+    except HoldRefused as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("hold")
+def hold(
+    scope: str = ScopeArgument,
+    config_file: Optional[Path] = ConfigOption,
+    actor: Optional[str] = ActorOption,
+    reason: Optional[str] = typer.Option(None, "--reason", help="Why (a case, a ticket): kept with the hold and "
+                                                                "recorded in the ledger with who placed it."),
+    wait: float = typer.Option(600, "--wait", help="Seconds to wait for the batch in flight when the hold is "
+                                                   "placed, which may still delete under it."),
+) -> None:
+    """Place a legal hold: nothing under the scope is deleted until it is released, whatever the rules say. In
+    force when this returns."""
+    from purger.holds import HoldRefused, place_hold
+    from purger.sinks.ledger import Ledger
+    from purger.spark import spark_session
+
+    who, why = _who_and_why("hold", actor, reason, False)
+    found, config = _scope(scope), load_or_exit(config_file)
+    policies = _policies_naming(config, found)
+    spark = spark_session(config.stream, app_name="purger-hold", log_level="ERROR", one_off=True)
+    try:
+        Ledger(spark, config.ledger).record_command("hold", policies, who, f"{found}: {why}", uuid.uuid4().hex[:12])
+        there = place_hold(spark, config, found, why, who, wait, say=lambda line: typer.echo(line, err=True))
+    except HoldRefused as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    finally:
+        spark.stop()
+    typer.echo(f"{found} already held: {there.why()}" if there else f"{found} held: in force")
+
+
+@app.command("release")
+def release(
+    scope: str = ScopeArgument,
+    config_file: Optional[Path] = ConfigOption,
+    actor: Optional[str] = ActorOption,
+    reason: Optional[str] = ReasonOption,
+) -> None:
+    """Release a legal hold: what became due under it is looked at again now, with no event needed."""
+    from purger.holds import HoldRefused, release_hold
+    from purger.sinks.ledger import Ledger
+    from purger.spark import spark_session
+
+    who, why = _who_and_why("release", actor, reason, False)
+    found, config = _scope(scope), load_or_exit(config_file)
+    policies = _policies_naming(config, found)
+    spark = spark_session(config.stream, app_name="purger-release", log_level="ERROR", one_off=True)
+    try:
+        Ledger(spark, config.ledger).record_command("release", policies, who, f"{found}: {why}", uuid.uuid4().hex[:12])
+        rechecked = release_hold(config, found)
+    except HoldRefused as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    finally:
+        spark.stop()
+    if rechecked is None:
+        typer.echo(f"no hold on {found}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{found} released: {rechecked} held objects looked at again now")
+
+
+@app.command("holds")
+def holds(
+    config_file: Optional[Path] = ConfigOption,
+    as_json: bool = typer.Option(False, "--json", help="Print them as JSON, for scripts."),
+) -> None:
+    """The legal holds in force: scope, reason, who placed them and when, and how many objects each keeps."""
+    import json
+
+    from purger.holds import HoldRefused, holds_in_force
+    from purger.core.times import format_epoch_ms
+
+    try:
+        found = holds_in_force(load_or_exit(config_file))
+    except HoldRefused as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    rows = [{"scope": hold.scope, "reason": hold.reason, "placed_by": hold.placed_by,
+             "placed_at": format_epoch_ms(hold.placed_at_ms) if hold.placed_at_ms is not None else None,
+             "held_objects": count} for hold, count in found]
+    if as_json:
+        typer.echo(json.dumps(rows))
+    elif not rows:
+        typer.echo("no hold in force")
+    else:
+        for row in rows:
+            typer.echo(f"{row['scope']}  {row['held_objects']} held  since {row['placed_at']} by {row['placed_by']}: "
+                       f"{row['reason']}")

@@ -14,6 +14,7 @@ Example::
     holds.place("mailbox:alice", "case 42", "jdoe")   # None, or the hold already in force
     holds.held(["message:m1", "mailbox:alice"])        # Hold(scope='mailbox:alice', reason='case 42', ...)
     holds.release("mailbox:alice")                     # [('message', 'm1', 'expired_by_date'), ...] to recheck
+    holds.forget("mailbox:alice", kept)                # once they are rechecked
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class CassandraHolds(Holds):
                             "IF reason != null")
         self.lift = prepare(f"UPDATE {name} SET reason = null, placed_by = null, placed_at = null WHERE scope = ? "
                             "IF reason != null")
-        self.forget = prepare(f"DELETE FROM {name} WHERE scope = ? AND kind = ? AND object_id = ?")
+        self.forget_one = prepare(f"DELETE FROM {name} WHERE scope = ? AND kind = ? AND object_id = ?")
 
     @classmethod
     def of(cls, session: Any, cassandra: CassandraConfig) -> CassandraHolds:
@@ -99,17 +100,20 @@ class CassandraHolds(Holds):
         return Hold(scope, found.reason, found.placed_by or "", epoch_ms(found.placed_at))
 
     def release(self, scope: str) -> list[tuple[str, str, str]] | None:
-        """Release the hold on ``scope``: the candidates kept under it (kind, id, rule), for rechecks, their rows
-        removed; None when no hold stood there. Once the hold is lifted no candidate is kept under it any more
-        (``keep`` is conditioned on it), so the rows read after are every one there is."""
-        if not self.session.execute(self.lift, (scope,)).was_applied:
-            return None
+        """Lift the hold on ``scope``: the candidates kept under it (kind, id, rule), to recheck, then ``forget``;
+        None when no hold stood there and none is kept (a release cut short before its ``forget`` leaves them, and
+        running it again finds them). Once the hold is lifted no candidate is kept under it any more (``keep`` is
+        conditioned on it), so the rows read after are every one there is."""
+        lifted = self.session.execute(self.lift, (scope,)).was_applied
         found = [(row.kind, row.object_id, row.rule) for row in self.session.execute(self.rows, (scope,))
                  if row.kind is not None]
-        execute_concurrent_with_args(self.session, self.forget, [(scope, kind, object_id)
-                                                                 for kind, object_id, _ in found],
+        return found if lifted or found else None
+
+    def forget(self, scope: str, kept: list[tuple[str, str, str]]) -> None:
+        """Remove the candidates ``release`` returned, once rechecked."""
+        execute_concurrent_with_args(self.session, self.forget_one,
+                                     [(scope, kind, object_id) for kind, object_id, _ in kept],
                                      raise_on_first_error=True)
-        return found
 
     def in_force(self) -> list[tuple[Hold, int]]:
         """Every hold in force, each with how many candidates are kept under it (a scan: holds are few)."""

@@ -1,0 +1,137 @@
+"""``purger hold``, ``purger release`` and ``purger holds``: legal holds placed, released and listed
+(docs/operations.md, "Legal holds"; the decision is ``purger.core.holds``, the table ``purger.sinks.holds``).
+
+A hold is in force when ``hold`` returns: the purges read the holds before they claim or delete anything, so
+only a decision that read them before the hold was written can still delete under it, and those are the
+stream's batch in flight then, which ``hold`` waits for (its offsets are in the checkpoint before it starts,
+its commit once it ended). A release lifts the hold, then sends a recheck (``kafka.control_topic``) for each
+candidate found held under it meanwhile, so what became due is purged with no event needed; one cut short is
+finished by running it again.
+
+Example::
+
+    place_hold(spark, config, Scope.parse("mailbox:alice"), "case 42", "jdoe", wait_s=600)
+    release_hold(config, Scope.parse("mailbox:alice"))   # 3: the candidates looked at again
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from purger.core.holds import Hold, Scope
+from purger.core.times import now_ms
+from purger.sinks.holds import CassandraHolds
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from purger.core.config import PurgerConfig
+
+
+class HoldRefused(Exception):
+    """A hold command that cannot go on: one line that says why and what to do."""
+
+
+def policies_naming(config: PurgerConfig, scope: Scope) -> list[str]:
+    """The enabled policies whose objects a hold on ``scope`` can cover; none: the line that lists the scope
+    kinds there are."""
+    policies = [policy.name for policy in config.policy_set.policies if scope.kind in policy.hold_scopes()]
+    if not policies:
+        kinds = sorted({kind for policy in config.policy_set.policies for kind in policy.hold_scopes()})
+        raise HoldRefused(f"scope {scope}: no enabled policy names a scope of kind {scope.kind!r}; "
+                          f"the kinds are {', '.join(kinds)}")
+    return policies
+
+
+def open_holds(config: PurgerConfig) -> tuple[Any, CassandraHolds]:
+    """A Cassandra session and the configured holds table, or the line that says to create it."""
+    from cassandra import InvalidRequest
+
+    from purger.connectors import cassandra_session
+
+    session = cassandra_session(config.cassandra)
+    try:
+        return session, CassandraHolds.of(session, config.cassandra)
+    except InvalidRequest:
+        session.cluster.shutdown()
+        cassandra = config.cassandra
+        raise HoldRefused(f"table {cassandra.keyspace}.{cassandra.holds_table} (cassandra.holds_table) does not "
+                          "exist: create it with `purger setup` and this configuration") from None
+
+
+def place_hold(spark: SparkSession, config: PurgerConfig, scope: Scope, reason: str, actor: str, wait_s: float,
+               say: Callable[[str], None] = print) -> Hold | None:
+    """Place a hold on ``scope`` and wait for the stream's batch in flight then (``wait_s`` at the most): None
+    once the hold is in force, or the hold already there. A batch still running after ``wait_s`` is refused in
+    one line: the hold stands, and is in force for every later batch."""
+    policies_naming(config, scope)
+    session, holds = open_holds(config)
+    try:
+        there = holds.place(str(scope), reason, actor)
+    finally:
+        session.cluster.shutdown()
+    if there is not None:
+        return there
+    batch = in_flight(spark, config.stream.checkpoint_location)
+    if batch is not None:
+        say(f"waiting for batch {batch}, in flight when the hold was placed")
+        deadline = time.monotonic() + wait_s
+        while not ended(spark, config.stream.checkpoint_location, batch):
+            if time.monotonic() > deadline:
+                raise HoldRefused(
+                    f"the hold on {scope} stands, but batch {batch} of {config.stream.checkpoint_location} has not "
+                    f"ended in {wait_s:.0f} s and may still delete under it: run `purger hold {scope}` again to "
+                    "wait for it (a stopped purger runs that batch again under the hold)")
+            time.sleep(0.5)
+    return None
+
+
+def in_flight(spark: SparkSession, location: str) -> int | None:
+    """The checkpoint's batch started and not ended, if any: its offsets are written before it runs, its commit
+    after."""
+    from purger.streams.checkpoint import CheckpointFiles
+
+    files = CheckpointFiles(spark, location)
+    if not files.exists():
+        return None
+    started, committed = max(files.log("offsets"), default=None), max(files.log("commits"), default=-1)
+    return started if started is not None and started > committed else None
+
+
+def ended(spark: SparkSession, location: str, batch: int) -> bool:
+    from purger.streams.checkpoint import CheckpointFiles
+
+    return max(CheckpointFiles(spark, location).log("commits"), default=-1) >= batch
+
+
+def release_hold(config: PurgerConfig, scope: Scope) -> int | None:
+    """Release the hold on ``scope`` and send a recheck, now, for each candidate kept under it: how many; None
+    when no hold stood there and none is left to recheck."""
+    from purger.connectors import kafka_producer
+    from purger.streams.control import ControlWriter
+
+    session, holds = open_holds(config)
+    try:
+        kept = holds.release(str(scope))
+        if kept is None:
+            return None
+        producer = kafka_producer(config.kafka, acks="all")
+        control = ControlWriter(producer, config.kafka.control_topic, config.policy_set)
+        at_ms = now_ms()
+        for kind, object_id, rule in kept:
+            control.recheck(kind, object_id, rule, at_ms)
+        producer.flush(f"run `purger release {scope}` again: the hold is lifted, and what it kept is still listed")
+        holds.forget(str(scope), kept)
+        return len(kept)
+    finally:
+        session.cluster.shutdown()
+
+
+def holds_in_force(config: PurgerConfig) -> list[tuple[Hold, int]]:
+    """Every hold in force, with how many candidates each keeps now."""
+    session, holds = open_holds(config)
+    try:
+        return holds.in_force()
+    finally:
+        session.cluster.shutdown()
