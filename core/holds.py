@@ -64,8 +64,8 @@ class Holds(ABC):
 
     @abstractmethod
     def held(self, scopes: list[str]) -> Hold | None:
-        """The first hold in force over any of ``scopes``, read at the serial consistency (a hold placed
-        before this read began is seen, from any data centre); None when none is. No scopes: no read."""
+        """The first hold in force over any of ``scopes``: one that was placed before this read began is seen,
+        from any data centre; None when none is. No scopes: no read."""
 
     @abstractmethod
     def keep(self, hold: Hold, kind: str, object_id: str, rule: str) -> bool:

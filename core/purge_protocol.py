@@ -147,7 +147,7 @@ class ObjectPurge(Purge, Generic[R]):
        the row). Not due now: ``skipped`` with the policy's reason (``why_kept``) and, unless a dry run, a
        recheck when it will be (no sooner than ``stream.retry_interval`` under the candidate's own rule:
        the stream found it due, so the clocks differ a little). Due, or claimed: a hold over any of its ``scopes``
-       (``purger.core.holds``, read at the serial consistency) wins: ``skipped`` with reason ``held``, nothing
+       (``purger.core.holds``, read at QUORUM) wins: ``skipped`` with reason ``held``, nothing
        claimed or deleted, and the candidate kept under the hold, for its release to look at it again. A dry
        run stops here: ``would_delete`` for
        each dependent and the object, and no recheck. Then the claim (``claim``, a lightweight

@@ -107,7 +107,7 @@ def setup(
         typer.echo(f"created {line}")
     _exit_on_problems(findings)
     if not findings.created:
-        typer.echo("nothing to create: the purger's own topics and journal table exist")
+        typer.echo("nothing to create: the purger's own topics and tables exist")
     for line in findings.checked:
         typer.echo(f"in place on {line}")
     for line in findings.replication:

@@ -5,8 +5,9 @@ due under, which the release sends back to the stream as rechecks.
 One table of the purger's own, in the configured keyspace (``cassandra.holds_table``); ``purger setup`` creates
 it, and a platform may write it too (docs/operations.md, "Legal holds"): a hold is in force once its static
 ``reason`` is set. Every write that decides (a hold placed, a candidate kept, a hold released) is a lightweight
-transaction on the scope's partition, and the purges read it at the serial consistency: a candidate is kept
-under the hold it read only while that hold still stands, so a release never misses one.
+transaction on the scope's partition, committed at QUORUM, and the purges read it at QUORUM: a hold placed
+before a read began is seen, from any data centre, and a candidate is kept under the hold it read only while
+that hold still stands, so a release never misses one.
 
 Example::
 
@@ -57,15 +58,17 @@ class CassandraHolds(Holds):
         self.name = name = f"{keyspace}.{table}"
         serial = ConsistencyLevel.name_to_value[serial_consistency]
 
-        def prepare(cql: str, at_serial: bool = False) -> Any:
+        # QUORUM, across data centres, for every statement: a hold committed by ``place`` (or written by the
+        # platform at QUORUM) is seen by every read that starts after, from any data centre, with no Paxos round
+        # per candidate; the writes that must not cross a release are lightweight transactions.
+        def prepare(cql: str) -> Any:
             statement = session.prepare(cql)
+            statement.consistency_level = ConsistencyLevel.QUORUM
             statement.serial_consistency_level = serial
-            if at_serial:
-                statement.consistency_level = serial
             return statement
 
-        self.read = prepare(f"SELECT reason, placed_by, placed_at FROM {name} WHERE scope = ? LIMIT 1", True)
-        self.rows = prepare(f"SELECT kind, object_id, rule FROM {name} WHERE scope = ?", True)
+        self.read = prepare(f"SELECT reason, placed_by, placed_at FROM {name} WHERE scope = ? LIMIT 1")
+        self.rows = prepare(f"SELECT kind, object_id, rule FROM {name} WHERE scope = ?")
         self.every = prepare(f"SELECT scope, reason, placed_by, placed_at FROM {name} PER PARTITION LIMIT 1")
         self.count = prepare(f"SELECT count(kind) FROM {name} WHERE scope = ?")
         self.add = prepare(f"UPDATE {name} SET reason = ?, placed_by = ?, placed_at = ? WHERE scope = ? "

@@ -14,6 +14,8 @@ from datetime import timedelta
 import pytest
 from kafka import KafkaConsumer
 
+from purger.core.holds import Scope
+from purger.holds import holds_in_force, place_hold, release_hold
 from purger.running import start_purger
 from tests.support.configs import mailbox
 from tests.support.waits import ago, now, observed, rows_dropped_as_late, wait_for, wait_for_watermark
@@ -135,6 +137,62 @@ def test_a_live_message_is_forgotten_after_its_last_event_and_its_deletion_still
     platform.flush()
     wait_for(lambda: platform.row(m) is None and platform.payload_gone(f"p-{m}"), timeout_s=90,
              what="the message deleted after it was forgotten, then its payload")
+
+
+def held_objects(config, scope: Scope) -> int:
+    """How many objects the hold on ``scope`` keeps now, from the holds table."""
+    return next((count for hold, count in holds_in_force(config) if hold.scope == str(scope)), 0)
+
+
+def test_a_held_mailbox_keeps_its_due_message_until_the_release_then_it_goes_with_no_event(
+        purger, platform, config, spark):
+    """SPEC 11.1: a hold wins over retention; a release makes what became due meanwhile purgeable with no event
+    needed. Beside it, a due message of another mailbox goes as ever. Checked in Cassandra and both stores."""
+    r = mailbox(config)
+    run = uuid.uuid4().hex[:8]
+    scope = Scope("mailbox", f"held-{run}")
+    held, free = f"{run}-held", f"{run}-free"
+    assert place_hold(spark, config, scope, "case 42", "test", wait_s=60) is None
+    platform.enqueue(held, f"p-{held}", mailbox=scope.id, at=ago(r.expired_ttl))
+    platform.dequeue(held, 0, at=ago(r.expired_ttl))
+    platform.enqueue(free, f"p-{free}", at=ago(r.expired_ttl))
+    platform.dequeue(free, 0, at=ago(r.expired_ttl))
+    platform.flush()
+    wait_for(lambda: platform.row(free) is None and platform.payload_gone(f"p-{free}"), timeout_s=60,
+             what="the message of a mailbox with no hold, and its payload")
+    wait_for(lambda: held_objects(config, scope) == 1, what="the held message kept under its hold")
+    time.sleep(r.payload_grace.total_seconds() + 2)
+    assert platform.row(held) is not None and platform.payload_intact(f"p-{held}")
+    assert release_hold(config, scope) == 1
+    wait_for(lambda: platform.row(held) is None and platform.payload_gone(f"p-{held}"), timeout_s=60,
+             what="the message released, then its payload, with no new event")
+    assert held_objects(config, scope) == 0
+
+
+def test_a_hold_placed_while_its_scope_is_being_purged_is_in_force_when_the_command_returns(
+        purger, platform, config, spark):
+    """SPEC 11.1: messages of a mailbox being purged, a hold placed on it meanwhile: whatever was there when
+    ``place_hold`` returned is there after, in Cassandra, however many batches follow; all of it goes at the
+    release."""
+    r = mailbox(config)
+    run = uuid.uuid4().hex[:8]
+    scope = Scope("mailbox", f"busy-{run}")
+    messages = [f"{run}-{n}" for n in range(300)]
+    for m in messages:  # inline payloads: the rows alone, so the purge is quick
+        platform.enqueue(m, f"p-{m}", size=100, mailbox=scope.id, at=ago(r.expired_ttl))
+        platform.dequeue(m, 0, at=ago(r.expired_ttl))
+    platform.flush()
+    wait_for(lambda: platform.row(messages[0]) is None or platform.row(messages[-1]) is None, timeout_s=60,
+             what="the mailbox's purge to begin")
+    assert place_hold(spark, config, scope, "case 43", "test", wait_s=120) is None
+    there = {m for m in messages if platform.row(m) is not None}
+    assert there, "the purge ended before the hold: nothing was in flight to stop"
+    wait_for(lambda: held_objects(config, scope) == len(there), timeout_s=60,
+             what="every message left decided held")
+    assert {m for m in messages if platform.row(m) is not None} == there, "deleted after the hold was in force"
+    print(f"{len(messages) - len(there)} purged before the hold, {len(there)} held")
+    assert release_hold(config, scope) == len(there)
+    wait_for(lambda: all(platform.row(m) is None for m in there), timeout_s=90, what="the released messages")
 
 
 def test_late_events_are_applied_not_dropped(purger, platform, config):

@@ -55,12 +55,13 @@ def cassandra_address(config: PurgerConfig) -> str:
 
 
 def remove_what_setup_made(own: PurgerConfig, admin: KafkaAdminClient) -> None:
-    """The purger's own topics (and a dry run's) and the journal table ``setup`` made for ``own``."""
+    """The purger's own topics (and a dry run's) and the tables ``setup`` made for ``own``."""
     admin.delete_topics([own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic,
                          f"{own.kafka.control_topic}.dry-run", f"{own.kafka.dead_letter_topic}.dry-run"])
     admin.close()
     session = cassandra_session(own.cassandra)
-    session.execute(f"DROP TABLE IF EXISTS {own.cassandra.keyspace}.{own.cassandra.journal_table}")
+    for table in (own.cassandra.journal_table, own.cassandra.holds_table):
+        session.execute(f"DROP TABLE IF EXISTS {own.cassandra.keyspace}.{table}")
     session.cluster.shutdown()
 
 
@@ -69,7 +70,7 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
     own = variant(config, kafka={"control_topic": f"test.{run}.setup.control",
                                  "dead_letter_topic": f"test.{run}.setup.dead-letter",
                                  "reconcile_topic": f"test.{run}.setup.reconcile"},
-                  cassandra={"journal_table": f"journal_{run}"})
+                  cassandra={"journal_table": f"journal_{run}", "holds_table": f"holds_{run}"})
     keyspace = config.cassandra.keyspace
     bootstrap = config.kafka.bootstrap_servers
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
@@ -90,6 +91,8 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
             f"kept 30 days) on Kafka {bootstrap}",
             f"created table {keyspace}.journal_{run} (cassandra.journal_table, the purger's journal) "
             f"on Cassandra {cassandra_address(config)}",
+            f"created table {keyspace}.holds_{run} (cassandra.holds_table, the legal holds) "
+            f"on Cassandra {cassandra_address(config)}",
         ]
         described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(
             [own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic])}
@@ -103,7 +106,7 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
         again = setup(own, tmp_path)
         assert again.exit_code == 0, again.output
         assert again.stderr == "" and "created" not in again.stdout
-        assert again.stdout.splitlines()[0] == "nothing to create: the purger's own topics and journal table exist"
+        assert again.stdout.splitlines()[0] == "nothing to create: the purger's own topics and tables exist"
         assert f"in place on Kafka {bootstrap}: events topic {config.kafka.topics[0]}, " \
                f"topic {own.kafka.control_topic}, topic {own.kafka.dead_letter_topic}, " \
                f"topic {own.kafka.reconcile_topic}" in again.stdout
@@ -119,7 +122,7 @@ def test_setup_at_a_rate_prints_what_it_needs_and_gives_the_purgers_topics_its_p
     own = variant(config, kafka={"control_topic": f"test.{run}.rate.control",
                                  "dead_letter_topic": f"test.{run}.rate.dead-letter",
                                  "reconcile_topic": f"test.{run}.rate.reconcile"},
-                  cassandra={"journal_table": f"journal_{run}"})
+                  cassandra={"journal_table": f"journal_{run}", "holds_table": f"holds_{run}"})
     config_file = write_config(own, tmp_path / "purger.toml")
     admin = KafkaAdminClient(bootstrap_servers=config.kafka.bootstrap_servers)
     try:
