@@ -526,7 +526,8 @@ def _scope(text: str) -> Any:
     try:
         return Scope.parse(text)
     except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
 
 
 def _policies_naming(config: PurgerConfig, scope: Any) -> list[str]:
@@ -537,6 +538,28 @@ def _policies_naming(config: PurgerConfig, scope: Any) -> list[str]:
     except HoldRefused as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
+
+
+def _hold_command(command: str, scope: str, config_file: Optional[Path], actor: Optional[str], reason: Optional[str],
+                  act: Callable[..., Any]) -> tuple[Any, Any]:
+    """``hold`` or ``release``: the scope checked, the command recorded in the ledger with who and why, then
+    ``act(spark, config, scope, who, why)``; its refusal is one line and exit code 2."""
+    from purger.holds import HoldRefused
+    from purger.sinks.ledger import Ledger
+    from purger.spark import spark_session
+
+    who, why = _who_and_why(command, actor, reason, False)
+    found, config = _scope(scope), load_or_exit(config_file)
+    policies = _policies_naming(config, found)
+    spark = spark_session(config.stream, app_name=f"purger-{command}", log_level="ERROR", one_off=True)
+    try:
+        Ledger(spark, config.ledger).record_command(command, policies, who, f"{found}: {why}", uuid.uuid4().hex[:12])
+        return found, act(spark, config, found, who, why)
+    except HoldRefused as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    finally:
+        spark.stop()
 
 
 @app.command("hold")
@@ -551,22 +574,12 @@ def hold(
 ) -> None:
     """Place a legal hold: nothing under the scope is deleted until it is released, whatever the rules say. In
     force when this returns."""
-    from purger.holds import HoldRefused, place_hold
-    from purger.sinks.ledger import Ledger
-    from purger.spark import spark_session
+    from purger.holds import place_hold
 
-    who, why = _who_and_why("hold", actor, reason, False)
-    found, config = _scope(scope), load_or_exit(config_file)
-    policies = _policies_naming(config, found)
-    spark = spark_session(config.stream, app_name="purger-hold", log_level="ERROR", one_off=True)
-    try:
-        Ledger(spark, config.ledger).record_command("hold", policies, who, f"{found}: {why}", uuid.uuid4().hex[:12])
-        there = place_hold(spark, config, found, why, who, wait, say=lambda line: typer.echo(line, err=True))
-    except HoldRefused as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(2) from None
-    finally:
-        spark.stop()
+    def placed(spark: Any, config: PurgerConfig, found: Any, who: str, why: str) -> Any:
+        return place_hold(spark, config, found, why, who, wait, say=lambda line: typer.echo(line, err=True))
+
+    found, there = _hold_command("hold", scope, config_file, actor, reason, placed)
     typer.echo(f"{found} already held: {there.why()}" if there else f"{found} held: in force")
 
 
@@ -578,22 +591,10 @@ def release(
     reason: Optional[str] = ReasonOption,
 ) -> None:
     """Release a legal hold: what became due under it is looked at again now, with no event needed."""
-    from purger.holds import HoldRefused, release_hold
-    from purger.sinks.ledger import Ledger
-    from purger.spark import spark_session
+    from purger.holds import release_hold
 
-    who, why = _who_and_why("release", actor, reason, False)
-    found, config = _scope(scope), load_or_exit(config_file)
-    policies = _policies_naming(config, found)
-    spark = spark_session(config.stream, app_name="purger-release", log_level="ERROR", one_off=True)
-    try:
-        Ledger(spark, config.ledger).record_command("release", policies, who, f"{found}: {why}", uuid.uuid4().hex[:12])
-        rechecked = release_hold(config, found)
-    except HoldRefused as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(2) from None
-    finally:
-        spark.stop()
+    found, rechecked = _hold_command("release", scope, config_file, actor, reason,
+                                     lambda spark, config, found, who, why: release_hold(config, found))
     if rechecked is None:
         typer.echo(f"no hold on {found}", err=True)
         raise typer.Exit(1)

@@ -161,18 +161,33 @@ def test_schema_with_replication_prints_the_keyspaces_create_keyspace_first(tmp_
         "--replication takes DC:REPLICAS,... (e.g. dc1:3,dc2:3); 'dc1:three' is not one")
 
 
-@pytest.mark.parametrize("command", ["reconcile", "replay"])
+@pytest.mark.parametrize("command", ["reconcile", "replay", "hold message:m1", "release message:m1"])
 def test_a_command_that_changes_what_is_deleted_without_a_reason_exits_2_in_one_line(tmp_path, command):
     from typer.testing import CliRunner
 
     from purger.cli import app
 
     # Refused before the configuration is read or anything starts: the file does not even exist.
-    result = CliRunner().invoke(app, [command, "--config", str(tmp_path / "absent.toml"), "--actor", "jdoe"])
+    result = CliRunner().invoke(app, [*command.split(), "--config", str(tmp_path / "absent.toml"), "--actor", "jdoe"])
+    command = command.split()[0]
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         f"purger {command} changes what is deleted: say why with --reason (a ticket, an incident); the ledger "
         "records it with who ran it (--actor, by default the OS user)"]
+
+
+@pytest.mark.parametrize("scope, line", [
+    ("mailbox", "scope 'mailbox': write KIND:ID, e.g. mailbox:alice or message:m1"),
+    ("user:u1", "scope user:u1: no enabled policy names a scope of kind 'user'; the kinds are mailbox, message"),
+])
+def test_a_hold_on_a_scope_no_enabled_policy_names_exits_2_in_one_line_before_anything_starts(tmp_path, scope, line):
+    from typer.testing import CliRunner
+
+    from purger.cli import app
+
+    result = CliRunner().invoke(app, ["hold", scope, "--reason", "case 42"])
+    assert result.exit_code == 2
+    assert line in result.output and "Traceback" not in result.output
 
 
 def test_who_runs_a_command_is_the_actor_given_or_the_os_user_and_a_dry_run_needs_no_reason():
