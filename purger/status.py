@@ -104,6 +104,17 @@ class Alert:
 
 
 @dataclass
+class HeldScope:
+    """A legal hold in force (``purger.core.holds``) and how many objects it keeps now."""
+
+    scope: str
+    reason: str
+    placed_by: str
+    placed_at: datetime | None
+    held_objects: int
+
+
+@dataclass
 class Status:
     at: datetime
     checkpoint: str
@@ -116,6 +127,7 @@ class Status:
     lags: Lags | None = None
     reconcile: Reconciled | None = None
     alerts: list[Alert] | None = None  # None: no Prometheus asked, or it did not answer
+    holds: list[HeldScope] | None = None
     unread: list[str] = field(default_factory=list)
 
 
@@ -148,6 +160,9 @@ def gather(spark: SparkSession, config: PurgerConfig, metrics_url: str | None = 
         status.today, status.lags = today
     status.reconcile = _attempt(status.unread, f"reconcile report {config.ledger.reconcile_path}",
                                 lambda: read_reconcile(spark, config))
+    cassandra = config.cassandra
+    status.holds = _attempt(status.unread, f"holds table {cassandra.keyspace}.{cassandra.holds_table}",
+                            lambda: read_holds(config))
     return status
 
 
@@ -213,6 +228,19 @@ def purger_alerts(answer: dict[str, Any]) -> list[Alert]:
         for a in answer["data"]["alerts"] if a["labels"].get("alertname", "").startswith(ALERT_PREFIX)
     ]
     return sorted(alerts, key=lambda a: (a.state != "firing", a.name))
+
+
+def read_holds(config: PurgerConfig) -> list[HeldScope]:
+    """The legal holds in force, from the holds table (``cassandra.holds_table``)."""
+    from purger.holds import HoldRefused, holds_in_force
+
+    try:
+        found = holds_in_force(config)
+    except HoldRefused as refused:
+        raise Unreadable(str(refused)) from None
+    return [HeldScope(hold.scope, hold.reason, hold.placed_by,
+                      from_epoch_ms(hold.placed_at_ms) if hold.placed_at_ms is not None else None, count)
+            for hold, count in found]
 
 
 def read_checkpoint(spark: SparkSession, location: str) -> Batch:
@@ -444,6 +472,23 @@ def _reconcile(status: Status) -> RenderableType:
                       f"{_moment(reconciled.finished, status.at)}, took {took}"), table)
 
 
+def _holds(status: Status) -> RenderableType:
+    if status.holds is None:
+        return Text("Legal holds: not read")
+    if not status.holds:
+        return Text("Legal holds: none in force")
+    table = narrow_table()
+    table.add_column("scope", overflow="fold")
+    figures_column(table, "held", [str(hold.held_objects) for hold in status.holds])
+    table.add_column("since", no_wrap=True)
+    table.add_column("by and why", overflow="fold")
+    for hold in status.holds:
+        since = _moment(hold.placed_at, status.at) if hold.placed_at else "-"
+        table.add_row(hold.scope, str(hold.held_objects), since, f"{hold.placed_by}: {hold.reason}")
+    held = sum(hold.held_objects for hold in status.holds)
+    return Group(Text(f"Legal holds: {len(status.holds)} in force, keeping {held} objects"), table)
+
+
 def _alerts(status: Status) -> RenderableType:
     if status.alerts is None:
         why = "Prometheus did not answer" if status.prometheus else "they need Prometheus (--prometheus URL)"
@@ -468,9 +513,10 @@ def _alerts(status: Status) -> RenderableType:
 
 
 def render(status: Status) -> RenderableType:
-    """The screen: the query and the checkpoint, today's outcomes, the last reconcile, the alerts (or their
-    facts), and what could not be read. Reads at 80 columns."""
-    parts: list[RenderableType] = [_overview(status), _today(status), _reconcile(status), _alerts(status)]
+    """The screen: the query and the checkpoint, today's outcomes, the last reconcile, the legal holds, the alerts
+    (or their facts), and what could not be read. Reads at 80 columns."""
+    parts: list[RenderableType] = [_overview(status), _today(status), _reconcile(status), _holds(status),
+                                   _alerts(status)]
     if status.unread:
         parts.append(Text("Could not read:\n" + "\n".join(f"- {line}" for line in status.unread)))
     spaced: list[RenderableType] = []

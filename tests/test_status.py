@@ -15,7 +15,7 @@ import pytest
 
 from purger.core.vocabulary import STATUSES
 from purger.status import (
-    Batch, Lags, Query, Reconciled, Status, Unreadable, alert_facts, as_json, last_batch, read_alerts, read_query,
+    Batch, HeldScope, Lags, Query, Reconciled, Status, Unreadable, alert_facts, as_json, last_batch, read_alerts, read_query,
     render,
 )
 from tests.support.configs import free_port
@@ -43,6 +43,8 @@ def status(**read) -> Status:
                                                     "orphans_found": 2},
                                         "units_of_work": {"scanned": 300, "unknown_fed": 0, "overdue_fed": 0,
                                                           "orphans_found": 0}}),
+        "holds": [HeldScope("mailbox:alice", "case 2026-117", "jdoe", AT - timedelta(days=3), 12),
+                  HeldScope("user:u7", "DSAR review", "legal-app", None, 0)],
         **read})
 
 
@@ -69,6 +71,11 @@ def test_the_screen_reads_at_80_columns_and_without_prometheus_shows_the_facts_o
     assert "would" not in text
     assert "finished 2026-11-26 02:15:03 UTC (8 h ago), took 12 min" in text
     assert reconciled == ["4000000", "7", "1", "2"], text
+    assert "Legal holds: 2 in force, keeping 12 objects" in lines
+    assert figures(lines, "mailbox:alice") == [["12", "2026-11-23", "10:15:03", "UTC", "(3", "d", "ago)", "jdoe:",
+                                                "case", "2026-117"]], text
+    assert figures(lines, "user:u7") == [["0", "-", "legal-app:", "DSAR", "review"]], text
+    assert "Legal holds: none in force" in at_80(render(status(holds=[])))
     # No threshold: the facts only, and where to get the alerts themselves.
     assert "Alerts: they need Prometheus (--prometheus URL); what the main ones are about:" in lines
     facts = dict(alert_facts(status()))
@@ -92,6 +99,7 @@ def test_what_could_not_be_read_is_a_line_each_and_its_parts_say_unknown():
     words = " ".join(text.split())
     assert "query unknown (metrics not read)" in words and "last batch unknown (checkpoint not read)" in words
     assert "Today, 2026-11-26 (UTC): ledger not read" in text and "Last reconcile: not read" in text
+    assert "Legal holds: not read" in at_80(render(status(holds=None)))
     assert dict(alert_facts(status(query=None)))["PurgerDown"] == "unknown: metrics not read"
     said = " ".join(text[text.index("Could not read:"):].split())
     assert all(f"- {' '.join(line.split())}" in said for line in unread), text
@@ -262,6 +270,7 @@ def test_status_reports_the_ledgers_and_reconciles_counts_and_a_line_for_the_che
                                                           "orphans_found": 0}
     assert read["reconcile"]["dry_run"] is False
     assert read["query"] is None and read["batch"] is None and read["alerts"] is None
+    assert isinstance(read["holds"], list)  # the table's holds, whatever other tests left in force
     metrics, checkpoint = read["unread"]
     assert checkpoint.startswith(f"checkpoint {own.stream.checkpoint_location} does not exist: ")
     assert metrics.startswith(f"metrics endpoint http://127.0.0.1:{own.metrics.port}/metrics did not answer (")
