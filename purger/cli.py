@@ -579,8 +579,16 @@ def hold(
     def placed(spark: Any, config: PurgerConfig, found: Any, who: str, why: str) -> Any:
         return place_hold(spark, config, found, why, who, wait, say=lambda line: typer.echo(line, err=True))
 
-    found, there = _hold_command("hold", scope, config_file, actor, reason, placed)
-    typer.echo(f"{found} already held: {there.why()}" if there else f"{found} held: in force")
+    found, done = _hold_command("hold", scope, config_file, actor, reason, placed)
+    if done.already is not None:
+        typer.echo(f"{found} already held: {done.already.why()}")
+        return
+    typer.echo(f"{found} held: in force")
+    if done.waited_for is not None:
+        what = "it" if done.exact else f"the policies {found.kind} is a scope of (the ledger does not say whose)"
+        typer.echo(f"batch {done.waited_for}, in flight when it was placed, purged {len(done.purged)} of {what}"
+                   + "".join(f"\n  {kind} {object_id}" + (f" in {dc}" if dc else "")
+                             for kind, object_id, dc in done.purged))
 
 
 @app.command("release")

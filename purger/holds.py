@@ -4,23 +4,26 @@
 A hold is in force when ``hold`` returns: the purges read the holds before they claim or delete anything, so
 only a decision that read them before the hold was written can still delete under it, and those are the
 stream's batch in flight then, which ``hold`` waits for (its offsets are in the checkpoint before it starts,
-its commit once it ended). A release lifts the hold, then sends a recheck (``kafka.control_topic``) for each
+its commit once it ended), then lists what it purged (the ledger's records of that batch). A release lifts the hold, then sends a recheck (``kafka.control_topic``) for each
 candidate found held under it meanwhile, so what became due is purged with no event needed; one cut short is
 finished by running it again.
 
 Example::
 
-    place_hold(spark, config, Scope.parse("mailbox:alice"), "case 42", "jdoe", wait_s=600)
+    place_hold(spark, config, Scope.parse("message:m1"), "case 42", "jdoe", wait_s=600)
+    # Placed(already=None, waited_for=4182, purged=[], exact=True)
     release_hold(config, Scope.parse("mailbox:alice"))   # 3: the candidates looked at again
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from purger.core.holds import Hold, Scope
-from purger.core.times import now_ms
+from purger.core.times import from_epoch_ms, now_ms
+from purger.core.vocabulary import PURGED
 from purger.sinks.holds import CassandraHolds
 
 if TYPE_CHECKING:
@@ -60,49 +63,86 @@ def open_holds(config: PurgerConfig) -> tuple[Any, CassandraHolds]:
                           "exist: create it with `purger setup` and this configuration") from None
 
 
+@dataclass(frozen=True)
+class Placed:
+    """What ``place_hold`` did: the hold already in force there (nothing placed), or the batch in flight it waited
+    for and what that batch purged of the policies the scope covers: of the scope itself for an object's scope
+    (``exact``), or all of them for a wider one (a mailbox: the ledger names messages, not their mailboxes)."""
+
+    already: Hold | None = None
+    waited_for: int | None = None
+    purged: list[tuple[str, str, str | None]] = field(default_factory=list)  # kind, id, data centre
+    exact: bool = True
+
+
 def place_hold(spark: SparkSession, config: PurgerConfig, scope: Scope, reason: str, actor: str, wait_s: float,
-               say: Callable[[str], None] = print) -> Hold | None:
-    """Place a hold on ``scope`` and wait for the stream's batch in flight then (``wait_s`` at the most): None
-    once the hold is in force, or the hold already there. A batch still running after ``wait_s`` is refused in
-    one line: the hold stands, and is in force for every later batch."""
-    policies_naming(config, scope)
+               say: Callable[[str], None] = print) -> Placed:
+    """Place a hold on ``scope`` and wait for the stream's batch in flight then (``wait_s`` at the most), then
+    read what that batch purged from the ledger. A batch still running after ``wait_s`` is refused in one line:
+    the hold stands, and is in force for every later batch."""
+    policies = policies_naming(config, scope)
     session, holds = open_holds(config)
     try:
         there = holds.place(str(scope), reason, actor)
     finally:
         session.cluster.shutdown()
     if there is not None:
-        return there
-    batch = in_flight(spark, config.stream.checkpoint_location)
-    if batch is not None:
-        say(f"waiting for batch {batch}, in flight when the hold was placed")
-        deadline = time.monotonic() + wait_s
-        while not ended(spark, config.stream.checkpoint_location, batch):
-            if time.monotonic() > deadline:
-                raise HoldRefused(
-                    f"the hold on {scope} stands, but batch {batch} of {config.stream.checkpoint_location} has not "
-                    f"ended in {wait_s:.0f} s and may still delete under it: run `purger hold {scope}` again to "
-                    "wait for it (a stopped purger runs that batch again under the hold)")
-            time.sleep(0.5)
-    return None
+        return Placed(already=there)
+    location = config.stream.checkpoint_location
+    flight = in_flight(spark, location)
+    if flight is None:
+        return Placed()
+    query_id, batch, started_ms = flight
+    say(f"waiting for batch {batch}, in flight when the hold was placed")
+    deadline = time.monotonic() + wait_s
+    while not ended(spark, location, batch):
+        if time.monotonic() > deadline:
+            raise HoldRefused(
+                f"the hold on {scope} stands, but batch {batch} of {location} has not ended in {wait_s:.0f} s and "
+                f"may still delete under it: run `purger hold {scope}` again to wait for it (a stopped purger runs "
+                "that batch again under the hold)")
+        time.sleep(0.5)
+    exact = any(scope.kind in (kind.name for kind in policy.kinds) for policy in config.policy_set.policies)
+    return Placed(waited_for=batch, purged=purged_by(spark, config, policies, query_id, batch, started_ms,
+                                                    scope if exact else None), exact=exact)
 
 
-def in_flight(spark: SparkSession, location: str) -> int | None:
-    """The checkpoint's batch started and not ended, if any: its offsets are written before it runs, its commit
-    after."""
+def in_flight(spark: SparkSession, location: str) -> tuple[str, int, int] | None:
+    """The checkpoint's batch started and not ended, if any (its offsets are written before it runs, its commit
+    after): the query's id, the batch's and when it started (epoch milliseconds)."""
     from purger.streams.checkpoint import CheckpointFiles
 
     files = CheckpointFiles(spark, location)
     if not files.exists():
         return None
-    started, committed = max(files.log("offsets"), default=None), max(files.log("commits"), default=-1)
-    return started if started is not None and started > committed else None
+    offsets = files.log("offsets")
+    started, committed = max(offsets, default=None), max(files.log("commits"), default=-1)
+    if started is None or started <= committed:
+        return None
+    return files.query_id(), started, offsets[started].getModificationTime()
 
 
 def ended(spark: SparkSession, location: str, batch: int) -> bool:
     from purger.streams.checkpoint import CheckpointFiles
 
     return max(CheckpointFiles(spark, location).log("commits"), default=-1) >= batch
+
+
+def purged_by(spark: SparkSession, config: PurgerConfig, policies: list[str], query_id: str, batch: int,
+              started_ms: int, scope: Scope | None) -> list[tuple[str, str, str | None]]:
+    """The ledger's ``purged`` records of ``policies`` by a query's batch that started at ``started_ms``: of
+    ``scope``'s object alone when given."""
+    from pyspark.sql import functions as F
+
+    from purger.sinks.ledger import Ledger
+
+    started = from_epoch_ms(started_ms)
+    records = Ledger(spark, config.ledger).records().where(
+        (F.col("date") >= F.lit(started.date())) & (F.col("query_id") == query_id) & (F.col("batch_id") == batch)
+        & (F.col("status") == PURGED) & F.col("policy").isin(policies))
+    if scope is not None:
+        records = records.where((F.col("kind") == scope.kind) & (F.col("id") == scope.id))
+    return sorted((row.kind, row.id, row.dc) for row in records.select("kind", "id", "dc").collect())
 
 
 def release_hold(config: PurgerConfig, scope: Scope) -> int | None:

@@ -144,6 +144,11 @@ class CheckpointFiles:
             return {}
         return {int(f.getPath().getName()): f for f in self.fs.listStatus(directory) if f.getPath().getName().isdigit()}
 
+    def query_id(self) -> str:
+        """The query's id, the same across its restarts (the checkpoint's ``metadata``)."""
+        metadata = self.fs.getFileStatus(self.hadoop.Path(self.root, "metadata"))
+        return json.loads(self.text(metadata))["id"]
+
     def text(self, file: Any) -> str:
         stream = self.fs.open(file.getPath())
         try:

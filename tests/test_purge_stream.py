@@ -152,7 +152,7 @@ def test_a_held_mailbox_keeps_its_due_message_until_the_release_then_it_goes_wit
     run = uuid.uuid4().hex[:8]
     scope = Scope("mailbox", f"held-{run}")
     held, free = f"{run}-held", f"{run}-free"
-    assert place_hold(spark, config, scope, "case 42", "test", wait_s=60) is None
+    assert place_hold(spark, config, scope, "case 42", "test", wait_s=60).already is None
     platform.enqueue(held, f"p-{held}", mailbox=scope.id, at=ago(r.expired_ttl))
     platform.dequeue(held, 0, at=ago(r.expired_ttl))
     platform.enqueue(free, f"p-{free}", at=ago(r.expired_ttl))
@@ -182,9 +182,14 @@ def test_a_hold_placed_while_its_scope_is_being_purged_is_in_force_when_the_comm
     platform.flush()
     wait_for(lambda: platform.row(messages[0]) is None or platform.row(messages[-1]) is None, timeout_s=60,
              what="the mailbox's purge to begin")
-    assert place_hold(spark, config, scope, "case 43", "test", wait_s=120) is None
+    placed = place_hold(spark, config, scope, "case 43", "test", wait_s=120)
     there = {m for m in messages if platform.row(m) is not None}
     assert there, "the purge ended before the hold: nothing was in flight to stop"
+    # What the batch in flight purged (every message it purged: the ledger does not name mailboxes), of these
+    # among them, was purged before the command returned.
+    assert placed.already is None and not placed.exact
+    assert {object_id for kind, object_id, _ in placed.purged if kind == "message"} & set(messages) <= \
+        set(messages) - there
     wait_for(lambda: held_objects(config, scope) == len(there), timeout_s=60,
              what="every message left decided held")
     assert {m for m in messages if platform.row(m) is not None} == there, "deleted after the hold was in force"
