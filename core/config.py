@@ -168,6 +168,8 @@ class CassandraConfig(_Section):
     journal_table: str = "purger_journal"
     # The legal holds (`purger hold`), a table of the purger's own that the platform may write too.
     holds_table: str = "purger_holds"
+    # The objects whose purge fails, each failure's retry backed off (stream.retry_cap), a table of its own.
+    failures_table: str = "purger_failures"
     # PasswordAuthenticator's login.
     username: str | None = None
     password: SecretStr | None = None
@@ -236,8 +238,11 @@ class StreamConfig(_Section):
     # so far during a backlog (see streams/clock.py).
     # A tick is a few bytes: a short interval keeps the watermark within a second of the wall clock.
     clock_interval: Duration = timedelta(seconds=1)
-    # When to try again a purge that failed (a data centre's store or Cassandra did not answer).
+    # When to try again a purge that failed (a data centre's store or Cassandra did not answer): after
+    # retry_interval, then twice as long at each failure in a row, to retry_cap; its error is recorded in the
+    # ledger once a day (docs/operations.md, "Failures that go on").
     retry_interval: Duration = timedelta(minutes=1)
+    retry_cap: Duration = timedelta(hours=1)
     # How long an object that never was a candidate and has nothing due (a late duplicate of one purged, a
     # feed record read after its object went) is kept after its last event; then it is forgotten and
     # counted (purger_forgotten_total). A live object forgotten so is found again by the next reconcile.

@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal
 
 from purger.core.holds import Holds
 
-__all__ = ["Consistency", "Control", "Journal", "Resources", "Tables"]
+__all__ = ["Consistency", "Control", "Failures", "Journal", "Resources", "Retry", "Tables"]
 
 
 class Control(ABC):
@@ -48,6 +48,25 @@ class Journal(ABC):
     @abstractmethod
     def intended(self, kind: str, object_id: str) -> dict[str, str]:
         """The object's intent (key -> batch); empty when there is none."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """When to try a failed purge again, and whether its error goes to the ledger (``Failures.failed``)."""
+
+    at_ms: int
+    record: bool
+    failures: int  # in a row, this one included
+
+
+class Failures(ABC):
+    """The objects whose purge fails (``purger.core.retries``): each failure backs the next attempt off, to
+    ``stream.retry_cap``, and its error is recorded once a day. The engine's is
+    ``purger.sinks.failures.CassandraFailures``."""
+
+    @abstractmethod
+    def failed(self, kind: str, object_id: str, error: str) -> Retry:
+        """The object's purge failed now with ``error``: when to try again, and whether to record it."""
 
 
 Consistency = Literal["configured", "serial", "quorum", "local_quorum"]
@@ -102,5 +121,6 @@ class Resources:
     control: Control
     journal: Journal
     holds: Holds  # the legal holds in force (``purger.core.holds``)
-    retry_ms: int  # when to try again after a store or Cassandra failed
+    failures: Failures  # when a failed purge is tried again
+    retry_ms: int  # the soonest a candidate found not due under its own rule is looked at again
     dry_run: bool  # decide and record would_delete; delete nothing

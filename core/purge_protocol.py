@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import json
 from typing import Any, Callable, ClassVar, Generator, Generic, Iterable, Iterator, TypeVar
 
@@ -79,6 +79,8 @@ class Outcome:
     # A deletion recorded from an intent (``Journal``): the batch that meant to delete it, so the record is
     # the same whichever attempt or batch writes it, and the ledger keeps one. None: this attempt deleted it.
     intent: str | None = None
+    # False: counted, not written to the ledger (an error after the object's first today, ``Failures``).
+    recorded: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,9 +157,9 @@ class ObjectPurge(Purge, Generic[R]):
        to a writer: ``skipped`` and a recheck.
     3. Claimed (now, or by an attempt that crashed; a dry run leaves it to the real run): the intent to
        delete the dependents (``dependents``) and the row is journalled, then the dependents are deleted in
-       order, each one's outcome recorded; a store that failed leaves the row for a recheck after
-       ``stream.retry_interval``. Then the row (``delete``, a lightweight transaction: the one step that
-       deletes it). Not applied: the row, read again, says why (gone: another writer removed it; changed
+       order, each one's outcome recorded; a store that failed leaves the row for a recheck, backed off from
+       ``stream.retry_interval`` to ``stream.retry_cap`` as its failures go on, its error recorded once a
+       day. Then the row (``delete``, a lightweight transaction: the one step that deletes it). Not applied: the row, read again, says why (gone: another writer removed it; changed
        since it was read), and the intent no longer names it.
     4. After the row: what goes after it (``followers``, named in the intent with the row), each one's outcome
        recorded; then, whoever deleted the row, ``released`` (e.g. a message's payload, once nothing refers
@@ -314,8 +316,8 @@ class ObjectPurge(Purge, Generic[R]):
     def _deleted_all(self, candidate: Candidate, found: list[Dependent]
                      ) -> Generator[Outcome, None, list[Dependent]]:
         """``found`` deleted in order, each one's outcome; those that went. A store that failed leaves the object
-        for a recheck after ``stream.retry_interval``."""
-        went = []
+        for a recheck, backed off (``_failed``)."""
+        went, errors = [], []
         for number, dependent in enumerate(found):
             error = dependent.delete()
             if error is None:
@@ -324,9 +326,8 @@ class ObjectPurge(Purge, Generic[R]):
                 went.append(dependent)
                 yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, dc=dependent.dc, deleted_at_ms=now_ms())
             else:
-                yield Outcome(ERROR, error, kind=dependent.kind, id=dependent.id, dc=dependent.dc)
-        if len(went) < len(found):
-            self._recheck(candidate, Eligibility(candidate.rule, now_ms() + self.resources.retry_ms))
+                errors.append(Outcome(ERROR, error, kind=dependent.kind, id=dependent.id, dc=dependent.dc))
+        yield from self._failed(candidate, errors)
         return went
 
     def _intend(self, candidate: Candidate, found: list[Dependent], claimed_before: bool, attempt: Attempt
@@ -383,6 +384,15 @@ class ObjectPurge(Purge, Generic[R]):
                                               Eligibility(candidate.rule, now_ms())))
         return Outcome(SKIPPED, hold.why())
 
+    def _failed(self, candidate: Candidate, errors: list[Outcome]) -> Iterator[Outcome]:
+        """Stores failed: the errors, recorded in the ledger if they are the object's first today, and a recheck
+        backed off by its failures in a row (``Resources.failures``). None: nothing failed."""
+        if not errors:
+            return
+        retry = self.resources.failures.failed(candidate.kind, candidate.id, errors[0].reason or "")
+        self._recheck(candidate, Eligibility(candidate.rule, retry.at_ms))
+        yield from (replace(error, recorded=retry.record) for error in errors)
+
     def _kept(self, candidate: Candidate, kept: Kept) -> Outcome:
         if kept.recheck is not None:
             self._recheck(candidate, kept.recheck)
@@ -412,15 +422,14 @@ class ObjectPurge(Purge, Generic[R]):
             self.released(candidate, None)
             return
         again = {leftover.key: leftover for leftover in self.leftovers(candidate)}
-        failed = False
+        errors = []
         for key in sorted(intent):
             error = again[key].delete() if key in again else None
             if error is not None:
-                failed = True
                 kind, object_id, dc = json.loads(key)
-                yield Outcome(ERROR, error, kind=kind, id=object_id, dc=dc)
-        if failed:
-            self._recheck(candidate, Eligibility(candidate.rule, now_ms() + self.resources.retry_ms))
+                errors.append(Outcome(ERROR, error, kind=kind, id=object_id, dc=dc))
+        if errors:
+            yield from self._failed(candidate, errors)
             return
         yield from recorded_from_intent(intent)
         self.released(candidate, None)

@@ -1,8 +1,9 @@
 """``purger setup``: the purger's own topics created, and what it needs of the platform checked.
 
 The purger owns three Kafka topics, the control, reconcile and dead-letter topics,
-and two Cassandra tables in the platform's keyspace, its journal
-(``sinks.journal``) and its legal holds (``sinks.holds``): ``set_up`` creates them when they are missing
+and three Cassandra tables in the platform's keyspace, its journal
+(``sinks.journal``), its legal holds (``sinks.holds``) and its failing purges
+(``sinks.failures``): ``set_up`` creates them when they are missing
 (``own_topics`` says how for the topics), and a dry run's control and
 dead-letter topics beside them (``dry_run_topics``), which `purger run
 --dry-run` then finds.
@@ -48,6 +49,7 @@ from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
 from purger.core.writer_contract import (
     KNOWN_STRATEGIES, SERIAL_LEVELS, Replication, reach, replication_from_schema, seen, seen_from_every_data_centre)
 from purger.output import human_duration
+from purger.sinks.failures import FAILURES_COLUMNS, failures_schema
 from purger.sinks.holds import HOLDS_COLUMNS, holds_schema
 from purger.sinks.journal import JOURNAL_COLUMNS, journal_schema
 
@@ -482,6 +484,8 @@ OWN_TABLES = (
              "drop the table and run `purger setup` again (it holds nothing a stopped purger needs)"),
     OwnTable("holds_table", "the legal holds", HOLDS_COLUMNS, holds_schema,
              "add it as the holds table's schema in docs/operations.md has it (the holds in it stand meanwhile)"),
+    OwnTable("failures_table", "the failing purges", FAILURES_COLUMNS, failures_schema,
+             "drop the table and run `purger setup` again (a failing purge is then tried again at once)"),
 )
 
 

@@ -80,6 +80,7 @@ from purger.core.vocabulary import (
 from purger.reconcile.token_ranges import scan_plan, scan_ranges
 from purger.reconcile.verdict import ReportRow
 from purger.sinks.clients import executor_session
+from purger.sinks.failures import CassandraFailures
 from purger.sinks.holds import CassandraHolds
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
@@ -209,7 +210,8 @@ def _orphan_purge(config: PurgerConfig, sweep: Sweep) -> "OrphanBlobPurge | Orph
         if key not in _purges:
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace), None, _NoRecheck(),
-                                  journal, CassandraHolds.of(session, config.cassandra), duration_ms(config.stream.retry_interval),
+                                  journal, CassandraHolds.of(session, config.cassandra),
+                                  CassandraFailures.of(session, config), duration_ms(config.stream.retry_interval),
                                   sweep.dry_run)
             if isinstance(sweep.orphans, Blobs):
                 _purges[key] = OrphanBlobPurge(resources, store, config.stores[sweep.dc].bucket, sweep)

@@ -21,6 +21,7 @@ from purger.core.handles import Resources
 from purger.core.purge_protocol import Purge
 from purger.connectors import CassandraTables, cassandra_session, kafka_producer
 from purger.sinks.dead_letters import DeadLetters
+from purger.sinks.failures import CassandraFailures
 from purger.sinks.holds import CassandraHolds
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
@@ -35,7 +36,7 @@ class Clients:
     control: ControlWriter
     dead_letters: DeadLetters
     purges: dict[str, Purge]  # by kind
-    retry_ms: int
+    failures: CassandraFailures
     journal: CassandraJournal
     stores: ObjectStores
 
@@ -74,9 +75,11 @@ def executor_clients(config: PurgerConfig) -> Clients:
             session = _session(config)
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
             stores = ObjectStores(config.stores)
-            resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace),
-                                  stores, control, journal, CassandraHolds.of(session, config.cassandra), retry_ms, config.stream.dry_run)
+            failures = CassandraFailures.of(session, config)
+            resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace), stores, control,
+                                  journal, CassandraHolds.of(session, config.cassandra), failures, retry_ms,
+                                  config.stream.dry_run)
             purges = {kind: purge for policy in policies.policies for kind, purge in policy.purges(resources).items()}
-            _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purges, retry_ms,
+            _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purges, failures,
                                  journal, stores)
         return _made[key]

@@ -11,7 +11,7 @@ rechecked after ``stream.retry_interval``. Every decision is one outcome row
 
 Example::
 
-    outcomes = list(purge_partition(rows, config, batch_id=7))
+    outcomes = list(ledger_rows(purge_partition(rows, config, batch_id=7)))
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from purger.core.config import PurgerConfig
+from purger.core.handles import Retry
 from purger.core.purge_protocol import Attempt, Candidate, Outcome
-from purger.core.times import now_ms
+from purger.core.times import duration_ms, now_ms
 from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED, ENGINE, ERROR
 from purger.sinks.clients import executor_clients
 from purger.sinks.throttle import Pacer, bounded_map
@@ -58,9 +59,19 @@ OUTCOME_SCHEMA = StructType(
 )
 
 
+# After a tuple's ledger columns: whether it goes to the ledger (``Outcome.recorded``); counted either way.
+RECORDED = len(OUTCOME_SCHEMA.fields)
+
+
+def ledger_rows(outcomes: Iterable[tuple]) -> Iterator[tuple]:
+    """The ledger's rows of ``purge_partition``'s outcomes: those it records, without the flag."""
+    return (outcome[:RECORDED] for outcome in outcomes if outcome[RECORDED])
+
+
 def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: int,
                     deletions_per_second: float | None = None, query_id: str = "") -> Iterator[tuple]:
-    """Purge one partition's candidates and dead-letter its bad records; yield ``OUTCOME_SCHEMA`` tuples.
+    """Purge one partition's candidates and dead-letter its bad records; yield ``OUTCOME_SCHEMA`` tuples, each
+    followed by whether the ledger records it (``RECORDED``, ``ledger_rows``).
 
     Deletions are paced at ``deletions_per_second`` (this task's share of the cap; the whole cap if None).
     A second run of the partition (a retried batch, task or stage) may find its records in the ledger already:
@@ -79,7 +90,7 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     def purge_one(row: Row) -> list[tuple]:
         def record(o: Outcome, policy: str = ENGINE) -> tuple:
             return (policy, o.kind or row.kind, o.id or row.id, row.rule, o.dc, o.status, o.reason,
-                    row.eligible_at_ms, now_ms(), o.deleted_at_ms, batch_id, worker, o.intent)
+                    row.eligible_at_ms, now_ms(), o.deleted_at_ms, batch_id, worker, o.intent, o.recorded)
 
         if row.kind == DEAD_LETTER:
             clients.dead_letters.send(row.key, row.value, row.reason, row.topic, row.partition, row.offset)
@@ -90,9 +101,15 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
         try:
             outcomes.extend(record(o, policy) for o in clients.purges[row.kind].purge(candidate, attempt))
         except Exception as error:  # Cassandra unavailable, timeouts: this candidate only, retried later
-            log.warning("purge of %s %s failed, retrying in %d ms: %s", row.kind, row.id, clients.retry_ms, error)
-            outcomes.append(record(Outcome(ERROR, f"{type(error).__name__}: {error}"), policy))
-            clients.control.recheck(row.kind, row.id, row.rule, now_ms() + clients.retry_ms)
+            said = f"{type(error).__name__}: {error}"
+            try:
+                retry = clients.failures.failed(row.kind, row.id, said)
+            except Exception:  # Cassandra is what failed: the first backoff, recorded
+                retry = Retry(now_ms() + duration_ms(config.stream.retry_interval), True, 1)
+            log.warning("purge of %s %s failed (%d in a row), retrying in %d ms: %s", row.kind, row.id,
+                        retry.failures, retry.at_ms - now_ms(), error)
+            outcomes.append(record(Outcome(ERROR, said, recorded=retry.record), policy))
+            clients.control.recheck(row.kind, row.id, row.rule, retry.at_ms)
         return outcomes
 
     def paced(row: Row) -> Row:

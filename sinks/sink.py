@@ -36,7 +36,7 @@ from purger.core.failpoints import failpoint
 from purger.core.times import human_duration
 from purger.sinks.attempts import first_attempt, first_attempted_ms
 from purger.sinks.ledger import Ledger, lag_seconds
-from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition
+from purger.sinks.purge import OUTCOME_SCHEMA, ledger_rows, purge_partition
 from purger.sinks.throttle import per_task_rate
 
 log = logging.getLogger(__name__)
@@ -95,16 +95,21 @@ class OutcomeTally(AccumulatorParam):
 
     @classmethod
     def counted(cls, outcomes: Iterator[tuple], tally: Accumulator) -> Iterator[tuple]:
-        """Pass ``outcomes`` on, then add their counts and lags to ``tally``. A deletion without both
-        times (a policy that does not say when it deleted) is counted and has no lag."""
+        """Pass the ledger's rows of ``outcomes`` on (``ledger_rows``), then add the counts and lags of every one,
+        recorded or not, to ``tally``. A deletion without both times (a policy that does not say when it
+        deleted) is counted and has no lag."""
         counts, lags, from_intent = cls().zero()
-        for outcome in outcomes:
-            counts[(outcome[cls.KIND], outcome[cls.STATUS])] += 1
-            eligible_at, deleted_at = outcome[cls.ELIGIBLE_AT], outcome[cls.DELETED_AT]
-            if outcome[cls.STATUS] == PURGED and eligible_at is not None and deleted_at is not None:
-                lags.observe(lag_seconds(eligible_at, deleted_at))
-            from_intent[0] += outcome[cls.INTENT] is not None
-            yield outcome
+
+        def counting() -> Iterator[tuple]:
+            for outcome in outcomes:
+                counts[(outcome[cls.KIND], outcome[cls.STATUS])] += 1
+                eligible_at, deleted_at = outcome[cls.ELIGIBLE_AT], outcome[cls.DELETED_AT]
+                if outcome[cls.STATUS] == PURGED and eligible_at is not None and deleted_at is not None:
+                    lags.observe(lag_seconds(eligible_at, deleted_at))
+                from_intent[0] += outcome[cls.INTENT] is not None
+                yield outcome
+
+        yield from ledger_rows(counting())
         tally.add((counts, lags, from_intent))
 
 

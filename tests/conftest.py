@@ -133,6 +133,7 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
                 "watermark_delay": "2s",
                 "clock_interval": "1s",
                 "retry_interval": "2s",
+                "retry_cap": "10s",
                 "shuffle_partitions": 2,
             },
             "ledger": {"path": str(ledger / "records"), "report_path": str(ledger / "daily_report"),

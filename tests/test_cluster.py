@@ -69,6 +69,7 @@ def job_config(servers, base: Path, name: str, **stream: object) -> Path:
             "watermark_delay": "2s",
             "clock_interval": "1s",
             "retry_interval": "2s",
+            "retry_cap": "10s",
             "shuffle_partitions": 2,
             **stream,
         },

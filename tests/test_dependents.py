@@ -19,7 +19,7 @@ from purger.core.policy import (
     Attempt, Candidate, Control, Dependent, Eligibility, Journal, ObjectPurge, Outcome, Resources,
 )
 from purger.core.vocabulary import ALREADY_GONE, HELD, PURGED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, category
-from tests.support.holds import MemoryHolds
+from tests.support.memory import MemoryFailures, MemoryHolds
 
 CANDIDATE = Candidate("thing", "t1", "rule", 0)
 
@@ -87,11 +87,12 @@ class Thing:
 class ThingPurge(ObjectPurge[Thing]):
     """A policy's steps, on memory."""
 
-    def __init__(self, thing: Thing, journal: Journal, dry_run: bool = False, holds: MemoryHolds | None = None) -> None:
+    def __init__(self, thing: Thing, journal: Journal, dry_run: bool = False, holds: MemoryHolds | None = None,
+                 failures: MemoryFailures | None = None) -> None:
         self.control = RecordedControl()
         self.holds = holds or MemoryHolds()
-        super().__init__(Resources(lambda names: None, None, self.control, journal, self.holds, retry_ms=1_000,
-                                   dry_run=dry_run), {})
+        super().__init__(Resources(lambda names: None, None, self.control, journal, self.holds,
+                                   failures or MemoryFailures(), retry_ms=1_000, dry_run=dry_run), {})
         self.thing = thing
 
     def read(self, candidate: Candidate, serial: bool = False) -> Thing | None:

@@ -44,7 +44,7 @@ from purger.core.times import (  # noqa: E402
 from purger.core.vocabulary import WOULD_DELETE  # noqa: E402
 from purger.policies import build_policy_set, rule_events, units_of_work, users  # noqa: E402
 from purger.policies.mailbox import deletes  # noqa: E402
-from tests.support.holds import MemoryHolds  # noqa: E402
+from tests.support.memory import MemoryFailures, MemoryHolds  # noqa: E402
 from purger.policies.rule_events import STATUSES  # noqa: E402
 from purger.policies.units_of_work import JOURNEY_TYPES  # noqa: E402
 from purger.streams.parse import MAX_ID_LENGTH, event_fields  # noqa: E402
@@ -403,7 +403,7 @@ def purged_now(table: Table, sample: Sample) -> bool:
     scanned = table.scanned
     tables = RowTables(scanned.table, sample.row, sample.refs)
     resources = Resources(lambda names: tables, stores=None, control=NoControl(), journal=None, holds=MemoryHolds(),
-                          retry_ms=1_000, dry_run=True)
+                          failures=MemoryFailures(), retry_ms=1_000, dry_run=True)
     purge = POLICY[table.policy].purges(resources)[scanned.kind]
     candidate = Candidate(scanned.kind, str(sample.row[scanned.id_column]), "", 0)
     if purge.claimed(purge.read(candidate)):

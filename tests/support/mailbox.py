@@ -21,6 +21,7 @@ from purger.core.times import now_ms
 from purger.core.vocabulary import ERROR, PURGED
 from purger.policies.mailbox.deletes import MessagePurge
 from purger.policies.mailbox.state import MESSAGE
+from purger.sinks.failures import CassandraFailures
 from purger.sinks.holds import CassandraHolds
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
@@ -63,7 +64,8 @@ def message_purge(session: Any, config: PurgerConfig, dry_run: bool = False) -> 
     keyspace = config.cassandra.keyspace
     resources = Resources(partial(CassandraTables, session, keyspace), ObjectStores(config.stores), control,
                           CassandraJournal(session, keyspace, config.cassandra.journal_table),
-                          CassandraHolds.of(session, config.cassandra), retry_ms=2_000, dry_run=dry_run)
+                          CassandraHolds.of(session, config.cassandra), CassandraFailures.of(session, config),
+                          retry_ms=2_000, dry_run=dry_run)
     return config.policy_set.policy_of(MESSAGE).purges(resources)[MESSAGE], control
 
 

@@ -30,6 +30,7 @@ from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
 from purger.core.policy import Control, ObjectKind, Policy, Resources
 from devstack.stack import keyspace_replication
 from purger.setup import create_own_tables
+from purger.sinks.failures import CassandraFailures
 from purger.sinks.holds import CassandraHolds
 from purger.sinks.journal import CassandraJournal
 
@@ -56,7 +57,9 @@ def resources(session: Any, keyspace: str, control: Control, dry_run: bool = Fal
     cassandra = CassandraConfig(keyspace=keyspace)
     return Resources(partial(CassandraTables, session, keyspace), stores=None, control=control,
                      journal=CassandraJournal(session, keyspace, cassandra.journal_table),
-                     holds=CassandraHolds.of(session, cassandra), retry_ms=2_000, dry_run=dry_run)
+                     holds=CassandraHolds.of(session, cassandra),
+                     failures=CassandraFailures(session, keyspace, cassandra.failures_table, 2_000, 60_000),
+                     retry_ms=2_000, dry_run=dry_run)
 
 
 def environment_config() -> PurgerConfig:
