@@ -93,6 +93,8 @@ class PurgerMetrics:
                                           "Purged objects per second of the last batch's sink time", registry=r)
         self.candidates = PromCounter("purger_candidates", "Candidates by kind, each paced by the deletion cap",
                                       ["kind"], registry=r)
+        self.stuck = Gauge("purger_objects_stuck", "Objects whose purge has failed for over an hour, still "
+                           "retried (of the failures table's first 10,000 rows)", registry=r)
         self.forgotten = PromCounter("purger_forgotten", "Objects dropped from the state without ever having been "
                                      "a candidate, stream.forget_after after their last event", ["kind"], registry=r)
         Gauge("purger_max_deletions_per_second", "stream.max_deletions_per_second: the cap on candidates purged "

@@ -27,7 +27,7 @@ from purger.metrics import ProgressFollower, PurgerMetrics
 from purger.reconcile.run import last_reconcile_finished_s, next_reconcile_in_s, reconcile
 from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
-from purger.core.times import duration_ms
+from purger.core.times import duration_ms, now_ms
 from purger.streams.candidates import candidates_stream
 from purger.streams.checkpoint import check_continuable, reconcile_apart
 from purger.streams.clock import Clock
@@ -149,7 +149,9 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
                             RECONCILE_JOB_GROUP, lambda: set_up_thread(spark, RECONCILE_JOB_GROUP, "reconcile"),
                             lambda: _cancel_reconcile(spark),
                             first_in=lambda: _first_reconcile_in_s(spark, config, metrics))
-    beside = [each for each in (reporting, reconciling, upkeeping) if each is not None]
+    counting = Every(config.ledger.report_interval.total_seconds(), lambda: _count_stuck(config, metrics),
+                     "purger-stuck")
+    beside = [each for each in (reporting, reconciling, upkeeping, counting) if each is not None]
     return RunningPurger(query, sink, clock, metrics, lambda: _stopped(follower, server, beside),
                          reporting, reconciling, upkeeping)
 
@@ -188,6 +190,15 @@ def _upkeep(ledger: Ledger) -> None:
         first_line = (str(error).strip().splitlines() or [""])[0]
         log.warning("ledger %s: upkeep failed, tried again at the next round: %s: %s", ledger.path, type(error).__name__,
                     first_line)
+
+
+def _count_stuck(config: PurgerConfig, metrics: PurgerMetrics) -> None:
+    """``purger_objects_stuck``: a scan of the failures table, which holds the objects that failed this week."""
+    from purger.sinks.clients import executor_session
+    from purger.sinks.failures import STUCK_AFTER_MS, CassandraFailures
+
+    failures = CassandraFailures.of(executor_session(config), config)
+    metrics.stuck.set(len(failures.stuck(now_ms(), STUCK_AFTER_MS)))
 
 
 def _cancel_reconcile(spark: SparkSession) -> None:

@@ -38,6 +38,7 @@ from purger.core.config import PurgerConfig
 from purger.core.times import from_epoch_ms, human_duration
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, STATUSES, WOULD_DELETE
 from purger.output import figures_column, narrow_table
+from purger.sinks.failures import STUCK_AFTER_MS, CassandraFailures, Stuck
 
 if TYPE_CHECKING:  # Spark loads when the command reads
     from pyspark.sql import SparkSession
@@ -128,6 +129,7 @@ class Status:
     reconcile: Reconciled | None = None
     alerts: list[Alert] | None = None  # None: no Prometheus asked, or it did not answer
     holds: list[HeldScope] | None = None
+    stuck: list[Stuck] | None = None  # failing for over an hour, longest first
     unread: list[str] = field(default_factory=list)
 
 
@@ -163,6 +165,8 @@ def gather(spark: SparkSession, config: PurgerConfig, metrics_url: str | None = 
     cassandra = config.cassandra
     status.holds = _attempt(status.unread, f"holds table {cassandra.keyspace}.{cassandra.holds_table}",
                             lambda: read_holds(config))
+    status.stuck = _attempt(status.unread, f"failures table {cassandra.keyspace}.{cassandra.failures_table}",
+                            lambda: read_stuck(config, at))
     return status
 
 
@@ -241,6 +245,17 @@ def read_holds(config: PurgerConfig) -> list[HeldScope]:
     return [HeldScope(hold.scope, hold.reason, hold.placed_by,
                       from_epoch_ms(hold.placed_at_ms) if hold.placed_at_ms is not None else None, count)
             for hold, count in found]
+
+
+def read_stuck(config: PurgerConfig, at: datetime) -> list[Stuck]:
+    """The objects whose purge has failed for over an hour and is still retried (``cassandra.failures_table``)."""
+    from purger.connectors import cassandra_session
+
+    session = cassandra_session(config.cassandra)
+    try:
+        return CassandraFailures.of(session, config).stuck(int(at.timestamp() * 1000), STUCK_AFTER_MS)
+    finally:
+        session.cluster.shutdown()
 
 
 def read_checkpoint(spark: SparkSession, location: str) -> Batch:
@@ -489,6 +504,27 @@ def _holds(status: Status) -> RenderableType:
     return Group(Text(f"Legal holds: {len(status.holds)} in force, keeping {held} objects"), table)
 
 
+# The stuck objects shown, the longest failing first.
+STUCK_SHOWN = 10
+
+
+def _stuck(status: Status) -> RenderableType:
+    if status.stuck is None:
+        return Text("Failing for over an hour: not read")
+    if not status.stuck:
+        return Text("Failing for over an hour: none")
+    table = narrow_table()
+    table.add_column("object", overflow="fold")
+    figures_column(table, "tries", [str(stuck.failures) for stuck in status.stuck[:STUCK_SHOWN]])
+    table.add_column("since", no_wrap=True)
+    table.add_column("last error", overflow="fold")
+    for stuck in status.stuck[:STUCK_SHOWN]:
+        table.add_row(f"{stuck.kind} {stuck.id}", str(stuck.failures), _moment(from_epoch_ms(stuck.since_ms), status.at),
+                      stuck.error)
+    more = f" (the {STUCK_SHOWN} longest below)" if len(status.stuck) > STUCK_SHOWN else ""
+    return Group(Text(f"Failing for over an hour: {len(status.stuck)} objects, still retried{more}"), table)
+
+
 def _alerts(status: Status) -> RenderableType:
     if status.alerts is None:
         why = "Prometheus did not answer" if status.prometheus else "they need Prometheus (--prometheus URL)"
@@ -513,10 +549,10 @@ def _alerts(status: Status) -> RenderableType:
 
 
 def render(status: Status) -> RenderableType:
-    """The screen: the query and the checkpoint, today's outcomes, the last reconcile, the legal holds, the alerts
-    (or their facts), and what could not be read. Reads at 80 columns."""
+    """The screen: the query and the checkpoint, today's outcomes, the last reconcile, the legal holds, the objects
+    failing for long, the alerts (or their facts), and what could not be read. Reads at 80 columns."""
     parts: list[RenderableType] = [_overview(status), _today(status), _reconcile(status), _holds(status),
-                                   _alerts(status)]
+                                   _stuck(status), _alerts(status)]
     if status.unread:
         parts.append(Text("Could not read:\n" + "\n".join(f"- {line}" for line in status.unread)))
     spaced: list[RenderableType] = []

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from purger.core.config import PurgerConfig
 
 FAILURES_TTL_S = 7 * 24 * 3600
+# Failing for longer than this: stuck (``purger status``, ``purger_objects_stuck``, PurgerObjectsStuck).
+STUCK_AFTER_MS = 3_600_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS {keyspace}.{table} (

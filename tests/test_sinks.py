@@ -15,6 +15,7 @@ from purger.core.times import now_ms
 from purger.core.vocabulary import ALREADY_GONE, EARLIER_ATTEMPT, ERROR, PURGED, SKIPPED, WOULD_DELETE, category
 from purger.policies.mailbox.deletes import DELETING, payload_key
 from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_BY_DATE, INCOMPLETE, PAYLOAD
+from purger.sinks.failures import CassandraFailures
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
 from purger.sinks.purge import purge_partition
@@ -361,3 +362,20 @@ def test_writers_linking_to_payloads_being_purged_never_lose_a_referenced_payloa
     assert purged and linked and not set(purged) & set(linked)
     for p in purged:
         assert platform.payload_gone(p)
+
+
+def test_a_purge_that_keeps_failing_is_tried_later_each_time_and_its_error_recorded_once_a_day(platform, config):
+    """SPEC 10.4 on the real servers: a payload naming a data centre no store is configured for fails at every
+    attempt. Its blobs in the stores there go at the first; its error is a ledger row the first time only; the
+    failures table counts the attempts, and lists it among the objects failing."""
+    p = unreferenced_payload(platform, config)
+    platform.session.execute(f"UPDATE {mailbox(config).payloads_table} SET dcs = dcs + {{'dc3'}} "
+                             "WHERE payload_id = %s", (p,))
+    attempts = [purge(config, candidate("payload", p, PAYLOAD, dcs=("dc1", "dc2", "dc3"))) for _ in range(3)]
+    errors = [[(row["dc"], category(row["reason"])) for row in rows if row["status"] == ERROR] for rows in attempts]
+    assert errors == [[("dc3", "no object store configured for data centre 'dc3'")], [], []], errors
+    assert not platform.blob_exists(p, "dc1") and not platform.blob_exists(p, "dc2")
+    assert platform.payload_row(p)["dcs"] == {"dc3"}
+    failures = CassandraFailures.of(platform.session, config)
+    [stuck] = [each for each in failures.stuck(now_ms(), longer_than_ms=-1) if each.id == p]
+    assert stuck.kind == "payload" and stuck.failures == 3 and "dc3" in stuck.error

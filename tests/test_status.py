@@ -15,7 +15,7 @@ import pytest
 
 from purger.core.vocabulary import STATUSES
 from purger.status import (
-    Batch, HeldScope, Lags, Query, Reconciled, Status, Unreadable, alert_facts, as_json, last_batch, read_alerts, read_query,
+    Batch, HeldScope, Lags, Query, Reconciled, Status, Stuck, Unreadable, alert_facts, as_json, last_batch, read_alerts, read_query,
     render,
 )
 from tests.support.configs import free_port
@@ -45,6 +45,8 @@ def status(**read) -> Status:
                                                           "orphans_found": 0}}),
         "holds": [HeldScope("mailbox:alice", "case 2026-117", "jdoe", AT - timedelta(days=3), 12),
                   HeldScope("user:u7", "DSAR review", "legal-app", None, 0)],
+        "stuck": [Stuck("payload", "p-9", 30, int((AT - timedelta(hours=26)).timestamp() * 1000),
+                        "no object store configured for data centre 'dc3'")],
         **read})
 
 
@@ -76,6 +78,10 @@ def test_the_screen_reads_at_80_columns_and_without_prometheus_shows_the_facts_o
                                                 "case", "2026-117"]], text
     assert figures(lines, "user:u7") == [["0", "-", "legal-app:", "DSAR", "review"]], text
     assert "Legal holds: none in force" in at_80(render(status(holds=[])))
+    assert "Failing for over an hour: 1 objects, still retried" in [line.rstrip() for line in lines]
+    assert figures(lines, "payload") == [["p-9", "30", "2026-11-25", "08:15:03", "UTC", "(1.1", "d", "ago)", "no",
+                                          "object", "store", "configured"]], text
+    assert "Failing for over an hour: none" in at_80(render(status(stuck=[])))
     # No threshold: the facts only, and where to get the alerts themselves.
     assert "Alerts: they need Prometheus (--prometheus URL); what the main ones are about:" in lines
     facts = dict(alert_facts(status()))
@@ -271,6 +277,7 @@ def test_status_reports_the_ledgers_and_reconciles_counts_and_a_line_for_the_che
     assert read["reconcile"]["dry_run"] is False
     assert read["query"] is None and read["batch"] is None and read["alerts"] is None
     assert isinstance(read["holds"], list)  # the table's holds, whatever other tests left in force
+    assert isinstance(read["stuck"], list)
     metrics, checkpoint = read["unread"]
     assert checkpoint.startswith(f"checkpoint {own.stream.checkpoint_location} does not exist: ")
     assert metrics.startswith(f"metrics endpoint http://127.0.0.1:{own.metrics.port}/metrics did not answer (")
