@@ -11,7 +11,7 @@ rechecked after ``stream.retry_interval``. Every decision is one outcome row
 
 Example::
 
-    outcomes = list(ledger_rows(purge_partition(rows, config, batch_id=7)))
+    outcomes = list(to_ledger(purge_partition(rows, config, batch_id=7)))
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ OUTCOME_SCHEMA = StructType(
 RECORDED = len(OUTCOME_SCHEMA.fields)
 
 
-def ledger_rows(outcomes: Iterable[tuple]) -> Iterator[tuple]:
+def to_ledger(outcomes: Iterable[tuple]) -> Iterator[tuple]:
     """The ledger's rows of ``purge_partition``'s outcomes: those it records, without the flag."""
     return (outcome[:RECORDED] for outcome in outcomes if outcome[RECORDED])
 
@@ -71,7 +71,7 @@ def ledger_rows(outcomes: Iterable[tuple]) -> Iterator[tuple]:
 def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: int,
                     deletions_per_second: float | None = None, query_id: str = "") -> Iterator[tuple]:
     """Purge one partition's candidates and dead-letter its bad records; yield ``OUTCOME_SCHEMA`` tuples, each
-    followed by whether the ledger records it (``RECORDED``, ``ledger_rows``).
+    followed by whether the ledger records it (``RECORDED``, ``to_ledger``).
 
     Deletions are paced at ``deletions_per_second`` (this task's share of the cap; the whole cap if None).
     A second run of the partition (a retried batch, task or stage) may find its records in the ledger already:

@@ -36,7 +36,7 @@ from purger.core.failpoints import failpoint
 from purger.core.times import human_duration
 from purger.sinks.attempts import first_attempt, first_attempted_ms
 from purger.sinks.ledger import Ledger, lag_seconds
-from purger.sinks.purge import OUTCOME_SCHEMA, ledger_rows, purge_partition
+from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition, to_ledger
 from purger.sinks.throttle import per_task_rate
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class OutcomeTally(AccumulatorParam):
 
     @classmethod
     def counted(cls, outcomes: Iterator[tuple], tally: Accumulator) -> Iterator[tuple]:
-        """Pass the ledger's rows of ``outcomes`` on (``ledger_rows``), then add the counts and lags of every one,
+        """Pass the ledger's rows of ``outcomes`` on (``to_ledger``), then add the counts and lags of every one,
         recorded or not, to ``tally``. A deletion without both times (a policy that does not say when it
         deleted) is counted and has no lag."""
         counts, lags, from_intent = cls().zero()
@@ -109,7 +109,7 @@ class OutcomeTally(AccumulatorParam):
                 from_intent[0] += outcome[cls.INTENT] is not None
                 yield outcome
 
-        yield from ledger_rows(counting())
+        yield from to_ledger(counting())
         tally.add((counts, lags, from_intent))
 
 

@@ -19,7 +19,7 @@ from purger.core.failpoints import injected
 from purger.core.vocabulary import ALREADY_GONE, PURGED
 from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER
 from purger.sinks.ledger import Ledger
-from purger.sinks.purge import OUTCOME_SCHEMA, ledger_rows, purge_partition
+from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition, to_ledger
 from tests.support.configs import mailbox
 from tests.support.mailbox import candidate, new_id
 from tests.support.waits import ago
@@ -57,7 +57,7 @@ def run(spark, config, ledger, query, batch, ids, crash_at=None):
 
     try:
         with injected(crash):
-            outcomes = list(ledger_rows(purge_partition(rows, config, batch, query_id=query)))
+            outcomes = list(to_ledger(purge_partition(rows, config, batch, query_id=query)))
     except Crash:
         return None
     frame = spark.createDataFrame(outcomes, OUTCOME_SCHEMA)
@@ -126,7 +126,7 @@ def test_a_retried_batchs_bad_records_are_each_recorded_once(spark, config, ledg
     letters = list(PurgeProcessor(config.policy_set, 0, 0).handleInputRows((DEAD_LETTER, f"{topic}/0"), iter(bad), None))
     ledger.create()
     for _ in range(2):
-        outcomes = list(ledger_rows(purge_partition(letters, config, 6, query_id=query)))
+        outcomes = list(to_ledger(purge_partition(letters, config, 6, query_id=query)))
         ledger.append(spark.createDataFrame(outcomes, OUTCOME_SCHEMA), query, 6, may_hold=True)
     recorded = ledger.records().where(F.col("status") == DEAD_LETTERED).collect()
     assert Counter(r["id"] for r in recorded) == Counter({f"{topic}/0/{offset}": 1 for offset in (7, 8, 9)})

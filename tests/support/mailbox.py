@@ -28,7 +28,7 @@ from purger.sinks.objects import ObjectStores
 from simulation.mailbox import Platform
 from simulation.policy_objects import PolicyObject, PolicyObjects, ledger_rows
 from purger.sinks.ledger import Ledger
-from purger.sinks.purge import OUTCOME_SCHEMA, ledger_rows, purge_partition
+from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition, to_ledger
 from tests.support.configs import mailbox
 from tests.support.waits import ago, wait_for
 
@@ -93,7 +93,7 @@ def purge(config, *candidates):
     """The candidates purged by the sink's own code, as one batch of a query of its own (so never a retry): the
     ledger's rows."""
     return [dict(zip(OUTCOME_SCHEMA.names, o))
-            for o in ledger_rows(purge_partition(list(candidates), config, batch_id=0, query_id=new_id("query")))]
+            for o in to_ledger(purge_partition(list(candidates), config, batch_id=0, query_id=new_id("query")))]
 
 
 def unreferenced_payload(platform, config, dcs=("dc1", "dc2")):
