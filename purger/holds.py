@@ -142,7 +142,8 @@ def purged_by(spark: SparkSession, config: PurgerConfig, policies: list[str], qu
         & (F.col("status") == PURGED) & F.col("policy").isin(policies))
     if scope is not None:
         records = records.where((F.col("kind") == scope.kind) & (F.col("id") == scope.id))
-    return sorted((row.kind, row.id, row.dc) for row in records.select("kind", "id", "dc").collect())
+    return sorted(((row.kind, row.id, row.dc) for row in records.select("kind", "id", "dc").collect()),
+                  key=lambda record: (record[0], record[1], record[2] or ""))
 
 
 def release_hold(config: PurgerConfig, scope: Scope) -> int | None:

@@ -17,7 +17,9 @@ a topic the purger does not read, as if the platform had run before it; so are a
 ``payloads/`` in each data centre, with no row) and a blob outside ``payloads/``, which must stay. The
 purger's first scheduled reconcile, at its start, finds them; the rest of the workload is played once it is
 recorded, with events. The purger runs with short periods until every expected purge is seen in Cassandra
-and S3, then the report compares what should have gone with what went, existing objects included.
+and S3, then the report compares what should have gone with what went, existing objects included. Beside
+them, a mailbox under a legal hold (docs/operations.md, Legal holds): its due messages are kept while the
+hold stands, and purged once the demo releases it.
 
 The demo writes into a keyspace (``demo_<run>``), buckets (``demo-<run>-<dc>``), topics (``demo.<run>.*``)
 and a work directory (checkpoint, ledger, reports) of its own, and leaves them for a look afterwards
@@ -46,6 +48,8 @@ from tqdm import tqdm
 from purger.core.config import PurgerConfig
 
 from purger.config import build_config
+from purger.core.holds import Scope
+from purger.holds import holds_in_force, place_hold, release_hold
 from purger.policies.mailbox.deletes import payload_key
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects
@@ -54,6 +58,7 @@ from devstack.stack import prepare
 from purger.sinks.ledger import Report
 
 EXISTING_SHARE = 4  # one message in four exists before the purger starts
+HELD = 3  # due messages of a mailbox under a legal hold
 ORPHANS = 3  # orphan blobs in each data centre's bucket
 # A blob the platform keeps outside payloads/: no reconcile lists it.
 OUTSIDE_KEY = "exports/demo-{run}.csv"
@@ -72,6 +77,9 @@ class DemoReport:
     # fed back: "<what>" -> (expected, observed).
     existing: dict[str, tuple[int, int]] = field(default_factory=dict)
     existing_messages: int = 0
+    # A mailbox under a legal hold: "<what>" -> (expected, observed): its due messages kept while it stands,
+    # then purged once it is released.
+    held: dict[str, tuple[int, int]] = field(default_factory=dict)
     wrongly_deleted: set[str] = field(default_factory=set)
     left_behind: set[str] = field(default_factory=set)
     payloads_expected_gone: int = 0
@@ -100,6 +108,7 @@ class DemoReport:
             and not any(self.blobs_left.values())
             and bool(self.reconcile)
             and all(expected == observed for expected, observed in self.existing.values())
+            and bool(self.held) and all(expected == observed for expected, observed in self.held.values())
             and all(written == deleted for written, deleted in self.orphans.values())
             and self.outside_kept[0] == self.outside_kept[1]
         )
@@ -180,6 +189,28 @@ def recorded_reconciles(spark: Any, config: PurgerConfig) -> list[Any]:
     return rows
 
 
+def held_then_released(platform: Platform, config: PurgerConfig, scope: Scope, held: list[str],
+                       timeout_s: float) -> dict[str, tuple[int, int]]:
+    """The held mailbox's due messages: found held (each decided once), kept, then purged after the release."""
+    def kept_under_hold() -> int:
+        return next((count for hold, count in holds_in_force(config) if hold.scope == str(scope)), 0)
+
+    with tqdm(total=len(held), desc="decided held", unit="msg") as bar:
+        deadline = time.monotonic() + timeout_s
+        while kept_under_hold() < len(held) and time.monotonic() < deadline:
+            time.sleep(1)
+        bar.update(kept_under_hold())
+    found = {"legal hold on a mailbox: due messages kept": (len(held), sum(platform.row(m) is not None for m in held))}
+    release_hold(config, scope)
+    with tqdm(total=len(held), desc="released, purged", unit="msg") as bar:
+        deadline = time.monotonic() + timeout_s
+        while any(platform.row(m) is not None for m in held) and time.monotonic() < deadline:
+            time.sleep(1)
+        bar.update(sum(platform.row(m) is None for m in held))
+    found["legal hold released: those messages purged"] = (len(held), sum(platform.row(m) is None for m in held))
+    return found
+
+
 def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> DemoReport:
     from purger.spark import spark_session
     from purger.running import start_purger
@@ -236,6 +267,13 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
                 report.reconcile = recorded_reconciles(spark, config)
             bar.update(bool(report.reconcile))
 
+        # A legal hold on a mailbox, then messages of it made due: kept until the hold is released.
+        held_scope = Scope("mailbox", f"demo-{run}-held")
+        place_hold(spark, config, held_scope, "demo: a litigation hold", "demo", wait_s=timeout_s)
+        held = [f"{run}-held-{i}" for i in range(HELD)]
+        for m in held:
+            platform.enqueue(m, f"p-{m}", size=100, mailbox=held_scope.id)
+            platform.dequeue(m, 0)
         play_plans(platform, [plan for plan in plans if plan.message not in existing_messages], "platform")
         written = [o for i in tqdm(range(max(1, messages // 20)), desc="other policies", unit="set")
                    for o in objects.write(f"demo-{run}-{i}")]
@@ -309,6 +347,7 @@ def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> Demo
                           for dc in config.stores}
         listing = platform.stores["dc1"].list_objects_v2(Bucket=config.stores["dc1"].bucket, Prefix=outside)
         report.outside_kept = (1, sum(item["Key"] == outside for item in listing.get("Contents", [])))
+        report.held = held_then_released(platform, config, held_scope, held, timeout_s)
     finally:
         running.stop()
         platform.close()

@@ -45,3 +45,4 @@ def test_the_purge_jobs_tasks_count_every_outcome_and_the_lag_of_each_deletion(s
     # The lags of the four deletions with both times: 0.25, 2.5, 3.0 and 10.0 s, merged from three tasks.
     assert (lags.count, lags.sum_s, lags.quantile(0.0), lags.quantile(1.0)) == (4, 15.75, 0.25, 10.0)
     assert lags.counts[:4] == [1, 0, 2, 1] and from_intent == 1
+    tally.value = OutcomeTally().zero()  # the session keeps its accumulators: no sketch left alive at its exit

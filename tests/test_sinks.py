@@ -18,7 +18,7 @@ from purger.policies.mailbox.rules import DELETED, EXPIRED_BY_COUNTER, EXPIRED_B
 from purger.sinks.failures import CassandraFailures
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
-from purger.sinks.purge import purge_partition
+from purger.sinks.purge import purge_partition, to_ledger
 from tests.support.configs import mailbox
 from tests.support.mailbox import (candidate, message_purge, new_id, own, purge, purge_message, purge_message_all,
                                    unreferenced_payload)
@@ -219,8 +219,8 @@ def test_a_partition_run_again_in_its_batch_records_what_the_first_run_deleted(p
     assert [[(kind, status, why and category(why)) for kind, status, why in run] for run in runs] == [
         [("message", PURGED, None), ("payload_refs", PURGED, None)],
         [("payload_refs", PURGED, EARLIER_ATTEMPT), ("message", PURGED, EARLIER_ATTEMPT)]]
-    later = purge_partition([candidate("message", m, EXPIRED_BY_COUNTER, payload_id=f"p-{m}")], config, 8,
-                            query_id=query)
+    later = to_ledger(purge_partition([candidate("message", m, EXPIRED_BY_COUNTER, payload_id=f"p-{m}")], config, 8,
+                                      query_id=query))
     assert [(o[1], o[5], o[-1]) for o in later] == [("payload_refs", PURGED, f"{query}/7"),
                                                     ("message", PURGED, f"{query}/7")]
 
