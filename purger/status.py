@@ -487,21 +487,28 @@ def _reconcile(status: Status) -> RenderableType:
                       f"{_moment(reconciled.finished, status.at)}, took {took}"), table)
 
 
+def _titled(title: str, headers: tuple[str, str, str, str], rows: list[tuple[str, str, str, str]]) -> RenderableType:
+    """A title over a table of a name, a figure, a moment and a text (the holds, the stuck objects)."""
+    table = narrow_table()
+    table.add_column(headers[0], overflow="fold")
+    figures_column(table, headers[1], [row[1] for row in rows])
+    table.add_column(headers[2], no_wrap=True)
+    table.add_column(headers[3], overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return Group(Text(title), table)
+
+
 def _holds(status: Status) -> RenderableType:
     if status.holds is None:
         return Text("Legal holds: not read")
     if not status.holds:
         return Text("Legal holds: none in force")
-    table = narrow_table()
-    table.add_column("scope", overflow="fold")
-    figures_column(table, "held", [str(hold.held_objects) for hold in status.holds])
-    table.add_column("since", no_wrap=True)
-    table.add_column("by and why", overflow="fold")
-    for hold in status.holds:
-        since = _moment(hold.placed_at, status.at) if hold.placed_at else "-"
-        table.add_row(hold.scope, str(hold.held_objects), since, f"{hold.placed_by}: {hold.reason}")
     held = sum(hold.held_objects for hold in status.holds)
-    return Group(Text(f"Legal holds: {len(status.holds)} in force, keeping {held} objects"), table)
+    return _titled(f"Legal holds: {len(status.holds)} in force, keeping {held} objects",
+                   ("scope", "held", "since", "by and why"),
+                   [(hold.scope, str(hold.held_objects), _moment(hold.placed_at, status.at) if hold.placed_at else "-",
+                     f"{hold.placed_by}: {hold.reason}") for hold in status.holds])
 
 
 # The stuck objects shown, the longest failing first.
@@ -513,16 +520,11 @@ def _stuck(status: Status) -> RenderableType:
         return Text("Failing for over an hour: not read")
     if not status.stuck:
         return Text("Failing for over an hour: none")
-    table = narrow_table()
-    table.add_column("object", overflow="fold")
-    figures_column(table, "tries", [str(stuck.failures) for stuck in status.stuck[:STUCK_SHOWN]])
-    table.add_column("since", no_wrap=True)
-    table.add_column("last error", overflow="fold")
-    for stuck in status.stuck[:STUCK_SHOWN]:
-        table.add_row(f"{stuck.kind} {stuck.id}", str(stuck.failures), _moment(from_epoch_ms(stuck.since_ms), status.at),
-                      stuck.error)
     more = f" (the {STUCK_SHOWN} longest below)" if len(status.stuck) > STUCK_SHOWN else ""
-    return Group(Text(f"Failing for over an hour: {len(status.stuck)} objects, still retried{more}"), table)
+    return _titled(f"Failing for over an hour: {len(status.stuck)} objects, still retried{more}",
+                   ("object", "tries", "since", "last error"),
+                   [(f"{stuck.kind} {stuck.id}", str(stuck.failures), _moment(from_epoch_ms(stuck.since_ms), status.at),
+                     stuck.error) for stuck in status.stuck[:STUCK_SHOWN]])
 
 
 def _alerts(status: Status) -> RenderableType:
