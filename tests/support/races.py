@@ -36,8 +36,11 @@ from tests.support.waits import ago, now
 UNDECIDED = (ErrorMessage, WriteTimeout, ReadTimeout)
 T = TypeVar("T")
 # Each side starts within this long after the other: wide enough that either side's lightweight transaction
-# often comes first, though the purger's double-check reads the row before its own (each side wins some).
+# often comes first (each side wins some).
 JITTER_S = 0.012
+# The purge reads the row, then the legal holds over the message's two scopes, before its conditional delete:
+# the revival starts up to this much later besides, or it would nearly always come first.
+DELETE_LEAD_S = 0.03
 
 
 @dataclass
@@ -89,7 +92,7 @@ def revival_race(platform: Platform, deleter: MessagePurge, revive_session: Any,
 
         def revival() -> None:
             gate.wait()
-            time.sleep(random.random() * JITTER_S)
+            time.sleep(random.random() * (JITTER_S + DELETE_LEAD_S))
             sides["revived"] = decided(lambda: revive_session.execute(revive, (now(), m)).was_applied)
 
         threads = [threading.Thread(target=delete), threading.Thread(target=revival)]
