@@ -99,8 +99,8 @@ def place_hold(spark: SparkSession, config: PurgerConfig, scope: Scope, reason: 
         if time.monotonic() > deadline:
             raise HoldRefused(
                 f"the hold on {scope} stands, but batch {batch} of {location} has not ended in {wait_s:.0f} s and "
-                f"may still delete under it: run `purger hold {scope}` again to wait for it (a stopped purger runs "
-                "that batch again under the hold)")
+                f"may still delete under it: what it deletes will be its `purged` records in the ledger (batch_id "
+                f"{batch}); every later batch, and this one run again after a stop, sees the hold")
         time.sleep(0.5)
     exact = any(scope.kind in (kind.name for kind in policy.kinds) for policy in config.policy_set.policies)
     return Placed(waited_for=batch, purged=purged_by(spark, config, policies, query_id, batch, started_ms,
