@@ -36,7 +36,7 @@ from purger.sinks.ledger import Ledger
 from tests.support.configs import free_port, mailbox, toml
 from tests.support.faults import FAULTS
 from tests.support.mailbox import deletable
-from tests.support.waits import ago
+from tests.support.waits import ago, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -83,11 +83,6 @@ def job_config(servers, base: Path, name: str, **stream: object) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def job_config_path(servers, run_id, tmp_path_factory) -> Path:
-    return job_config(servers, tmp_path_factory.mktemp("cluster-job"), f"{run_id}.cluster")
-
-
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)
@@ -105,110 +100,32 @@ def _application_id(ui_port: int, submission, timeout_s: float = 300) -> str:
             time.sleep(1)
 
 
-def test_a_purge_runs_end_to_end_through_spark_submit_on_the_local_cluster(cluster, job_config_path, tmp_path,
-                                                                           spark):
-    config = load_config(job_config_path)
+def test_a_purge_through_spark_submit_runs_in_the_executors_and_loses_nothing_when_they_are_killed(
+        cluster, servers, run_id, tmp_path, spark):
+    """The line `purger submit-line` prints, run as a user would copy it: the application gets an executor on
+    each worker, its tasks (the deletions among them) run there from the code the driver shipped, and SIGTERM
+    stops it cleanly. Meanwhile executors' JVMs are killed with SIGKILL in the middle of batches that delete
+    (``FaultMatrix.executor_kills``: three in full, one bounded): Spark runs the lost tasks again (task and
+    stage retries) and a new executor takes the worker's place. A kill that lands between two tasks fails
+    none and is followed by another (two more at most). Counted at the end: live objects deleted, due ones
+    left, and ledger records missing or doubled, each 0. One submission for both: the cluster's driver and
+    executors are the slowest JVMs of the suite to start."""
+    # Capped so that each batch deletes for 15 s or more: the kills, a new executor's start between them, fit.
+    config_path = job_config(servers, tmp_path, f"{run_id}.cluster", max_deletions_per_second=10)
+    config = load_config(config_path)
     r = mailbox(config)
     run = uuid.uuid4().hex[:6]
     platform = Platform(config)
-    eligible: dict[str, str] = {}  # message -> payload
-    live: dict[str, str] = {}
     try:
-        for i in range(3):
-            m = f"cluster-{run}-deleted-{i}"
-            eligible[m] = platform.enqueue(m, f"p-{m}", at=ago(r.deleted_ttl))
-            platform.delete(m, at=ago(r.deleted_ttl))
-        for i in range(2):
+        eligible = {m: f"p-{m}" for m in deletable(platform, config, FAULTS.executor_kill_objects, f"kills-{run}")}
+        for i in range(2):  # due by their counter, besides the deleted ones
             m = f"cluster-{run}-counter-{i}"
             eligible[m] = platform.enqueue(m, f"p-{m}", extract_count=2, at=ago(r.expired_ttl))
             platform.dequeue(m, 0, at=ago(r.expired_ttl))
-        for i in range(3):
+        live = {}
+        for i in range(5):
             m = f"cluster-{run}-live-{i}"
             live[m] = platform.enqueue(m, f"p-{m}", extract_count=1)
-        platform.flush()
-
-        ui_port = free_port()
-        log_file = tmp_path / "spark-submit.log"
-        started = time.monotonic()
-        # Exactly the line `purger submit-line` prints for this cluster, as a user would copy it.
-        printed = CliRunner().invoke(app, [
-            "submit-line", "--master", MASTER_URL, "--config", str(job_config_path), "--workdir",
-            str(tmp_path / "submit"), "--executor-memory", EXECUTOR_MEMORY, "--total-cores",
-            str(len(WORKER_PORTS) * WORKER_CORES), "--driver-host", HOST, "--conf", f"spark.executor.cores={WORKER_CORES}",
-            "--conf", f"spark.ui.port={ui_port}"])
-        assert printed.exit_code == 0, printed.output
-        submission = submit(log_file=log_file, command=shlex.split(printed.stdout.strip().splitlines()[-1]))
-        try:
-            def purged() -> bool:
-                if not submission.running():
-                    raise AssertionError(f"spark-submit exited with {submission.process.returncode}:\n"
-                                         f"{submission.log_tail()}")
-                return all(platform.row(m) is None and platform.payload_gone(p) for m, p in eligible.items())
-
-            deadline = started + 600
-            while not purged():
-                if time.monotonic() > deadline:
-                    left = [m for m, p in eligible.items() if platform.row(m) or not platform.payload_gone(p)]
-                    raise AssertionError(f"not purged after 600s: {left}; spark-submit log:\n{submission.log_tail()}")
-                time.sleep(2)
-            print(f"eligible rows and blobs gone {time.monotonic() - started:.0f}s after spark-submit started")
-            for m, p in live.items():
-                assert platform.row(m) is not None, f"live message {m} was purged"
-                assert platform.payload_intact(p), f"live payload {p} was purged"
-
-            # The application runs on the cluster, with an executor on each worker...
-            ui = f"http://127.0.0.1:{ui_port}/api/v1"
-            [application] = _get(f"{ui}/applications")
-            app_id = application["id"]
-            assert app_id in [a["id"] for a in master_state()["activeapps"]]
-            on_worker = [[e["id"] for e in worker_state(w)["executors"] if e["appid"] == app_id] for w in (0, 1)]
-            assert all(len(ids) == 1 for ids in on_worker), f"executors per worker: {on_worker}"
-            # Each executor fetched the code from the driver: the --py-files zip is in its work directory.
-            for worker, [executor_id] in zip(cluster.processes.servers[1:], on_worker):
-                assert (worker.home / "work" / app_id / str(executor_id) / PACKAGES_ZIP).is_file()
-            # ... and the tasks, the deletions among them, ran in those executors, not in the driver.
-            executors = {e["id"]: e for e in _get(f"{ui}/applications/{app_id}/executors")}
-            for ids in on_worker:
-                executor = executors[str(ids[0])]
-                assert executor["completedTasks"] > 0, f"executor {executor['id']} ran no task: {executor}"
-            assert executors["driver"]["totalTasks"] == 0
-            # The ledger names the process of each deletion: executor processes, one per executor.
-            driver_pid = submission.driver_pid()
-        finally:
-            exit_code = submission.stop()  # SIGTERM to spark-submit, as docs/operations.md says
-        assert exit_code == 0, f"spark-submit did not stop cleanly ({exit_code}):\n{submission.log_tail()}"
-        output = log_file.read_text(errors="replace")
-        assert "stopped cleanly" in output and "Traceback" not in output, submission.log_tail(80)
-        finished = {a["id"]: a["state"] for a in master_state()["completedapps"]}
-        assert finished.get(app_id) == "FINISHED", finished
-
-        for m, p in live.items():
-            assert platform.row(m) is not None and platform.payload_intact(p)
-        deletions = Ledger(spark, config.ledger).records().where(F.col("status") == "purged").collect()
-        assert {r["id"] for r in deletions if r["kind"] == "message"} == set(eligible)
-        workers = {r["worker"].rsplit(":", 1)[1] for r in deletions}
-        assert str(driver_pid) not in workers and 1 <= len(workers) <= 2, workers
-    finally:
-        platform.close()
-
-
-def test_executors_killed_while_deleting_lose_nothing_and_record_each_deletion_once(cluster, servers, run_id,
-                                                                                  tmp_path, spark):
-    """SIGKILL of an executor's JVM in the middle of batches that delete (``FaultMatrix.executor_kills``: three
-    in full, one bounded): Spark runs the lost tasks again (task and stage retries) and a new executor takes the
-    worker's place. A kill that lands between two tasks fails none and is followed by another (two more at
-    most). Counted at the end: live objects deleted, due ones left, and ledger records missing or doubled,
-    each 0."""
-    # Capped so that each batch deletes for 15 s or more: the kills, a new executor's start between them, fit.
-    config_path = job_config(servers, tmp_path, f"{run_id}.executor-kills", max_deletions_per_second=10)
-    config = load_config(config_path)
-    platform = Platform(config)
-    try:
-        eligible = {m: f"p-{m}" for m in deletable(platform, config, FAULTS.executor_kill_objects,
-                                                    f"kills-{uuid.uuid4().hex[:6]}")}
-        live = [f"kills-live-{uuid.uuid4().hex[:6]}-{i}" for i in range(5)]
-        for m in live:
-            platform.enqueue(m, f"p-{m}", extract_count=1)
         platform.flush()
 
         def left() -> int:
@@ -217,14 +134,23 @@ def test_executors_killed_while_deleting_lose_nothing_and_record_each_deletion_o
             return sum((platform.row(m) is not None) + (not platform.payload_gone(p)) for m, p in eligible.items())
 
         ui_port = free_port()
-        submission = submit(config_path, log_file=tmp_path / "spark-submit.log", ui_port=ui_port)
-        kills, deadline = 0, time.monotonic() + 900
+        log_file = tmp_path / "spark-submit.log"
+        # Exactly the line `purger submit-line` prints for this cluster, as a user would copy it.
+        printed = CliRunner().invoke(app, [
+            "submit-line", "--master", MASTER_URL, "--config", str(config_path), "--workdir",
+            str(tmp_path / "submit"), "--executor-memory", EXECUTOR_MEMORY, "--total-cores",
+            str(len(WORKER_PORTS) * WORKER_CORES), "--driver-host", HOST, "--conf", f"spark.executor.cores={WORKER_CORES}",
+            "--conf", f"spark.ui.port={ui_port}"])
+        assert printed.exit_code == 0, printed.output
+        submission = submit(log_file=log_file, command=shlex.split(printed.stdout.strip().splitlines()[-1]))
+        kills, started = 0, time.monotonic()
+        deadline = started + 900
         try:
             app_id = _application_id(ui_port, submission)
+            ui = f"http://127.0.0.1:{ui_port}/api/v1/applications/{app_id}"
 
             def failed_tasks() -> int:
-                executors = _get(f"http://127.0.0.1:{ui_port}/api/v1/applications/{app_id}/allexecutors")
-                return sum(e["failedTasks"] for e in executors)
+                return sum(e["failedTasks"] for e in _get(f"{ui}/allexecutors"))
 
             last_left = 2 * len(eligible)
             while (now_left := left()) > 0:
@@ -236,21 +162,46 @@ def test_executors_killed_while_deleting_lose_nothing_and_record_each_deletion_o
                     os.kill(pids[kills % len(pids)], signal.SIGKILL)
                     kills, last_left = kills + 1, now_left
                 time.sleep(0.5)
+            print(f"eligible rows and blobs gone {time.monotonic() - started:.0f}s after spark-submit started")
             failed = failed_tasks()
+
+            # The application runs on the cluster, with an executor on each worker (a killed one's replaced)...
+            assert app_id in [a["id"] for a in master_state()["activeapps"]]
+
+            def on_workers() -> list[list[str]]:
+                return [[e["id"] for e in worker_state(w)["executors"] if e["appid"] == app_id] for w in (0, 1)]
+
+            wait_for(lambda: all(len(ids) == 1 for ids in on_workers()), 120, "an executor on each worker")
+            # Each executor fetched the code from the driver: the --py-files zip is in its work directory.
+            for worker, [executor_id] in zip(cluster.processes.servers[1:], on_workers()):
+                assert (worker.home / "work" / app_id / str(executor_id) / PACKAGES_ZIP).is_file()
+            # ... and the tasks, the deletions among them, ran in executors, not in the driver.
+            executors = {e["id"]: e for e in _get(f"{ui}/allexecutors")}
+            assert executors["driver"]["totalTasks"] == 0
+            ran = [i for i, e in executors.items() if i != "driver" and e["completedTasks"] > 0]
+            assert len(ran) >= 2, f"executors that ran tasks: {ran}"
+            driver_pid = submission.driver_pid()
         finally:
-            exit_code = submission.stop()
+            exit_code = submission.stop()  # SIGTERM to spark-submit, as docs/operations.md says
         assert exit_code == 0, f"spark-submit did not stop cleanly ({exit_code}):\n{submission.log_tail()}"
+        output = log_file.read_text(errors="replace")
+        assert "stopped cleanly" in output and "Traceback" not in output, submission.log_tail(80)
+        finished = {a["id"]: a["state"] for a in master_state()["completedapps"]}
+        assert finished.get(app_id) == "FINISHED", finished
         print(f"{kills} executors killed, {failed} tasks failed and ran again; spark-submit log:\n"
               + "\n".join(line for line in submission.log_tail(400).splitlines() if "purger" in line))
         assert kills >= FAULTS.executor_kills and failed >= 1  # the kills came in the middle of tasks
 
-        wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
-        records = Counter((r["kind"], r["id"], r["dc"]) for r in Ledger(spark, config.ledger).records()
-                          .where(F.col("status") == "purged").collect())
+        wrongly_deleted = [m for m, p in live.items() if platform.row(m) is None or not platform.payload_intact(p)]
+        deletions = Ledger(spark, config.ledger).records().where(F.col("status") == "purged").collect()
+        records = Counter((r["kind"], r["id"], r["dc"]) for r in deletions)
         expected = {("message", m, None) for m in eligible} | {("payload", p, dc) for p in eligible.values()
                                                                  for dc in (None, "dc1", "dc2")}
         missing = expected - set(records)
         doubled = {key: n for key, n in records.items() if n > 1}
         assert (wrongly_deleted, left(), sorted(missing, key=str), doubled) == ([], 0, [], {})
+        # The ledger names the process of each deletion: executor processes, none of them the driver.
+        workers = {r["worker"].rsplit(":", 1)[1] for r in deletions}
+        assert str(driver_pid) not in workers and workers, workers
     finally:
         platform.close()
