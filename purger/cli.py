@@ -553,7 +553,9 @@ def _hold_command(command: str, scope: str, config_file: Optional[Path], actor: 
     policies = _policies_naming(config, found)
     spark = spark_session(config.stream, app_name=f"purger-{command}", log_level="ERROR", one_off=True)
     try:
-        Ledger(spark, config.ledger).record_command(command, policies, who, f"{found}: {why}", uuid.uuid4().hex[:12])
+        ledger = Ledger(spark, config.ledger)
+        ledger.record_command(command, policies, who, f"{ledger.pseudonyms.scope(str(found))}: {why}",
+                              uuid.uuid4().hex[:12])
         return found, act(spark, config, found, who, why)
     except HoldRefused as error:
         typer.echo(str(error), err=True)
@@ -636,3 +638,43 @@ def holds(
         for row in rows:
             typer.echo(f"{row['scope']}  {row['held_objects']} held  since {row['placed_at']} by {row['placed_by']}: "
                        f"{row['reason']}")
+
+
+ledger_app = typer.Typer(help="The audit ledger's records.", no_args_is_help=True)
+app.add_typer(ledger_app, name="ledger")
+
+
+@ledger_app.command("find")
+def ledger_find(
+    object_id: str = typer.Argument(..., help="The object's id as the platform names it: a message, a payload, "
+                                              "a user, a unit of work."),
+    config_file: Optional[Path] = ConfigOption,
+    kind: Optional[str] = typer.Option(None, "--kind", help="Only the records of this kind (message, payload, ...)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="In the dry run's ledger (<ledger.path>.dry-run)."),
+    as_json: bool = typer.Option(False, "--json", help="Print them as JSON, for scripts."),
+) -> None:
+    """An object's records in the ledger, oldest first; in a pseudonymised ledger too (its id hashed with the key)."""
+    import json
+
+    from purger.sinks.ledger import Ledger
+    from purger.spark import spark_session
+
+    config = _with_dry_run(load_or_exit(config_file), dry_run)
+    spark = spark_session(config.stream, app_name="purger-ledger", log_level="ERROR", one_off=True)
+    try:
+        records = [{"decided_at": f"{r.decided_at:%Y-%m-%d %H:%M:%S}", "policy": r.policy, "kind": r.kind,
+                    "dc": r.dc, "status": r.status, "rule": r.rule, "reason": r.reason,
+                    "deleted_at": f"{r.deleted_at:%Y-%m-%d %H:%M:%S}" if r.deleted_at else None,
+                    "batch_id": r.batch_id, "record_id": r.record_id}
+                   for r in Ledger(spark, config.ledger).find(object_id, kind)]
+    finally:
+        spark.stop()
+    if as_json:
+        typer.echo(json.dumps(records))
+    elif not records:
+        typer.echo(f"no ledger records of {object_id!r} in {config.ledger.path}")
+    else:
+        for r in records:
+            typer.echo(f"{r['decided_at']}  {r['policy']}  {r['kind']}" + (f" in {r['dc']}" if r["dc"] else "")
+                       + f"  {r['status']}  {r['rule'] or '-'}" + (f"  {r['reason']}" if r["reason"] else "")
+                       + f"  batch {r['batch_id']}  record {r['record_id'][:12]}")
