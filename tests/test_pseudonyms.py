@@ -100,6 +100,13 @@ def test_a_pseudonymised_ledger_holds_no_id_in_clear_and_finds_each_objects_reco
     assert [(r.kind, r.dc) for r in ledger.find(payload)] == [("payload", "dc1")]
     other = Ledger(spark, ledger_config.model_copy(update={"pseudonym_key": KEY + "-another"}))
     assert other.find(message) == []
+    # What `purger hold message:<id>` lists of the batch it waited for: the message, by its hash.
+    from purger.core.holds import Scope
+    from purger.holds import purged_by
+
+    held = config.model_copy(update={"ledger": ledger_config})
+    assert purged_by(spark, held, ["mailbox"], "query-1", 3, int(time.time() * 1000) - 60_000,
+                     Scope("message", message)) == [("message", Pseudonyms.of(ledger_config).id(message), None)]
 
     plans = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/sql?details=true"
     with urllib.request.urlopen(plans, timeout=30) as response:
