@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
+from pydantic import SecretStr
 
 from purger.config import build_config
 from purger.core.config import ConfigError, LedgerConfig
@@ -79,7 +80,7 @@ def test_a_pseudonymised_ledger_holds_no_id_in_clear_and_finds_each_objects_reco
 
     ledger_config = config.ledger.model_copy(update={
         "path": str(tmp_path / "records"), "report_path": str(tmp_path / "report"), "pseudonymise": True,
-        "pseudonym_key": KEY})
+        "pseudonym_key": SecretStr(KEY)})
     ledger = Ledger(spark, ledger_config)
     ledger.create()
     message, payload, mailbox = "msg-alice-7f3a1c", "payload-alice-7f3a1c", "mailbox-of-alice"
@@ -98,7 +99,7 @@ def test_a_pseudonymised_ledger_holds_no_id_in_clear_and_finds_each_objects_reco
         ("message", PURGED, None, Pseudonyms.of(ledger_config).id(message))]
     assert [(r.status, r.reason) for r in ledger.find(f"{message}-kept", kind="message")] == [(SKIPPED, "held")]
     assert [(r.kind, r.dc) for r in ledger.find(payload)] == [("payload", "dc1")]
-    other = Ledger(spark, ledger_config.model_copy(update={"pseudonym_key": KEY + "-another"}))
+    other = Ledger(spark, ledger_config.model_copy(update={"pseudonym_key": SecretStr(KEY + "-another")}))
     assert other.find(message) == []
     # What `purger hold message:<id>` lists of the batch it waited for: the message, by its hash.
     from purger.core.holds import Scope
