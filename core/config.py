@@ -10,7 +10,8 @@ from the environment (``PURGER_KAFKA_BOOTSTRAP``, ``PURGER_CASSANDRA_HOSTS``,
 ``PURGER_S3_ENDPOINT``) so the same file serves the local stack, Docker and a
 real deployment. So can credentials (``PURGER_KAFKA_USERNAME``,
 ``PURGER_KAFKA_PASSWORD``, ``PURGER_CASSANDRA_USERNAME``,
-``PURGER_CASSANDRA_PASSWORD``, ``PURGER_S3_ACCESS_KEY``, ``PURGER_S3_SECRET_KEY``),
+``PURGER_CASSANDRA_PASSWORD``, ``PURGER_S3_ACCESS_KEY``, ``PURGER_S3_SECRET_KEY``,
+``PURGER_LEDGER_PSEUDONYM_KEY``),
 which then need not be in the file. Secrets are ``SecretStr``: printed, logged
 or dumped, they read ``**********``.
 
@@ -283,6 +284,19 @@ class LedgerConfig(_Section):
     retention: Duration = timedelta(days=400)
     # The S3 endpoint for s3a:// paths.
     s3: S3Endpoint = Field(default_factory=S3Endpoint)
+    # No personal data in clear in the ledger: ids written as keyed hashes (HMAC-SHA256 under pseudonym_key) and
+    # reasons as their category alone (purger.core.pseudonyms); `purger ledger find ID` finds an id's records.
+    pseudonymise: bool = False
+    # The hashes' key, a secret (or PURGER_LEDGER_PSEUDONYM_KEY). Lost or changed, the ids written under it can no
+    # longer be found.
+    pseudonym_key: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _key_when_pseudonymised(self) -> "LedgerConfig":
+        if self.pseudonymise and not (self.pseudonym_key and self.pseudonym_key.get_secret_value()):
+            raise ValueError("ledger.pseudonymise needs ledger.pseudonym_key (or PURGER_LEDGER_PSEUDONYM_KEY): a "
+                             "secret of 32 random bytes or more, kept as long as the ledger")
+        return self
 
     @field_validator("retention")
     @classmethod
@@ -458,6 +472,8 @@ def _environment_overrides(raw: dict[str, Any]) -> dict[str, Any]:
         section["hosts"] = [n.rsplit(":", 1)[0] for n in names]
         if ":" in names[0]:
             section["port"] = int(names[0].rsplit(":", 1)[1])
+    if pseudonym_key := os.environ.get("PURGER_LEDGER_PSEUDONYM_KEY"):
+        raw.setdefault("ledger", {})["pseudonym_key"] = pseudonym_key
     for name, key in (("ENDPOINT", "endpoint"), ("ACCESS_KEY", "access_key"), ("SECRET_KEY", "secret_key")):
         if value := os.environ.get(f"PURGER_S3_{name}"):
             for store in raw.setdefault("stores", {dc: {"bucket": dc} for dc in ("dc1", "dc2")}).values():

@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # the Spark modules load when a command needs them
 app = typer.Typer(help="A continuous purger on Spark Structured Streaming.", no_args_is_help=True)
 
 ConfigOption = typer.Option(None, "--config", "-c", help="TOML configuration file (defaults apply without one).")
+JsonOption = typer.Option(False, "--json", help="Print it as JSON, for scripts.")
 LogLevelOption = typer.Option(LogLevel.INFO, "--log-level", case_sensitive=False,
                               help="The purger's own log level (a line per batch at INFO); Spark logs at WARN, "
                                    "or at this level when it is higher.")
@@ -83,12 +84,13 @@ def setup(
                                                                                  "payloads a message."),
     retention_days: float = typer.Option(6, "--retention-days", help="With --rate: days an object stays "
                                                                       "in the state before its purge."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Create the purger's own topics if missing; check the events topics, tables, columns and buckets; say
     which consistency levels the keyspace's replication asks of the platform's writes. With --rate, first the
     cores and settings for that volume (docs/sizing.md)."""
     from purger.core.sizing import Volume, parse_rate, size
-    from purger.output import sizing_lines
+    from purger.output import output
     from purger.setup import set_up
 
     config = load_or_exit(config_file)
@@ -100,18 +102,10 @@ def setup(
         except ValueError as error:
             typer.echo(f"--rate: {error}", err=True)
             raise typer.Exit(2) from None
-        for line in sizing_lines(sizing):
-            typer.echo(line)
     findings = set_up(config, sizing=sizing)
-    for line in findings.created:
-        typer.echo(f"created {line}")
-    _exit_on_problems(findings)
-    if not findings.created:
-        typer.echo("nothing to create: the purger's own topics and tables exist")
-    for line in findings.checked:
-        typer.echo(f"in place on {line}")
-    for line in findings.replication:
-        typer.echo(line)
+    output(as_json).setup(sizing, findings)
+    if findings.problems:
+        raise typer.Exit(2)
 
 
 @app.command("schema")
@@ -364,10 +358,10 @@ def report(
     day: Optional[str] = typer.Option(None, "--date", help="The day, YYYY-MM-DD (UTC); default today."),
     dry_run: bool = typer.Option(False, "--dry-run", help="The dry run's report, from its own ledger "
                                                           "(<ledger.path>.dry-run)."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Bring the purge report up to date from the ledger (what was written since its last refresh) and print a day."""
-    from rich.console import Console
-    from purger.output import report_tables
+    from purger.output import output
     from purger.sinks.ledger import Report
     from purger.spark import spark_session
 
@@ -380,9 +374,7 @@ def report(
     spark = spark_session(config.stream, app_name="purger-report", log_level="ERROR", one_off=True)
     purge_report = Report(spark, config.ledger, config.policy_set)
     purge_report.refresh()
-    rows = purge_report.rows(when)
-    title = f"Purge report {when.isoformat()} (UTC), from {config.ledger.path}"
-    Console().print(report_tables(rows, title) if rows else f"no ledger records for {when.isoformat()}")
+    output(as_json).report(when, config.ledger.path, purge_report.rows(when))
 
 
 @app.command("pending")
@@ -390,10 +382,10 @@ def pending(
     config_file: Optional[Path] = ConfigOption,
     hours: float = typer.Option(24, min=0, help="How far ahead to look."),
     limit: int = typer.Option(1000, min=1, help="At most this many rows."),
+    as_json: bool = JsonOption,
 ) -> None:
     """List the objects the checkpoint's state will purge in the next N hours (read from its state store)."""
-    from rich.console import Console
-    from purger.output import human_duration, pending_table
+    from purger.output import output
     from purger.spark import spark_session
     from purger.streams.pending import pending_purges
 
@@ -402,10 +394,7 @@ def pending(
     spark = spark_session(config.stream, app_name="purger-pending", log_level="ERROR", one_off=True)
     rows = pending_purges(spark, config.stream.checkpoint_location, until,
                           config.policy_set).limit(limit).collect()
-    within = human_duration(hours * 3600)
-    title = (f"Due within {within}, from {config.stream.checkpoint_location} (purged about "
-             f"{human_duration(config.stream.watermark_delay)} after due: stream.watermark_delay)")
-    Console().print(pending_table(rows, title) if rows else f"nothing due within {within}")
+    output(as_json).pending(rows, hours * 3600, config.stream.checkpoint_location, config.stream.watermark_delay)
 
 
 
@@ -413,7 +402,7 @@ def pending(
 @app.command("status")
 def status(
     config_file: Optional[Path] = ConfigOption,
-    as_json: bool = typer.Option(False, "--json", help="Print it as JSON, for scripts."),
+    as_json: bool = JsonOption,
     metrics: Optional[str] = typer.Option(None, "--metrics", help="The running purger's metrics endpoint "
                                           "(default: http://<metrics.host>:<metrics.port>/metrics)."),
     prometheus: Optional[str] = typer.Option(None, "--prometheus", envvar="PURGER_PROMETHEUS_URL",
@@ -422,17 +411,13 @@ def status(
 ) -> None:
     """Is it healthy: the query, the last batch, the watermark, today's outcomes, the last hour's purge lag,
     the last reconcile, the alerts; and a line for each thing it could not read."""
-    from rich.console import Console
+    from purger.output import output
     from purger.spark import spark_session
-    from purger.status import as_json as json_of, gather, render
+    from purger.status import gather
 
     config = _with_dry_run(load_or_exit(config_file), dry_run)
     spark = spark_session(config.stream, app_name="purger-status", log_level="ERROR", one_off=True)
-    found = gather(spark, config, metrics, prometheus)
-    if as_json:
-        typer.echo(json_of(found))
-    else:
-        Console().print(render(found))
+    output(as_json).status(gather(spark, config, metrics, prometheus))
 
 
 @app.command("submit-line")
@@ -449,11 +434,11 @@ def submit_line(
     driver_host: Optional[str] = typer.Option(None, "--driver-host", help="The address the executors reach the "
                                                                           "driver at (default: Spark's choice)."),
     conf: list[str] = typer.Option([], "--conf", help="KEY=VALUE: another spark-submit setting (repeatable)."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Print the spark-submit line of the purge job on a cluster; fetches the jars and writes the zip it names
     (docs/operations.md, "On a cluster")."""
-    import shlex
-
+    from purger.output import output
     from purger.submit import submit_command
 
     config = load_or_exit(config_file)
@@ -464,7 +449,7 @@ def submit_line(
     command = submit_command(master, config, config_file, workdir=workdir,
                              job_args=["--dry-run"] if dry_run else [], executor_memory=executor_memory,
                              total_cores=total_cores, driver_host=driver_host, conf=settings)
-    typer.echo(shlex.join(command))
+    output(as_json).submit_line(command)
 
 
 @app.command("reconcile")
@@ -477,11 +462,11 @@ def reconcile(
     actor: Optional[str] = ActorOption,
     reason: Optional[str] = ReasonOption,
     log_level: LogLevel = LogLevelOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """Scan the enabled policies' tables and object stores; feed back to the stream what it does not know or
     left overdue, delete orphan blobs; print the run's report."""
-    from rich.console import Console
-    from purger.output import reconcile_table
+    from purger.output import output
     from purger.reconcile.run import reconcile as run_reconcile
     from purger.reconcile.verdict import ReconcileError
     from purger.sinks.ledger import Ledger
@@ -511,9 +496,7 @@ def reconcile(
         raise typer.Exit(2) from None
     finally:
         spark.stop()
-    title = (f"Reconcile of {', '.join(sorted({r.policy for r in rows})) or 'no policy'}"
-             + (" (dry run: nothing fed back or deleted)" if dry_run else ""))
-    Console().print(reconcile_table(rows, title) if rows else "no policy scans a table")
+    output(as_json).reconcile(rows, dry_run)
 
 
 ScopeArgument = typer.Argument(..., help="What to hold: KIND:ID, a scope a policy names (message:m1, mailbox:alice, "
@@ -553,7 +536,9 @@ def _hold_command(command: str, scope: str, config_file: Optional[Path], actor: 
     policies = _policies_naming(config, found)
     spark = spark_session(config.stream, app_name=f"purger-{command}", log_level="ERROR", one_off=True)
     try:
-        Ledger(spark, config.ledger).record_command(command, policies, who, f"{found}: {why}", uuid.uuid4().hex[:12])
+        ledger = Ledger(spark, config.ledger)
+        ledger.record_command(command, policies, who, f"{ledger.pseudonyms.scope(str(found))}: {why}",
+                              uuid.uuid4().hex[:12])
         return found, act(spark, config, found, who, why)
     except HoldRefused as error:
         typer.echo(str(error), err=True)
@@ -612,13 +597,12 @@ def release(
 @app.command("holds")
 def holds(
     config_file: Optional[Path] = ConfigOption,
-    as_json: bool = typer.Option(False, "--json", help="Print them as JSON, for scripts."),
+    as_json: bool = JsonOption,
 ) -> None:
     """The legal holds in force: scope, reason, who placed them and when, and how many objects each keeps."""
-    import json
-
     from purger.holds import HoldRefused, holds_in_force
     from purger.core.times import format_epoch_ms
+    from purger.output import output
 
     try:
         found = holds_in_force(load_or_exit(config_file))
@@ -628,11 +612,33 @@ def holds(
     rows = [{"scope": hold.scope, "reason": hold.reason, "placed_by": hold.placed_by,
              "placed_at": format_epoch_ms(hold.placed_at_ms) if hold.placed_at_ms is not None else None,
              "held_objects": count} for hold, count in found]
-    if as_json:
-        typer.echo(json.dumps(rows))
-    elif not rows:
-        typer.echo("no hold in force")
-    else:
-        for row in rows:
-            typer.echo(f"{row['scope']}  {row['held_objects']} held  since {row['placed_at']} by {row['placed_by']}: "
-                       f"{row['reason']}")
+    output(as_json).holds(rows)
+
+
+ledger_app = typer.Typer(help="The audit ledger's records.", no_args_is_help=True)
+app.add_typer(ledger_app, name="ledger")
+
+
+@ledger_app.command("find")
+def ledger_find(
+    object_id: str = typer.Argument(..., help="The object's id as the platform names it: a message, a payload, "
+                                              "a user, a unit of work."),
+    config_file: Optional[Path] = ConfigOption,
+    kind: Optional[str] = typer.Option(None, "--kind", help="Only the records of this kind (message, payload, ...)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="In the dry run's ledger (<ledger.path>.dry-run)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """An object's records in the ledger, oldest first; in a pseudonymised ledger too (its id hashed with the key)."""
+    from purger.output import output
+    from purger.sinks.ledger import Ledger
+    from purger.spark import spark_session
+
+    config = _with_dry_run(load_or_exit(config_file), dry_run)
+    spark = spark_session(config.stream, app_name="purger-ledger", log_level="ERROR", one_off=True)
+    try:
+        fields = ("decided_at", "policy", "kind", "dc", "status", "rule", "reason", "deleted_at", "batch_id",
+                  "record_id")
+        records = [{name: r[name] for name in fields} for r in Ledger(spark, config.ledger).find(object_id, kind)]
+    finally:
+        spark.stop()
+    output(as_json).ledger_records(object_id, config.ledger.path, records)

@@ -137,11 +137,12 @@ def purged_by(spark: SparkSession, config: PurgerConfig, policies: list[str], qu
     from purger.sinks.ledger import Ledger
 
     started = from_epoch_ms(started_ms)
-    records = Ledger(spark, config.ledger).records().where(
+    ledger = Ledger(spark, config.ledger)
+    records = ledger.records().where(
         (F.col("date") >= F.lit(started.date())) & (F.col("query_id") == query_id) & (F.col("batch_id") == batch)
         & (F.col("status") == PURGED) & F.col("policy").isin(policies))
-    if scope is not None:
-        records = records.where((F.col("kind") == scope.kind) & (F.col("id") == scope.id))
+    if scope is not None:  # its id as the ledger wrote it (a keyed hash in a pseudonymised ledger)
+        records = records.where((F.col("kind") == scope.kind) & (F.col("id") == ledger.pseudonyms.id(scope.id)))
     return sorted(((row.kind, row.id, row.dc) for row in records.select("kind", "id", "dc").collect()),
                   key=lambda record: (record[0], record[1], record[2] or ""))
 

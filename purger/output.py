@@ -1,17 +1,25 @@
-"""What the command line prints: tables and durations a person reads, apart from the commands' parsing
-(``purger.cli``). Everything here reads at 80 columns.
+"""What the command line prints, apart from the commands' parsing (``purger.cli``): one ``Output`` per run of a
+command, ``TextOutput`` for a person (tables that read at 80 columns) or ``JsonOutput`` for a script (one JSON
+document on stdout, what ``--json`` asks for), each with a method per command that prints.
 
 Example::
 
-    from purger.output import human_duration, report_tables
+    from purger.output import human_duration, output
     human_duration(856270.1)   # '9.9 d'
-    Console().print(report_tables(rows, "Purge report 2026-11-24"))
+    output(as_json=False).report(date(2026, 11, 24), "ledger/records", rows)   # the report's tables
+    output(as_json=True).submit_line(["spark-submit", "--master", "yarn", ...])   # {"command": [...], "line": ...}
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Iterable
+import dataclasses
+import json
+import shlex
+from abc import ABC, abstractmethod
+from datetime import date, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Iterable
+
+import typer
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -19,6 +27,11 @@ from rich.table import Table
 from rich.text import Text
 
 from purger.core.times import human_duration  # here too: what the command line prints
+
+if TYPE_CHECKING:
+    from purger.core.sizing import Sizing
+    from purger.setup import Findings
+    from purger.status import Status
 
 
 def narrow_table(title: str | None = None, caption: str | None = None) -> Table:
@@ -179,3 +192,167 @@ def sizing_lines(sizing: Any) -> list[str]:
     for section, settings in sections.items():
         lines += [f"[{section}]", *settings, ""]
     return lines
+
+
+class Output(ABC):
+    """What each command that prints shows: for a person (``TextOutput``) or a script (``JsonOutput``). A
+    problem a command stops on is one line on stderr either way (and its exit code), never in the document."""
+
+    @abstractmethod
+    def setup(self, sizing: Sizing | None, findings: Findings) -> None:
+        """``purger setup``: the volume's estimate (with ``--rate``), what was created and found in place, the
+        problems, what the keyspace's replication asks of the platform's writes."""
+
+    @abstractmethod
+    def report(self, day: date, ledger_path: str, rows: list[Any]) -> None:
+        """``purger report``: a day's rows (``sinks.ledger.Report.rows``)."""
+
+    @abstractmethod
+    def pending(self, rows: list[Any], within_s: float, checkpoint: str, watermark_delay: timedelta) -> None:
+        """``purger pending``: what comes due within ``within_s`` (``streams.pending.pending_purges`` rows)."""
+
+    @abstractmethod
+    def reconcile(self, rows: list[Any], dry_run: bool) -> None:
+        """``purger reconcile``: its report's rows (``purger.reconcile.verdict.ReportRow``)."""
+
+    @abstractmethod
+    def submit_line(self, command: list[str]) -> None:
+        """``purger submit-line``: the spark-submit command."""
+
+    @abstractmethod
+    def status(self, status: Status) -> None:
+        """``purger status``."""
+
+    @abstractmethod
+    def holds(self, holds: list[dict[str, Any]]) -> None:
+        """``purger holds``: scope, reason, placed_by, placed_at, held_objects of each hold in force."""
+
+    @abstractmethod
+    def ledger_records(self, object_id: str, ledger_path: str, records: list[dict[str, Any]]) -> None:
+        """``purger ledger find``: an object's records, oldest first."""
+
+
+def output(as_json: bool) -> Output:
+    return JsonOutput() if as_json else TextOutput()
+
+
+class TextOutput(Output):
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console()
+
+    def setup(self, sizing: Sizing | None, findings: Findings) -> None:
+        for line in sizing_lines(sizing) if sizing is not None else []:
+            typer.echo(line)
+        for line in findings.created:
+            typer.echo(f"created {line}")
+        for problem in findings.problems:
+            typer.echo(problem, err=True)
+        if findings.problems:
+            return  # the command exits on them
+        if not findings.created:
+            typer.echo("nothing to create: the purger's own topics and tables exist")
+        for line in findings.checked:
+            typer.echo(f"in place on {line}")
+        for line in findings.replication:
+            typer.echo(line)
+
+    def report(self, day: date, ledger_path: str, rows: list[Any]) -> None:
+        title = f"Purge report {day.isoformat()} (UTC), from {ledger_path}"
+        self.console.print(report_tables(rows, title) if rows else f"no ledger records for {day.isoformat()}")
+
+    def pending(self, rows: list[Any], within_s: float, checkpoint: str, watermark_delay: timedelta) -> None:
+        within = human_duration(within_s)
+        title = (f"Due within {within}, from {checkpoint} (purged about {human_duration(watermark_delay)} after "
+                 "due: stream.watermark_delay)")
+        self.console.print(pending_table(rows, title) if rows else f"nothing due within {within}")
+
+    def reconcile(self, rows: list[Any], dry_run: bool) -> None:
+        title = (f"Reconcile of {', '.join(sorted({r.policy for r in rows})) or 'no policy'}"
+                 + (" (dry run: nothing fed back or deleted)" if dry_run else ""))
+        self.console.print(reconcile_table(rows, title) if rows else "no policy scans a table")
+
+    def submit_line(self, command: list[str]) -> None:
+        typer.echo(shlex.join(command))
+
+    def status(self, status: Status) -> None:
+        from purger.status import render
+
+        self.console.print(render(status))
+
+    def holds(self, holds: list[dict[str, Any]]) -> None:
+        if not holds:
+            typer.echo("no hold in force")
+        for hold in holds:
+            typer.echo(f"{hold['scope']}  {hold['held_objects']} held  since {hold['placed_at']} by "
+                       f"{hold['placed_by']}: {hold['reason']}")
+
+    def ledger_records(self, object_id: str, ledger_path: str, records: list[dict[str, Any]]) -> None:
+        if not records:
+            typer.echo(f"no ledger records of {object_id!r} in {ledger_path}")
+        for r in records:
+            typer.echo(f"{r['decided_at']:%Y-%m-%d %H:%M:%S}  {r['policy']}  {r['kind']}"
+                       + (f" in {r['dc']}" if r["dc"] else "") + f"  {r['status']}  {r['rule'] or '-'}"
+                       + (f"  {r['reason']}" if r["reason"] else "")
+                       + f"  batch {r['batch_id']}  record {r['record_id'][:12]}")
+
+
+class JsonOutput(Output):
+    """One JSON document on stdout: times in ISO 8601 (UTC), durations in seconds, ``null`` for what is not
+    known; a list of rows, or an object for a command that says several things."""
+
+    @staticmethod
+    def _print(document: Any) -> None:
+        typer.echo(json.dumps(document, default=_plain))
+
+    def setup(self, sizing: Sizing | None, findings: Findings) -> None:
+        estimate = None
+        if sizing is not None:
+            estimate = {**{k: v for k, v in dataclasses.asdict(sizing).items() if k != "volume"},
+                        "volume": dataclasses.asdict(sizing.volume), "settings": sizing.settings()}
+        self._print({"sizing": estimate, **dataclasses.asdict(findings)})
+        for problem in findings.problems:
+            typer.echo(problem, err=True)
+
+    def report(self, day: date, ledger_path: str, rows: list[Any]) -> None:
+        self._print([_row(r) for r in rows])
+
+    def pending(self, rows: list[Any], within_s: float, checkpoint: str, watermark_delay: timedelta) -> None:
+        self._print([_row(r) for r in rows])
+
+    def reconcile(self, rows: list[Any], dry_run: bool) -> None:
+        self._print([_row(r) for r in rows])
+
+    def submit_line(self, command: list[str]) -> None:
+        self._print({"command": command, "line": shlex.join(command)})
+
+    def status(self, status: Status) -> None:
+        from purger.status import as_json
+
+        typer.echo(as_json(status))
+
+    def holds(self, holds: list[dict[str, Any]]) -> None:
+        self._print(holds)
+
+    def ledger_records(self, object_id: str, ledger_path: str, records: list[dict[str, Any]]) -> None:
+        self._print(records)
+
+
+def _row(row: Any) -> dict[str, Any]:
+    """A row as a dict: a Spark ``Row``, a dataclass or a dict."""
+    if dataclasses.is_dataclass(row):
+        return dataclasses.asdict(row)
+    return row.asDict(recursive=True) if hasattr(row, "asDict") else dict(row)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"{type(value).__name__} is not JSON")

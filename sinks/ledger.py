@@ -21,6 +21,9 @@ intent) is a ``MERGE`` on ``record_id`` that inserts only the new ones, reading
 only the days those can be in (``first_day``); any other (a batch's first
 attempt deleting afresh) appends without reading the table.
 
+With ``ledger.pseudonymise`` on, the ledger holds no id in clear: each is written as its keyed hash, and each
+reason as its category (``core.pseudonyms``); ``purger ledger find ID`` hashes the id to find its records.
+
 The ledger keeps itself small: Delta's optimized writes, auto compaction and
 log checkpoints (``TABLE_PROPERTIES``), and a daily ``Ledger.upkeep``, run by
 the running purger, that compacts the last days, deletes the days older than
@@ -47,6 +50,7 @@ Example::
     report.refresh()                   # the records written since the last refresh
     report.rows(date(2026, 11, 21))
     ledger.record_command("reconcile", ["mailbox"], actor="jdoe", reason="INC-4711", run="5f0c3a9e21b4")
+    ledger.find("m-1")                 # the records of message m-1, in a pseudonymised ledger too
     ledger.upkeep(date(2026, 11, 22))  # compaction of the last days, retention, vacuum
 """
 
@@ -72,6 +76,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ra
 from purger.core.config import LedgerConfig
 from purger.core.lags import LAG_RANK_ERROR, LAG_SKETCH_K
 from purger.core.policy_set import PolicySet
+from purger.core.pseudonyms import Pseudonyms
 from purger.core.vocabulary import ALL_DCS, COMMAND, PURGED, SKIPPED, STATUSES
 from purger.sinks.journal import JOURNAL_TTL_S
 
@@ -124,6 +129,16 @@ def _record_id(query_id: str, batch_id: int) -> Column:
     return F.sha2(F.to_json(F.array("policy", "kind", "id", F.coalesce("dc", F.lit("")), "status", batch)), 256)
 
 
+def _as_written(outcomes: DataFrame, pseudonyms: Pseudonyms) -> DataFrame:
+    """The outcomes' ids and reasons as the ledger writes them (``core.pseudonyms``): a keyed hash of each id (in
+    a Python function: the key stays out of the query's plan and the Spark UI) and each reason's category."""
+    if not pseudonyms.on:
+        return outcomes
+    keyed_hash = F.udf(pseudonyms.id, "string")
+    return outcomes.withColumns({"id": keyed_hash("id"),
+                                 "reason": F.substring_index("reason", ":", 1)})
+
+
 def use_s3a(spark: SparkSession, ledger: LedgerConfig) -> None:
     """Point s3a:// at the configured endpoint (session settings reach Hadoop's filesystem)."""
     if not any(path.startswith("s3a://") for path in (ledger.path, ledger.report_path, ledger.reconcile_path)):
@@ -166,6 +181,7 @@ class Ledger:
         self.spark = spark
         self.path = ledger.path
         self.retention = ledger.retention
+        self.pseudonyms = Pseudonyms.of(ledger)
         use_s3a(spark, ledger)
 
     def append(self, outcomes: DataFrame, query_id: str, batch_id: int, may_hold: bool = True,
@@ -177,6 +193,7 @@ class Ledger:
 
         >>> Ledger(spark, config.ledger).append(outcomes, query.id, 7)   # a second call adds nothing
         """
+        outcomes = _as_written(outcomes, self.pseudonyms)
         records = outcomes.select(
             _record_id(query_id, batch_id).alias("record_id"),
             "policy", "kind", "id", "rule", "dc", "status", "reason",
@@ -306,6 +323,16 @@ class Ledger:
 
     def exists(self) -> bool:
         return DeltaTable.isDeltaTable(self.spark, self.path)
+
+    def find(self, object_id: str, kind: str | None = None) -> list[Row]:
+        """Every record of the object ``object_id`` (of ``kind``, if given), oldest decision first: its id as the
+        ledger wrote it, a keyed hash in a pseudonymised ledger. None when there is no ledger yet."""
+        if not self.exists():
+            return []
+        found = self.records().where(F.col("id") == self.pseudonyms.id(object_id))
+        if kind is not None:
+            found = found.where(F.col("kind") == kind)
+        return found.orderBy("decided_at", "kind", F.coalesce("dc", F.lit(""))).collect()
 
     def records(self, as_of: int | None = None) -> DataFrame:
         """Every record (as of version ``as_of``, if given); query it with the DataFrame API or SQL

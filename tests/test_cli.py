@@ -135,6 +135,16 @@ def test_submit_line_prints_the_spark_submit_line_with_what_a_cluster_needs(tmp_
     main = line.index(str(Path(purger.job.__file__).resolve()))
     assert line[main + 1:] == ["--config", str(config_file.resolve()), "--dry-run"]
 
+    # The same line as JSON, for a script: the command's words, and the line as printed.
+    import json
+
+    as_json = CliRunner().invoke(app, ["submit-line", "--master", "spark://10.0.0.5:7077", "--config", str(config_file),
+                                       "--workdir", str(tmp_path / "submit"), "--driver-host", "10.0.0.9",
+                                       "--conf", "spark.ui.port=4999", "--dry-run", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    document = json.loads(as_json.stdout)
+    assert document["command"] == line and shlex.split(document["line"]) == line
+
 
 def test_submit_line_with_a_conf_that_is_not_key_value_exits_2_in_one_line(tmp_path):
     from typer.testing import CliRunner

@@ -3,11 +3,12 @@ durations as a person reads them."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import json
+from datetime import date, datetime, timedelta, timezone
 
 import pytest
 
-from purger.output import human_duration, pending_table, report_tables
+from purger.output import JsonOutput, TextOutput, human_duration, pending_table, report_tables
 from tests.support.screens import at_80
 
 
@@ -88,3 +89,83 @@ def test_the_demos_table_reads_at_80_columns():
     lines = at_80(demo_table(report, 20000))
     assert "Purge demo: 20000 messages, 14 min" in lines[0]
     assert any(line.split()[-2:] == ["300", "300"] for line in lines)
+
+
+# --- --json: one document a script parses ---------------------------------------------------------------
+
+
+def printed_json(capsys, show) -> object:
+    show(JsonOutput())
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one document, one line
+    return json.loads(out)
+
+
+def test_each_command_prints_one_json_document_with_times_in_iso_and_every_figure(capsys):
+    from purger.core.sizing import Volume, size
+    from purger.reconcile.verdict import ReportRow
+    from purger.setup import Findings
+
+    report = printed_json(capsys, lambda out: out.report(date(2026, 11, 24), "ledger/records", ROWS))
+    assert [(r["policy"], r["kind"], r["dc"], r["purged"]) for r in report] == [
+        (r["policy"], r["kind"], r["dc"], r["purged"]) for r in ROWS]
+    assert report[1]["started_at"] == "2026-11-24T08:54:45" and report[1]["skipped_by_reason"]["live"] == 500
+
+    due = {"due_at": datetime(2026, 11, 24, 9, 0), "kind": "message", "id": "m1", "rule": "deleted", "hint": None}
+    assert printed_json(capsys, lambda out: out.pending([due], 3600, "checkpoints/purger", timedelta(seconds=30))) \
+        == [{**due, "due_at": "2026-11-24T09:00:00"}]
+
+    started = datetime(2026, 11, 24, 9, 0, tzinfo=timezone.utc)
+    scanned = ReportRow("r1", "mailbox", "messages", "all", started, scanned=8, known=1).finish()
+    [row] = printed_json(capsys, lambda out: out.reconcile([scanned], dry_run=False))
+    assert (row["policy"], row["table"], row["scanned"], row["known"], row["run_id"]) == ("mailbox", "messages", 8, 1,
+                                                                                          "r1")
+    assert row["started"] == "2026-11-24T09:00:00+00:00" and row["duration_s"] > 0
+
+    sizing = size(Volume(20e6))
+    found = Findings(created=["Kafka 127.0.0.1:9092: topic purger.control"], checked=["Cassandra 127.0.0.1:9042"])
+    setup = printed_json(capsys, lambda out: out.setup(sizing, found))
+    assert setup["created"] == found.created and setup["checked"] == found.checked and setup["problems"] == []
+    assert setup["sizing"]["cores"] == sizing.cores and setup["sizing"]["volume"]["messages_per_day"] == 20e6
+    assert setup["sizing"]["settings"] == sizing.settings()
+    assert printed_json(capsys, lambda out: out.setup(None, Findings()))["sizing"] is None
+
+    assert printed_json(capsys, lambda out: out.submit_line(["spark-submit", "--name", "purger job"])) == {
+        "command": ["spark-submit", "--name", "purger job"], "line": "spark-submit --name 'purger job'"}
+
+    hold = {"scope": "mailbox:alice", "reason": "case 43", "placed_by": "jdoe", "placed_at": "2026-11-24 09:00:00",
+            "held_objects": 3}
+    assert printed_json(capsys, lambda out: out.holds([hold])) == [hold]
+
+    record = {"decided_at": datetime(2026, 11, 24, 9, 0, 1), "policy": "mailbox", "kind": "message", "dc": None,
+              "status": "purged", "rule": "deleted", "reason": None, "deleted_at": datetime(2026, 11, 24, 9, 0, 1),
+              "batch_id": 7, "record_id": "ab" * 32}
+    [found_record] = printed_json(capsys, lambda out: out.ledger_records("m1", "ledger/records", [record]))
+    assert found_record == {**record, "decided_at": "2026-11-24T09:00:01", "deleted_at": "2026-11-24T09:00:01"}
+
+
+def test_a_problem_goes_to_stderr_as_a_line_in_either_output(capsys):
+    from purger.setup import Findings
+
+    problem = "Kafka 127.0.0.1:9092: events topic events (kafka.topics) does not exist"
+    for out in (TextOutput(), JsonOutput()):
+        out.setup(None, Findings(problems=[problem]))
+        printed = capsys.readouterr()
+        assert printed.err.splitlines() == [problem]
+        assert problem not in printed.out or isinstance(out, JsonOutput)  # the document says it, for a script
+
+
+def test_the_text_of_holds_and_ledger_records_is_a_line_each(capsys):
+    TextOutput().holds([])
+    TextOutput().holds([{"scope": "mailbox:alice", "reason": "case 43", "placed_by": "jdoe",
+                         "placed_at": "2026-11-24 09:00:00", "held_objects": 3}])
+    TextOutput().ledger_records("m1", "ledger/records", [])
+    TextOutput().ledger_records("m1", "ledger/records", [{
+        "decided_at": datetime(2026, 11, 24, 9, 0, 1), "policy": "mailbox", "kind": "payload", "dc": "dc2",
+        "status": "skipped", "rule": "deleted", "reason": "held", "deleted_at": None, "batch_id": 7,
+        "record_id": "ab" * 32}])
+    assert capsys.readouterr().out.splitlines() == [
+        "no hold in force",
+        "mailbox:alice  3 held  since 2026-11-24 09:00:00 by jdoe: case 43",
+        "no ledger records of 'm1' in ledger/records",
+        "2026-11-24 09:00:01  mailbox  payload in dc2  skipped  deleted  held  batch 7  record abababababab"]

@@ -3,6 +3,7 @@ own topics created once, and each thing missing on the platform reported in exac
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -146,6 +147,13 @@ def test_setup_at_a_rate_prints_what_it_needs_and_gives_the_purgers_topics_its_p
             f"Kafka {config.kafka.bootstrap_servers}: topic {own.kafka.reconcile_topic} (kafka.reconcile_topic) has 24 "
             f"partitions, {twice.reconcile_topic_partitions} at this rate: kafka-topics.sh --alter --topic "
             f"{own.kafka.reconcile_topic} --partitions {twice.reconcile_topic_partitions}"]
+        # As JSON, for a script: the estimate, what was found, the problem (on stderr too), the same exit code.
+        as_json = CliRunner().invoke(app, ["setup", "--config", str(config_file), "--rate", "40M", "--json"],
+                                     env=NO_OVERRIDES)
+        assert as_json.exit_code == 2 and as_json.stderr.splitlines() == result.stderr.splitlines()
+        document = json.loads(as_json.stdout)
+        assert document["problems"] == result.stderr.splitlines()
+        assert document["sizing"]["reconcile_topic_partitions"] == twice.reconcile_topic_partitions
     finally:
         remove_what_setup_made(own, admin)
 
