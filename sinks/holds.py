@@ -85,8 +85,11 @@ class CassandraHolds(Holds):
         return cls(session, cassandra.keyspace, cassandra.holds_table, cassandra.serial_consistency)
 
     def held(self, scopes: list[str]) -> Hold | None:
-        for scope in scopes:
-            found = self.session.execute(self.read, (scope,)).one()
+        # Every scope read at once, each from a replica of its own partition: a message's two scopes cost one
+        # read's wait, not two (BENCHMARKS.md, "Cassandra requests per decision").
+        reads = [self.session.execute_async(self.read, (scope,)) for scope in scopes]
+        for scope, read in zip(scopes, reads):
+            found = read.result().one()
             if found is not None and found.reason is not None:
                 return Hold(scope, found.reason, found.placed_by or "", epoch_ms(found.placed_at))
         return None
