@@ -326,7 +326,7 @@ class Ledger:
 
     def find(self, object_id: str, kind: str | None = None) -> list[Row]:
         """Every record of the object ``object_id`` (of ``kind``, if given), oldest decision first: its id as the
-        ledger wrote it, a keyed hash in a pseudonymised ledger. None when there is no ledger yet."""
+        ledger wrote it, a keyed hash in a pseudonymised ledger; none when there is no ledger yet."""
         if not self.exists():
             return []
         found = self.records().where(F.col("id") == self.pseudonyms.id(object_id))
