@@ -304,7 +304,7 @@ class JsonOutput(Output):
 
     @staticmethod
     def _print(document: Any) -> None:
-        typer.echo(json.dumps(document, default=_plain))
+        typer.echo(json.dumps(document, default=json_value))
 
     def setup(self, sizing: Sizing | None, findings: Findings) -> None:
         estimate = None
@@ -346,7 +346,8 @@ def _row(row: Any) -> dict[str, Any]:
     return row.asDict(recursive=True) if hasattr(row, "asDict") else dict(row)
 
 
-def _plain(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """What ``json.dumps`` cannot write itself, as every command's JSON writes it (``default=json_value``)."""
     if isinstance(value, (datetime, date)):
         return value.isoformat()
     if isinstance(value, timedelta):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from rich.console import Group, RenderableType
@@ -37,7 +37,7 @@ from rich.text import Text
 from purger.core.config import PurgerConfig
 from purger.core.times import from_epoch_ms, human_duration
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, STATUSES, WOULD_DELETE
-from purger.output import figures_column, narrow_table
+from purger.output import figures_column, json_value, narrow_table
 from purger.sinks.failures import STUCK_AFTER_MS, CassandraFailures, Stuck
 
 if TYPE_CHECKING:  # Spark loads when the command reads
@@ -566,9 +566,4 @@ def render(status: Status) -> RenderableType:
 def as_json(status: Status) -> str:
     """The status for a script: every figure read, times in ISO 8601 (UTC), ``null`` for what was not read,
     and ``unread``'s lines."""
-    def plain(value: Any) -> Any:
-        if isinstance(value, (datetime, date)):
-            return value.isoformat()
-        raise TypeError(f"{type(value).__name__} is not JSON")
-
-    return json.dumps(asdict(status), default=plain, indent=2)
+    return json.dumps(asdict(status), default=json_value, indent=2)
