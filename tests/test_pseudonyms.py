@@ -68,6 +68,14 @@ def outcome(object_id: str, kind: str, status: str, reason: str | None, dc: str 
             now if status == PURGED else None, 3, "host:1", None)
 
 
+def sql_executions_since(spark, after: int) -> list[int]:
+    """The ids of the SQL executions after ``after`` that the Spark UI keeps, oldest first."""
+    store = spark._jsparkSession.sharedState().statusStore()
+    count = store.executionsCount()
+    newest = store.executionsList(max(0, count - 1000), 1000)
+    return [i for i in (newest.apply(n).executionId() for n in range(newest.size())) if i > after]
+
+
 @pytest.mark.integration
 def test_a_pseudonymised_ledger_holds_no_id_in_clear_and_finds_each_objects_records(spark, config, tmp_path):
     """Records appended as the purge appends them (a batch, then the same batch again, as a retry writes it): the
@@ -81,6 +89,7 @@ def test_a_pseudonymised_ledger_holds_no_id_in_clear_and_finds_each_objects_reco
     ledger_config = config.ledger.model_copy(update={
         "path": str(tmp_path / "records"), "report_path": str(tmp_path / "report"), "pseudonymise": True,
         "pseudonym_key": SecretStr(KEY)})
+    before = max(sql_executions_since(spark, -1), default=-1)
     ledger = Ledger(spark, ledger_config)
     ledger.create()
     message, payload, mailbox = "msg-alice-7f3a1c", "payload-alice-7f3a1c", "mailbox-of-alice"
@@ -109,9 +118,14 @@ def test_a_pseudonymised_ledger_holds_no_id_in_clear_and_finds_each_objects_reco
     assert purged_by(spark, held, ["mailbox"], "query-1", 3, int(time.time() * 1000) - 60_000,
                      Scope("message", message)) == [("message", Pseudonyms.of(ledger_config).id(message), None)]
 
-    plans = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/sql?details=true"
-    with urllib.request.urlopen(plans, timeout=30) as response:
-        assert KEY not in response.read().decode()
+    # Each SQL query this test ran, as the UI's REST API shows it with its plan (the UI keeps the newest 1,000
+    # of a session, so the oldest ones of a long test session are not where to look).
+    ours = sql_executions_since(spark, before)
+    assert ours, "the ledger's queries should be in the Spark UI"
+    api = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/sql"
+    for execution in ours:
+        with urllib.request.urlopen(f"{api}/{execution}?details=true&planDescription=true", timeout=30) as response:
+            assert KEY not in response.read().decode(), execution
 
     # The command, as an auditor runs it: the key from the environment, never on its command line.
     config_file = write_config(config.model_copy(update={"ledger": ledger_config}), tmp_path / "purger.toml",
