@@ -6,6 +6,11 @@ sub-ranges, enough for every task to take several; a task reads its sub-ranges o
 with ``token(key) > ? AND token(key) <= ?``, page by page, each page sent to a replica of its range.
 Murmur3 tokens only (Cassandra's default partitioner since 1.2).
 
+A ``timestamp`` column is read as its milliseconds (``blobAsBigint(timestampAsBlob(c))``) and made a
+``datetime`` here, as the driver would: a value outside the years a ``datetime`` holds (1-9999), which the
+driver fails the whole page on (and drops its connection), skips that row with a warning naming its key, and
+the scan goes on.
+
 Example::
 
     ranges = token_ranges(session, count=64)                # [(start, end], ...] covering the ring
@@ -17,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 from itertools import groupby
@@ -29,6 +35,8 @@ from purger.core.reconcile_descriptors import REFERENCED
 if TYPE_CHECKING:
     from cassandra.cluster import ResultSet, Session
     from cassandra.pool import Host
+
+log = logging.getLogger(__name__)
 
 MIN_TOKEN = -(2**63)
 MAX_TOKEN = 2**63 - 1
@@ -123,12 +131,15 @@ def scan_pages(session: "Session", keyspace: str, table: str, key: list[str], co
         statement.fetch_size = page_size
         return statement
 
+    timestamps = _timestamp_columns(session, keyspace, table, columns)
+    selected = ", ".join(f"blobAsBigint(timestampAsBlob({c})) AS {c}" if c in timestamps else c for c in columns)
+    decoded = _Decoder(f"{keyspace}.{table}", columns, key, timestamps)
     if referenced_by is None:
-        select = prepared(f"SELECT {', '.join(columns)} FROM {keyspace}.{table}")
+        select = prepared(f"SELECT {selected} FROM {keyspace}.{table}")
         for page in _pages(session, keyspace, select, ranges):
-            yield page.column_names, page.current_rows
+            yield page.column_names, decoded.rows(page.current_rows)
         return
-    select = prepared(f"SELECT {token} AS scan_token, {', '.join(columns)} FROM {keyspace}.{table}")
+    select = prepared(f"SELECT {token} AS scan_token, {selected} FROM {keyspace}.{table}")
     referring = prepared(f"SELECT DISTINCT {token} AS scan_token, {', '.join(key)} FROM {keyspace}.{referenced_by}")
     for start, end in ranges:
         references = _KeysByToken(row for page in _pages(session, keyspace, referring, [(start, end)])
@@ -138,7 +149,46 @@ def scan_pages(session: "Session", keyspace: str, table: str, key: list[str], co
             at = [names.index(column) for column in key]
             yield [*names, REFERENCED], [
                 (*values, tuple(values[i] for i in at) in references.at(scan_token))
-                for scan_token, *values in page.current_rows]
+                for scan_token, *values in decoded.rows(page.current_rows, offset=1)]
+
+
+def _timestamp_columns(session: "Session", keyspace: str, table: str, columns: list[str]) -> frozenset[str]:
+    """Those of ``columns`` whose type is ``timestamp``, from the cluster's schema."""
+    found = session.cluster.metadata.keyspaces[keyspace].tables[table].columns
+    return frozenset(c for c in columns if c in found and found[c].cql_type == "timestamp")
+
+
+class _Decoder:
+    """A page's rows with their timestamp columns, read as milliseconds, made ``datetime`` values as the driver
+    makes them (``cassandra.util.datetime_from_timestamp``); a row with one outside 1-9999 left out, logged."""
+
+    def __init__(self, table: str, columns: list[str], key: list[str], timestamps: frozenset[str]) -> None:
+        self.table, self.columns = table, columns
+        self.at = [i for i, c in enumerate(columns) if c in timestamps]
+        self.key = [i for i, c in enumerate(columns) if c in key] or [0]
+
+    def rows(self, rows: list[tuple[Any, ...]], offset: int = 0) -> list[tuple[Any, ...]]:
+        """``rows`` decoded; ``offset``: the columns before ``columns`` in each (a scan token)."""
+        if not self.at:
+            return rows
+        from cassandra.util import datetime_from_timestamp
+
+        decoded = []
+        for row in rows:
+            values = list(row)
+            try:
+                for i in self.at:
+                    millis = values[offset + i]
+                    if millis is not None:
+                        values[offset + i] = datetime_from_timestamp(millis / 1000.0)
+            except (OverflowError, ValueError):
+                key = ", ".join(f"{self.columns[k]}={values[offset + k]!r}" for k in self.key)
+                log.warning("scan of %s: row %s skipped: its %s is %d ms from 1970, outside the years 1-9999 a "
+                            "timestamp can be read in; correct or delete the row", self.table, key,
+                            self.columns[i], millis)
+                continue
+            decoded.append(tuple(values))
+        return decoded
 
 
 def _pages(session: "Session", keyspace: str, statement: Any, ranges: list[tuple[int, int]]) -> Iterator["ResultSet"]:
