@@ -625,10 +625,14 @@ def ledger_find(
                                               "a user, a unit of work."),
     config_file: Optional[Path] = ConfigOption,
     kind: Optional[str] = typer.Option(None, "--kind", help="Only the records of this kind (message, payload, ...)."),
+    since: Optional[datetime] = typer.Option(None, "--since", formats=["%Y-%m-%d"], metavar="DAY",
+                                             help="Only the records decided on DAY (YYYY-MM-DD, UTC) or later: "
+                                                  "only those days are read, not the whole ledger."),
     dry_run: bool = typer.Option(False, "--dry-run", help="In the dry run's ledger (<ledger.path>.dry-run)."),
     as_json: bool = JsonOption,
 ) -> None:
-    """An object's records in the ledger, oldest first; in a pseudonymised ledger too (its id hashed with the key)."""
+    """An object's records in the ledger, oldest first; in a pseudonymised ledger too (its id hashed with the key).
+    Without --since, every day the ledger keeps is read."""
     from purger.output import output
     from purger.sinks.ledger import Ledger
     from purger.spark import spark_session
@@ -638,7 +642,8 @@ def ledger_find(
     try:
         fields = ("decided_at", "policy", "kind", "dc", "status", "rule", "reason", "deleted_at", "batch_id",
                   "record_id")
-        records = [{name: r[name] for name in fields} for r in Ledger(spark, config.ledger).find(object_id, kind)]
+        found = Ledger(spark, config.ledger).find(object_id, kind, since.date() if since else None)
+        records = [{name: r[name] for name in fields} for r in found]
     finally:
         spark.stop()
     output(as_json).ledger_records(object_id, config.ledger.path, records)

@@ -324,12 +324,15 @@ class Ledger:
     def exists(self) -> bool:
         return DeltaTable.isDeltaTable(self.spark, self.path)
 
-    def find(self, object_id: str, kind: str | None = None) -> list[Row]:
-        """Every record of the object ``object_id`` (of ``kind``, if given), oldest decision first: its id as the
-        ledger wrote it, a keyed hash in a pseudonymised ledger; none when there is no ledger yet."""
+    def find(self, object_id: str, kind: str | None = None, since: date | None = None) -> list[Row]:
+        """Every record of the object ``object_id`` (of ``kind``, if given; decided on ``since`` or later, if
+        given: only those days' partitions are read), oldest decision first: its id as the ledger wrote it, a
+        keyed hash in a pseudonymised ledger; none when there is no ledger yet."""
         if not self.exists():
             return []
         found = self.records().where(F.col("id") == self.pseudonyms.id(object_id))
+        if since is not None:
+            found = found.where(F.col("date") >= F.lit(since))
         if kind is not None:
             found = found.where(F.col("kind") == kind)
         return found.orderBy("decided_at", "kind", F.coalesce("dc", F.lit(""))).collect()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,9 @@ def test_a_pseudonymised_ledger_holds_no_id_in_clear_and_finds_each_objects_reco
         ("message", PURGED, None, Pseudonyms.of(ledger_config).id(message))]
     assert [(r.status, r.reason) for r in ledger.find(f"{message}-kept", kind="message")] == [(SKIPPED, "held")]
     assert [(r.kind, r.dc) for r in ledger.find(payload)] == [("payload", "dc1")]
+    today = datetime.now(timezone.utc).date()  # the day the records were decided on (``outcome``)
+    assert [r.kind for r in ledger.find(payload, since=today)] == ["payload"]
+    assert ledger.find(payload, since=today + timedelta(days=1)) == []
     other = Ledger(spark, ledger_config.model_copy(update={"pseudonym_key": SecretStr(KEY + "-another")}))
     assert other.find(message) == []
     # What `purger hold message:<id>` lists of the batch it waited for: the message, by its hash.
@@ -131,8 +135,8 @@ def test_a_pseudonymised_ledger_holds_no_id_in_clear_and_finds_each_objects_reco
     config_file = write_config(config.model_copy(update={"ledger": ledger_config}), tmp_path / "purger.toml",
                                leaving_out=frozenset({"ledger.pseudonym_key"}))
     assert KEY not in config_file.read_text()
-    run = subprocess.run([sys.executable, "-m", "purger", "ledger", "find", message, "--json", "--config",
-                          str(config_file)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    run = subprocess.run([sys.executable, "-m", "purger", "ledger", "find", message, "--json", "--since",
+                          today.isoformat(), "--config", str(config_file)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PURGER_LEDGER_PSEUDONYM_KEY": KEY})
     assert run.returncode == 0, run.stderr[-2000:]
     [record] = json.loads(run.stdout)
