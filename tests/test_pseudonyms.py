@@ -136,7 +136,8 @@ def test_a_pseudonymised_ledger_holds_no_id_in_clear_and_finds_each_objects_reco
                                leaving_out=frozenset({"ledger.pseudonym_key"}))
     assert KEY not in config_file.read_text()
     run = subprocess.run([sys.executable, "-m", "purger", "ledger", "find", message, "--json", "--since",
-                          today.isoformat(), "--config", str(config_file)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          today.isoformat(), "--config", str(config_file)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PURGER_LEDGER_PSEUDONYM_KEY": KEY})
     assert run.returncode == 0, run.stderr[-2000:]
     [record] = json.loads(run.stdout)
