@@ -61,6 +61,13 @@ def pytest_configure(config):
         os.environ["SPARK_SUBMIT_OPTS"] = JIT
 
 
+def pytest_report_header(config):
+    """The fault matrix's size and seed, to run a bounded run's cases again (``PURGER_FAULT_SEED``)."""
+    from tests.support.faults import FAULTS
+
+    return f"faults: {'full' if FAULTS.full else 'bounded'}, PURGER_FAULT_SEED={FAULTS.seed}"
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """Mark ``integration`` every test whose fixture closure reaches a server or a JVM, so that none can
@@ -76,8 +83,11 @@ def _docker_answers() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
 
 
+_STACK_STOPPED_AT_END = pytest.StashKey[bool]()
+
+
 @pytest.fixture(scope="session")
-def servers(spark_jvm_options):
+def servers(request, spark_jvm_options):
     """Make sure Kafka, Cassandra and S3 answer; yield how they were provided."""
     if all(os.environ.get(v) for v in ENDPOINT_VARIABLES):
         yield "environment"
@@ -95,9 +105,17 @@ def servers(spark_jvm_options):
         stack = LocalStack()
         started_here = not stack.running()
         stack.up()
+        request.config.stash[_STACK_STOPPED_AT_END] = started_here
         yield "local"
         if started_here:
             stack.down()
+
+
+@pytest.fixture(scope="session")
+def stack_stopped_at_end(servers, request) -> bool:
+    """Whether the session stops the local stack at its end (it started it): a server added for some tests then
+    needs no tidying after them."""
+    return request.config.stash.get(_STACK_STOPPED_AT_END, False)
 
 
 @pytest.fixture(scope="session")

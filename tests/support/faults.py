@@ -22,7 +22,12 @@ import os
 import random
 import socket
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import date
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class TcpProxy:
@@ -174,17 +179,28 @@ _DROP = object()
 @dataclass(frozen=True)
 class FaultMatrix:
     """How much of each fault the suite injects. Bounded by default, which is what CI runs: every fault still
-    injected on the real servers, fewer times. ``PURGER_FAULTS=full`` (``make faults-full``) injects each in
-    full; ``PURGER_FAULT_ATTEMPTS``, ``PURGER_FAULT_RANDOM_KILLS`` and ``PURGER_FAULT_OUTAGE_S`` set one figure."""
+    injected on the real servers, fewer times, and of a matrix's cases (the kill test's failpoints) a share each
+    run, in turn by the seed. ``PURGER_FAULTS=full`` (``make faults-full``) injects each in full, every case;
+    ``PURGER_FAULT_ATTEMPTS``, ``PURGER_FAULT_RANDOM_KILLS``, ``PURGER_FAULT_OUTAGE_S`` and ``PURGER_FAULT_SEED``
+    set one figure."""
 
     attempts: int  # per race in one data centre
     cross_dc_attempts: int  # per race across data centres, where the delete through the other rarely lands first
     random_kills: int  # the kill test's kills at a random moment, besides its failpoints
     executor_kills: int  # executors killed in the middle of a task on the cluster
     executor_kill_objects: int  # the messages those executors delete, paced so that each kill finds a task
-    every_failpoint: bool  # the kill test kills at each failpoint, or at one per step of the purge protocol
+    full: bool  # every case of each matrix: every failpoint of the kill test and of a reconcile
     outage_s: float  # how long a server stays down
     measured_races: bool  # the races whose outcome is measured, not asserted (a consistency level's risk)
+    seed: int  # which cases a bounded run takes: by default the day's number, so that each day's runs take the next
+
+    def cases(self, every: Sequence[T], bounded: Sequence[T], per_run: int) -> tuple[T, ...]:
+        """A matrix's cases for this run: ``every`` one in full; bounded, ``per_run`` of ``bounded`` taken in turn
+        by the seed, so that runs on successive days (or seeds) cover all of ``bounded``."""
+        if self.full:
+            return tuple(every)
+        first = self.seed * per_run % len(bounded)
+        return tuple((tuple(bounded) * 2)[first:first + per_run])
 
 
 def fault_matrix(environ: dict[str, str] | os._Environ = os.environ) -> FaultMatrix:
@@ -195,9 +211,10 @@ def fault_matrix(environ: dict[str, str] | os._Environ = os.environ) -> FaultMat
         random_kills=int(environ.get("PURGER_FAULT_RANDOM_KILLS", 10 if full else 1)),
         executor_kills=3 if full else 1,
         executor_kill_objects=150 if full else 50,
-        every_failpoint=full,
+        full=full,
         outage_s=float(environ.get("PURGER_FAULT_OUTAGE_S", 30 if full else 10)),
         measured_races=full,
+        seed=int(environ.get("PURGER_FAULT_SEED", date.today().toordinal())),
     )
 
 

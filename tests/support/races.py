@@ -57,9 +57,10 @@ class RaceResult:
 
 
 def revival_race(platform: Platform, deleter: MessagePurge, revive_session: Any, config: PurgerConfig,
-                 attempts: int, time_limit_s: float | None = None) -> RaceResult:
+                 attempts: int, time_limit_s: float | None = None,
+                 enough: Callable[[RaceResult], bool] | None = None) -> RaceResult:
     """Race ``attempts`` revivals (through ``revive_session``) against ``deleter``'s deletes, four at a time;
-    with ``time_limit_s``, start no attempt after that long."""
+    with ``time_limit_s``, start no attempt after that long; with ``enough``, none once the result so far is."""
     settings = mailbox(config)
     revive = revive_session.prepare(f"UPDATE {config.cassandra.keyspace}.{settings.messages_table} "
                                     "SET extract_count = 1, updated_at = ? WHERE message_id = ? IF EXISTS")
@@ -74,6 +75,10 @@ def revival_race(platform: Platform, deleter: MessagePurge, revive_session: Any,
     def attempt(i: int) -> None:
         if time_limit_s is not None and time.monotonic() - started > time_limit_s:
             return
+        if enough is not None:
+            with lock:
+                if enough(result):
+                    return
         m = f"race-revive-{uuid.uuid4().hex[:8]}-{i}"
         platform.enqueue(m, f"p-{m}", size=100, extract_count=1, at=ago(settings.expired_ttl))
         platform.dequeue(m, 0, at=ago(settings.expired_ttl))

@@ -35,7 +35,7 @@ from purger.reconcile.token_ranges import partition_key, scan_ranges, token_rang
 from purger.core.config import PurgerConfig
 from purger.core.vocabulary import PURGED
 from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER
-from devstack.stack import SECOND_NODE, LocalStack, create_schema
+from devstack.stack import create_schema
 from tests.support.mailbox import message_purge, purge_message
 from tests.support.waits import wait_for
 
@@ -43,28 +43,20 @@ MESSAGES = 60
 
 
 @pytest.fixture(scope="module")
-def ring_config(config, servers) -> PurgerConfig:
-    """The session's configuration on a keyspace of its own, one replica by SimpleStrategy, talking to dc1 at
-    QUORUM; node 2 joined. The keyspace is made before node 2 joins and dropped after it left (if this module
-    started it), so that neither waits for two nodes to agree on the schema."""
-    if servers != "local":
-        pytest.skip("a second Cassandra node needs the local stack")
+def ring_config(config, second_node) -> PurgerConfig:
+    """The session's configuration on a keyspace of its own, one replica by SimpleStrategy (each node holds its
+    tokens' share), talking to dc1 at QUORUM; node 2 joined."""
     keyspace = f"token_aware_{uuid.uuid4().hex[:8]}"
     cassandra = config.cassandra.model_copy(update={"local_data_centre": "dc1", "keyspace": keyspace,
                                                     "consistency": "QUORUM", "serial_consistency": "SERIAL"})
     own = config.model_copy(update={"cassandra": cassandra})
     session = cassandra_session(config.cassandra)
-    stack = LocalStack(log=lambda _: None)
-    started_here = SECOND_NODE.pid() is None
     try:
         session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
                         "{'class': 'SimpleStrategy', 'replication_factor': 1}", timeout=60)
         create_schema(own)  # the tables and the journal; the keyspace exists, so its replication stays
-        stack.add_second_node()  # it takes its tokens' share of every SimpleStrategy keyspace, this one's too
         yield own
     finally:
-        if started_here:
-            stack.remove_second_node()
         session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
         session.cluster.shutdown()
 
