@@ -219,7 +219,8 @@ def run_id() -> str:
 def test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing(spark, reconciled, tmp_path):
     """`purger reconcile` in a process of its own is killed with SIGKILL (its whole process group) in its scan, at
     its first token range, and in its feed, once its first records are in the reconcile topic (both in full, one
-    of them in turn in a bounded run: ``FaultMatrix.cases``); then a reconcile runs to its end. The end state is that of one uninterrupted reconcile: every due row gone, every
+    of them in turn in a bounded run: ``FaultMatrix.cases``); then a reconcile runs to its end. The end state is
+    that of one uninterrupted reconcile: every due row gone, every
     live one intact, one ledger record per deletion."""
     own, silent, running = reconciled
     config_file = write_config(own, tmp_path / "purger.toml")
