@@ -13,13 +13,13 @@ from __future__ import annotations
 import threading
 from functools import partial
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from purger.core.times import duration_ms
 from purger.core.config import PurgerConfig
 from purger.core.handles import Resources
 from purger.core.purge_protocol import Purge
-from purger.connectors import CassandraTables, cassandra_session, kafka_producer
+from purger.connectors import CassandraTables, cassandra_session, kafka_producer, s3_client
 from purger.sinks.dead_letters import DeadLetters
 from purger.sinks.failures import CassandraFailures
 from purger.sinks.holds import CassandraHolds
@@ -48,6 +48,7 @@ class Clients:
 _lock = threading.Lock()
 _made: dict[str, Clients] = {}
 _sessions: dict[str, "Session"] = {}
+_stores: dict[tuple[str, str], Any] = {}
 
 
 def executor_session(config: PurgerConfig) -> "Session":
@@ -55,6 +56,15 @@ def executor_session(config: PurgerConfig) -> "Session":
     reconcile scans' (``reconcile.token_ranges``)."""
     with _lock:
         return _session(config)
+
+
+def executor_store(config: PurgerConfig, dc: str) -> Any:
+    """This executor process's S3 client for a data centre's store, made once per configuration: a reconcile's
+    listing and its orphan blobs' purges (``reconcile.orphan_listing``, ``reconcile.orphan_purges``)."""
+    with _lock:
+        if (config.key, dc) not in _stores:
+            _stores[config.key, dc] = s3_client(config.stores[dc])
+        return _stores[config.key, dc]
 
 
 def _session(config: PurgerConfig) -> "Session":

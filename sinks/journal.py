@@ -66,7 +66,7 @@ class CassandraJournal(Journal):
         return kind, object_id, max(intent.values(), default=""), entries
 
     # A set of names kept in one row, added to and taken from without a read: the orphan sweep's notes
-    # (``reconcile.orphans``: the sweeps under way, and the blobs each is about to delete).
+    # (``reconcile.sweeps``: the sweeps under way, and the blobs each is about to delete).
 
     def note(self, kind: str, object_id: str, names: set[str]) -> None:
         self.session.execute(self.add, (names, kind, object_id))
@@ -79,7 +79,7 @@ class CassandraJournal(Journal):
         return set(found.rows or ()) if found else set()
 
     # A lease, held by one holder at a time until it expires or is given up: the orphan sweeps' (one sweep of a
-    # bucket or table at a time, ``reconcile.orphans``). Lightweight transactions only, at the session's serial
+    # bucket or table at a time, ``reconcile.sweeps``). Lightweight transactions only, at the session's serial
     # consistency, so that two takers never both win; ``ttl_s`` bounds how long a holder that died keeps it.
 
     def lease(self, kind: str, object_id: str, holder: str, ttl_s: int) -> str | None:

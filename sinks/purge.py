@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -36,6 +36,9 @@ from purger.sinks.clients import executor_clients
 from purger.sinks.throttle import Pacer, bounded_map
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 OUTCOME_SCHEMA = StructType(
     [
@@ -84,13 +87,12 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
     clients = executor_clients(config)
     attempt = Attempt(batch=f"{query_id}/{batch_id}")
     policies = config.policy_set
-    pacer = Pacer(deletions_per_second or config.stream.max_deletions_per_second)
-    worker = f"{socket.gethostname()}:{os.getpid()}"
+    worker = worker_name()
 
     def purge_one(row: Row) -> list[tuple]:
         def record(o: Outcome, policy: str = ENGINE) -> tuple:
-            return (policy, o.kind or row.kind, o.id or row.id, row.rule, o.dc, o.status, o.reason,
-                    row.eligible_at_ms, now_ms(), o.deleted_at_ms, batch_id, worker, o.intent, o.recorded)
+            return (*outcome_row(policy, o.kind or row.kind, o.id or row.id, row.rule, o.dc, o, row.eligible_at_ms,
+                                 batch_id, worker), o.recorded)
 
         if row.kind == DEAD_LETTER:
             clients.dead_letters.send(row.key, row.value, row.reason, row.topic, row.partition, row.offset)
@@ -112,16 +114,40 @@ def purge_partition(candidates: Iterable[Row], config: PurgerConfig, batch_id: i
             clients.control.recheck(row.kind, row.id, row.rule, retry.at_ms)
         return outcomes
 
-    def paced(row: Row) -> Row:
-        if row.kind != DEAD_LETTER:
+    for outcomes in decided(itertools.chain([first], rows), purge_one, config, "purge",
+                            deletions_per_second or config.stream.max_deletions_per_second,
+                            paced=lambda row: row.kind != DEAD_LETTER):
+        yield from outcomes
+    # The batch commits only after every report is in Kafka and the blobs left in case are sent.
+    clients.flush()
+
+
+def decided(rows: Iterable[T], decide: Callable[[T], R], config: PurgerConfig, name: str, rate: float,
+            paced: Callable[[T], bool] = lambda _: True) -> Iterator[R]:
+    """The executor's decision loop, a batch's candidates' or a sweep's orphans': ``decide`` over ``rows`` in
+    order, ``stream.delete_concurrency`` in flight on threads named ``name``, each row that ``paced`` says
+    deletes paced at ``rate`` a second (this task's share of the cap)."""
+    pacer = Pacer(rate)
+
+    def in_turn(row: T) -> T:
+        if paced(row):
             pacer.wait()
         return row
 
-    # Each candidate is a short chain of round trips (a lightweight transaction alone takes four):
+    # Each decision is a short chain of round trips (a lightweight transaction alone takes four):
     # ``delete_concurrency`` of them in flight per task keep Cassandra and the stores busy.
-    with ThreadPoolExecutor(config.stream.delete_concurrency, thread_name_prefix="purge") as pool:
-        for outcomes in bounded_map(pool, purge_one, map(paced, itertools.chain([first], rows)),
-                                    config.stream.delete_concurrency):
-            yield from outcomes
-    # The batch commits only after every report is in Kafka and the blobs left in case are sent.
-    clients.flush()
+    concurrency = config.stream.delete_concurrency
+    with ThreadPoolExecutor(concurrency, thread_name_prefix=name) as pool:
+        yield from bounded_map(pool, decide, map(in_turn, rows), concurrency)
+
+
+def outcome_row(policy: str, kind: str, object_id: str, rule: str | None, dc: str | None, outcome: Outcome,
+                eligible_at_ms: int | None, batch_id: int, worker: str) -> tuple:
+    """A decision's ``OUTCOME_SCHEMA`` tuple, decided now by ``worker`` (``worker_name``)."""
+    return (policy, kind, object_id, rule, dc, outcome.status, outcome.reason, eligible_at_ms, now_ms(),
+            outcome.deleted_at_ms, batch_id, worker, outcome.intent)
+
+
+def worker_name() -> str:
+    """The process that decides, as the ledger's ``worker`` names it: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"

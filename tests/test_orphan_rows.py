@@ -29,7 +29,8 @@ from purger.reconcile.run import reconcile
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
 from purger.core.vocabulary import ALL_DCS
-from purger.reconcile.orphans import FIRST_FOUND, Sweep, decide, ledger_query_id, reconcile_orphan_rows
+from purger.reconcile.orphan_purges import FIRST_FOUND, Sweep, decide, ledger_query_id
+from purger.reconcile.orphans import reconcile_orphan_rows
 from purger.core.times import duration_ms, now_ms, parse_timestamp
 from purger.policies.mailbox.state import RELEASED
 from simulation.policy_objects import SETTINGS

@@ -27,9 +27,10 @@ from purger.core.vocabulary import (
 from purger.sinks.ledger import Ledger
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
-from purger.reconcile.orphans import (
-    MAX_CHARACTER, SWEEP_LEASES, Sweep, decide, ledger_query_id, list_shard, reconcile_orphans,
-)
+from purger.reconcile.orphan_listing import MAX_CHARACTER, list_shard
+from purger.reconcile.orphan_purges import Sweep, decide, ledger_query_id
+from purger.reconcile.orphans import reconcile_orphans
+from purger.reconcile.sweeps import SWEEP_LEASES
 from devstack.stack import create_schema
 from purger.running import RECONCILE_JOB_GROUP, start_purger
 from tests.support.configs import own_config
@@ -296,7 +297,7 @@ def test_two_reconciles_at_once_sweep_each_bucket_once_and_record_each_deletion_
         except BaseException as error:  # noqa: BLE001 (reported by the test's thread)
             failures.append(error)
 
-    with injected(hold_the_first), caplog.at_level(logging.WARNING, logger="purger.reconcile.orphans"):
+    with injected(hold_the_first), caplog.at_level(logging.WARNING, logger="purger.reconcile.sweeps"):
         first = threading.Thread(target=run, args=(first_run,), name="first")
         first.start()
         try:
@@ -478,7 +479,7 @@ def test_a_purger_stopped_in_its_scheduled_sweep_has_each_deletion_recorded_afte
         assert all(stores.exists(PREFIX + orphan, "dc2") for orphan in orphans)  # its sweep never began
         assert records(spark, own) == []  # deleted, and not recorded
 
-        with caplog.at_level(logging.WARNING, logger="purger.reconcile.orphans"):
+        with caplog.at_level(logging.WARNING, logger="purger.reconcile.sweeps"):
             running = start_purger(spark, own)
             try:
                 wait_for(lambda: running.metrics.reconcile_last_run._value.get() > 0, 180,
