@@ -1,48 +1,34 @@
-"""Failpoints: named moments where the fault tests kill the purger or make a writer land (RELIABILITY.md).
+"""Failpoints: the named moments of the purge protocol, the sink and a reconcile where a test may act
+(RELIABILITY.md): kill the purger there, or make another writer land. The product names its moments and calls
+the hooks installed in its process; it installs none, reads no environment and kills nothing. The hooks are test
+scaffolding (``purger.testing``), installed by a test in its own process or, for the processes of a purger a
+test starts, at their start when the test asks (``PURGER_FAILPOINT``).
 
 Not part of the policy interface: the engine names its moments itself (``before_<kind>_claim``,
 ``after_<kind>_dependent_delete``, ``after_<kind>_delete``, ``before_ledger_write``, ...).
 
 Example::
 
-    failpoint("before_ledger_write")   # does nothing unless PURGER_FAILPOINT names it or a test injects one
-    with injected(lambda name: ...):   # in-process tests: called at every failpoint
-        ...
+    failpoint("before_ledger_write")   # each installed hook called with the name; with none, nothing
 """
 
 from __future__ import annotations
 
-import os
-import signal
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-_injected: list[Callable[[str], None]] = []
+_hooks: list[Callable[[str], None]] = []
 
 
 def failpoint(name: str) -> None:
-    """Fault injection for the kill tests (tests/test_faults.py): with ``PURGER_FAILPOINT=<name>`` the
-    first process to reach ``name`` kills the purger's whole process group (kill -9), once per
-    ``PURGER_FAILPOINT_MARKER`` file. Without the variable it does nothing."""
-    for action in list(_injected):
-        action(name)
-    if os.environ.get("PURGER_FAILPOINT") != name:
-        return
-    try:
-        Path(os.environ["PURGER_FAILPOINT_MARKER"]).open("x").close()
-    except FileExistsError:
-        return
-    # The session's group: the driver and its JVM (PySpark's worker daemon has a group of its own).
-    os.killpg(os.getsid(0), signal.SIGKILL)
+    """The moment ``name``: each hook installed in this process is called with it."""
+    for hook in list(_hooks):
+        hook(name)
 
 
-@contextmanager
-def injected(action: Callable[[str], None]) -> Iterator[None]:
-    """Call ``action(name)`` at every failpoint reached in this process while the block runs (a test's
-    crash, or a writer landing at a chosen moment)."""
-    _injected.append(action)
-    try:
-        yield
-    finally:
-        _injected.remove(action)
+def install(hook: Callable[[str], None]) -> None:
+    """Call ``hook(name)`` at every failpoint this process reaches, until ``uninstall``."""
+    _hooks.append(hook)
+
+
+def uninstall(hook: Callable[[str], None]) -> None:
+    _hooks.remove(hook)

@@ -32,7 +32,7 @@ from purger.core.vocabulary import PURGED, SKIPPED
 from purger.sinks.ledger import Ledger
 from purger.core.policy import key_id
 from tests.support.configs import mailbox, own_config, write_config
-from tests.support.faults import FAULTS, bad_records, reliability
+from tests.support.faults import FAULTS, bad_records, killed_at, reliability
 from tests.support.mailbox import purge as purge_candidates
 from tests.support.mailbox import (
     candidate, end_state, message_purge, purge_through_outages, unreferenced_payload, write_work,
@@ -215,7 +215,7 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
         for point in FAULTS.cases(FAILPOINTS, ONE_PER_STEP, per_run=2):
             more_work()
             marker = tmp / f"{point}.fired"
-            process = start(PURGER_FAILPOINT=point, PURGER_FAILPOINT_MARKER=str(marker))
+            process = start(**killed_at(point, marker))
             try:
                 assert process.wait(timeout=240) == -signal.SIGKILL and marker.exists(), point
             finally:

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 from pyspark.sql import functions as F
 
-from purger.core.failpoints import injected
+from purger.testing import injected
 from purger.core.vocabulary import ALREADY_GONE, PURGED
 from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER
 from purger.sinks.ledger import Ledger

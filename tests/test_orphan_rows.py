@@ -22,7 +22,7 @@ from devstack.stack import prepare
 from purger.config import with_policies
 from purger.connectors import cassandra_session
 from purger.core.config import ReconcileConfig
-from purger.core.failpoints import injected
+from purger.testing import injected
 from purger.core.policy import key_id
 from purger.core.vocabulary import NOT_YET_DUE, ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, category
 from purger.reconcile.run import reconcile

@@ -18,7 +18,7 @@ import pytest
 
 from purger.connectors import cassandra_session, s3_client
 from purger.core.config import LedgerConfig, ReconcileConfig
-from purger.core.failpoints import injected
+from purger.testing import injected
 from purger.core.purge_protocol import SELF
 from purger.core.times import duration_ms, epoch_ms, now_ms
 from purger.core.vocabulary import (

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from purger.core.failpoints import injected
+from purger.testing import injected
 from purger.core.policy import Attempt, Candidate, Eligibility
 from purger.core.times import epoch_ms, now_ms, parse_timestamp
 from purger.core.vocabulary import (

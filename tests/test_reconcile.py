@@ -37,7 +37,7 @@ from purger.core.policy import key_id
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects
 from tests.support.configs import own_config, write_config
-from tests.support.faults import FAULTS, reliability
+from tests.support.faults import FAULTS, killed_at, reliability
 from tests.support.mailbox import end_state, write_work
 from tests.support.waits import ago, now, wait_for
 
@@ -238,7 +238,7 @@ def test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing(spark, reconci
             process = subprocess.Popen(
                 [sys.executable, "-m", "purger", "reconcile", "--config", str(config_file), "--actor", "oncall@example",
                  "--reason", f"INC-{point}"],
-                env={**os.environ, "PURGER_FAILPOINT": point, "PURGER_FAILPOINT_MARKER": str(marker)},
+                env={**os.environ, **killed_at(point, marker)},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             try:
                 assert process.wait(timeout=300) == -signal.SIGKILL and marker.exists(), point

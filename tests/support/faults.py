@@ -25,6 +25,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -219,6 +220,17 @@ def fault_matrix(environ: dict[str, str] | os._Environ = os.environ) -> FaultMat
 
 
 FAULTS = fault_matrix()
+
+
+FAILPOINT_SITE = Path(__file__).parent / "failpoint_site"
+
+
+def killed_at(point: str, marker: Path) -> dict[str, str]:
+    """The environment of a purger process that is killed the first time it, or a Python worker Spark starts for
+    it, reaches the failpoint ``point``; ``marker`` is created then. ``failpoint_site/sitecustomize.py`` installs
+    the hook (``purger.testing.install_from_environment``) at each of those processes' start."""
+    path = os.pathsep.join(filter(None, (str(FAILPOINT_SITE), os.environ.get("PYTHONPATH"))))
+    return {"PURGER_FAILPOINT": point, "PURGER_FAILPOINT_MARKER": str(marker), "PYTHONPATH": path}
 
 
 def reliability(fault: str, **counts) -> None:
