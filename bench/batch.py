@@ -40,7 +40,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from bench.common import BenchRun, job_steps, spark_jobs, ticking
 from purger.core.times import duration_ms
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.running import start_purger
 from simulation.mailbox import Platform
 from simulation.workload import Workload, play_all

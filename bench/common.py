@@ -35,7 +35,7 @@ from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 
 from purger.config import build_config
 from purger.connectors import NotDelivered, kafka_client, kafka_producer

@@ -23,7 +23,7 @@ import statistics
 import time
 
 from bench.common import BenchRun
-from purger.core.config import LedgerConfig
+from purger.core.settings import LedgerConfig
 from purger.sinks.ledger import Ledger
 from purger.sinks.purge import OUTCOME_SCHEMA
 

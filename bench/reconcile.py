@@ -56,7 +56,7 @@ from simulation.mailbox import Platform
 from simulation.workload import MessagePlan, Workload, is_purged, play_all
 from purger.connectors import cassandra_session, s3_client
 from purger.reconcile.token_ranges import scan_pages, scan_plan
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.policies.mailbox.deletes import payload_key
 from purger.reconcile.run import reconcile
 from purger.running import RECONCILE_JOB_GROUP, set_up_thread, start_purger

@@ -52,7 +52,7 @@ import numpy as np
 from pyspark.sql import functions as F
 
 from bench.common import BenchRun, epoch_s
-from purger.core.config import StreamConfig
+from purger.core.settings import StreamConfig
 from purger.running import start_purger
 from purger.sinks.ledger import Ledger
 from simulation.mailbox import Platform

@@ -31,7 +31,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.common import BenchRun, PeakMemory, read_to, ticking, topic_end_offsets
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from simulation.mailbox import Platform
 from simulation.workload import LIVE_ONLY, Workload, play
 from purger.streams.candidates import candidates_stream

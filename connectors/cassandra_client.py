@@ -16,7 +16,7 @@ import ssl
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from purger.connectors.errors import ServerUnavailable
-from purger.core.config import CassandraConfig, CassandraTls
+from purger.core.settings import CassandraConfig, CassandraTls
 from purger.core.handles import Consistency, Tables
 
 if TYPE_CHECKING:

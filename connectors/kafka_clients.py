@@ -22,7 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from purger.connectors.errors import ServerUnavailable
-from purger.core.config import ConfigError, KafkaConfig
+from purger.core.settings import ConfigError, KafkaConfig
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer

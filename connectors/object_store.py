@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from purger.core.config import S3Endpoint
+from purger.core.settings import S3Endpoint
 
 
 def s3_client(config: S3Endpoint, attempts: int = 3, read_timeout_s: float = 30):  # -> botocore S3 client

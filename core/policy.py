@@ -23,7 +23,7 @@ A policy is one kind of purge (``mailbox``, ``rule_events``, ``users``,
   ``Settings`` and ``Policy``, here.
 
 Beside them, ``__all__`` holds what a policy's own code and tests use of the
-rest of the core: ``Duration`` (``purger.core.config``), the time helpers of
+rest of the core: ``Duration`` (``purger.core.settings``), the time helpers of
 ``purger.core.times`` and the outcome words of ``purger.core.vocabulary``.
 
 Example::
@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from purger.core.config import Duration
+from purger.core.settings import Duration
 from purger.core.events import Eligibility, EventField, EventType, Link, ObjectKind, Rule, earliest
 from purger.core.handles import Consistency, Control, Journal, Resources, Tables
 from purger.core.holds import Hold, Holds
@@ -51,7 +51,7 @@ from purger.core.purge_protocol import (
     Attempt, Candidate, Dependent, Kept, ObjectPurge, Outcome, Purge, RuleWrite, key_id,
 )
 from purger.core.reconcile_descriptors import (
-    REFERENCED, Blobs, OrphanRows, PageVerdicts, Scanned, dated, latest_write, row_event,
+    REFERENCED_FIELD, Blobs, OrphanRows, PageVerdicts, Scanned, dated, latest_write, row_event,
 )
 from purger.core.times import (
     duration_ms, epoch_ms, format_epoch_ms, format_timestamp, from_epoch_ms, now_ms, parse_timestamp,
@@ -73,13 +73,13 @@ __all__ = [
     # purger.core.purge_protocol
     "Attempt", "Candidate", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "RuleWrite", "key_id",
     # purger.core.reconcile_descriptors
-    "REFERENCED", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "dated", "latest_write", "row_event",
-    # purger.core.config
+    "REFERENCED_FIELD", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "dated", "latest_write", "row_event",
+    # purger.core.settings
     "Duration",
     # purger.core.times
     "duration_ms", "epoch_ms", "format_epoch_ms", "format_timestamp", "from_epoch_ms", "now_ms", "parse_timestamp",
     # purger.core.vocabulary: the statuses of a purge's outcomes, the reasons' categories and how a reason is
-    # written (its REFERENCED, the mailbox's category, is the same word as the scanned row's field above)
+    # written
     "ALREADY_GONE", "ERROR", "PURGED", "SKIPPED", "WOULD_DELETE",
     "BEING_DELETED", "EARLIER_ATTEMPT", "HELD", "KEPT_BY_RULE", "LIVE_REASON", "NOT_YET_DUE", "PRESENT", "RECENTLY_LINKED",
     "RELINKED", "REMOVED_MEANWHILE", "category", "reason",

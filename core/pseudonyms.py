@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from purger.core.config import LedgerConfig
+from purger.core.settings import LedgerConfig
 from purger.core.vocabulary import category
 
 

@@ -23,11 +23,11 @@ from typing import Any, Iterable
 
 from purger.core.times import epoch_ms, format_epoch_ms
 
-__all__ = ["REFERENCED", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "dated", "latest_write", "row_event"]
+__all__ = ["REFERENCED_FIELD", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "dated", "latest_write", "row_event"]
 
 
 # The field a scanned row gains when its table has ``Scanned.referenced_by``.
-REFERENCED = "referenced"
+REFERENCED_FIELD = "referenced"
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Scanned:
         """What a scanned row holds: what it selects (``writetime_<column>`` for a write time), and
         ``referenced`` with ``referenced_by``."""
         return (self.columns + tuple(_write_time(column) for column in self.written)
-                + ((REFERENCED,) if self.referenced_by else ()))
+                + ((REFERENCED_FIELD,) if self.referenced_by else ()))
 
 
 def _write_time(column: str) -> str:

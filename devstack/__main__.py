@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 import typer
 
 from purger.cli import ConfigOption, DryRunOption, LogLevelOption, check_platform, load_or_exit
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.config import load_config
 from purger.logs import LogLevel
 
@@ -169,11 +169,12 @@ def demo(messages: int = typer.Option(200, min=1, help="How many messages the de
     data (its first reconcile finds it), print a report."""
     from rich.console import Console
 
+    from devstack.stack import prepare
     from purger.output import reconcile_table, report_tables
     from simulation.demo import run_demo
 
     _stack_up(load_config())
-    report = run_demo(messages=messages)
+    report = run_demo(prepare, messages=messages)
     console = Console()
     console.print(demo_table(report, messages))
     console.print()

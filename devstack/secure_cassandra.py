@@ -26,7 +26,7 @@ from typing import Callable
 
 from pydantic import SecretStr
 
-from purger.core.config import CassandraConfig, CassandraTls
+from purger.core.settings import CassandraConfig, CassandraTls
 from devstack import artifacts
 from devstack.certificates import make_certificates
 from devstack.stack import CASSANDRA_PORT, CassandraNode, LocalStack, cassandra_server

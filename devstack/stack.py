@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from devstack import artifacts
 from purger.config import build_config
-from purger.core.config import CassandraConfig, PurgerConfig, S3Endpoint
+from purger.core.settings import CassandraConfig, PurgerConfig, S3Endpoint
 from purger.policies import events_topics
 from purger.output import human_duration
 

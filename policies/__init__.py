@@ -18,7 +18,7 @@ from purger.core.policy import Policy
 from purger.core.policy_set import PolicySet
 
 if TYPE_CHECKING:
-    from purger.core.config import PurgerConfig
+    from purger.core.settings import PurgerConfig
 
 BUILT_IN = {
     "mailbox": "purger.policies.mailbox:MailboxPolicy",

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from purger.core.config import Duration
+from purger.core.settings import Duration
 from purger.core.events import Eligibility, EventField, EventType, ObjectKind, Rule, earliest
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings

@@ -104,7 +104,7 @@ from typing import Any, NamedTuple
 
 from pydantic import field_validator
 
-from purger.core.config import Duration
+from purger.core.settings import Duration
 from purger.core.events import Eligibility, EventField, EventType, ObjectKind, Rule, earliest
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
-from purger.core.config import ConfigError, PurgerConfig
+from purger.core.settings import ConfigError, PurgerConfig
 
 from purger import __version__
 from purger.config import load_config

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from purger.core.config import ConfigError, PurgerConfig, parse_settings, read_toml
+from purger.core.settings import ConfigError, PurgerConfig, parse_settings, read_toml
 from purger.policies import PolicyError, build_policy_set
 
 

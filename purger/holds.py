@@ -29,7 +29,7 @@ from purger.sinks.holds import CassandraHolds
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from purger.core.config import PurgerConfig
+    from purger.core.settings import PurgerConfig
 
 
 class HoldRefused(Exception):

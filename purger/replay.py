@@ -29,7 +29,7 @@ from pyspark.sql.streaming import StreamingQuery
 from tqdm import tqdm
 
 from purger.connectors import kafka_client
-from purger.core.config import ConfigError, PurgerConfig
+from purger.core.settings import ConfigError, PurgerConfig
 from purger.output import human_duration
 from purger.policies import events_topics
 from purger.streams.clock import caught_up

@@ -21,7 +21,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.reconcile.known_objects import stop_copies
 from purger.metrics import ProgressFollower, PurgerMetrics
 from purger.reconcile.run import last_reconcile_finished_s, next_reconcile_in_s, reconcile

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from purger.core.times import duration_ms
 from purger.connectors import KafkaRefused, ServerUnavailable, cassandra_session, kafka_client, s3_client
 from purger.core.sizing import Sizing
-from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
+from purger.core.settings import CassandraConfig, KafkaConfig, PurgerConfig
 from purger.core.writer_contract import (
     KNOWN_STRATEGIES, SERIAL_LEVELS, Replication, reach, replication_from_schema, seen, seen_from_every_data_centre)
 from purger.output import human_duration

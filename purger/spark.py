@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from purger.core.config import StreamConfig
+from purger.core.settings import StreamConfig
 from purger.logs import log4j2_options
 
 

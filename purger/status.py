@@ -34,7 +34,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.times import from_epoch_ms, human_duration
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, STATUSES, WOULD_DELETE
 from purger.output import figures_column, json_value, narrow_table

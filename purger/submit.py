@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Sequence
 from purger.logs import log4j2_options
 
 if TYPE_CHECKING:
-    from purger.core.config import PurgerConfig
+    from purger.core.settings import PurgerConfig
 
 PACKAGES_ZIP = "purger-packages.zip"
 
@@ -91,10 +91,9 @@ def spark_home() -> Path:
 
 
 def main_file() -> Path:
-    """spark-submit's main file: ``purger/job.py`` of this installation."""
-    from purger import job
-
-    return Path(job.__file__).resolve()
+    """spark-submit's main file: ``purger/job.py`` of this installation (found, not imported: the job runs the
+    command line, which imports this module)."""
+    return (Path(__file__).parent / "job.py").resolve()
 
 
 def submit_command(master: str, config: PurgerConfig, config_path: str | Path | None, *, workdir: Path,

@@ -32,7 +32,7 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.reconcile.verdict import ReconcileError
 
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.times import epoch_ms
 from purger.sinks.clients import executor_store
 

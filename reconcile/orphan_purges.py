@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any, Iterable, Iterator
 
 from purger.connectors import CassandraTables
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.events import Eligibility
 from purger.core.failpoints import failpoint
 from purger.core.handles import Control, Resources

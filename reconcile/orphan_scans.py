@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.policy import Policy
 from purger.core.purge_protocol import key_id
 from purger.core.reconcile_descriptors import OrphanRows

@@ -50,7 +50,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.policy import Policy
 from purger.core.times import duration_ms, now_ms
 from purger.core.vocabulary import ALL_DCS

@@ -36,7 +36,7 @@ from pyspark.sql.types import (
     BinaryType, BooleanType, DoubleType, LongType, StringType, StructField, StructType, TimestampType,
 )
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.policy import Policy
 from purger.core.reconcile_descriptors import Scanned
@@ -79,17 +79,17 @@ def _scan_task(config: PurgerConfig, scanned: Scanned, table: str, key: list[str
     of Arrow columns per page."""
     settings = config.reconcile
     session = executor_session(config)
-    policies = config.policy_set
+    policy_set = config.policy_set
     pacer = Pacer(rate)
     failpoint("in_reconcile_scan")
     ranges = [(start, end) for batch in batches for start, end in zip(*batch.to_pydict().values())]
-    referenced_by = scanned.referenced_by and policies.policy_of(scanned.kind).table_names()[scanned.referenced_by]
+    referenced_by = scanned.referenced_by and policy_set.policy_of(scanned.kind).table_names()[scanned.referenced_by]
     for names, rows in scan_pages(session, config.cassandra.keyspace, table, key, list(scanned.selected), ranges,
                                   settings.consistency, settings.page_size, referenced_by):
         if list(names) != list(scanned.row_fields):  # the feed re-expresses a row from its values in this order
             raise ReconcileError(f"reconcile of {table}: the scan read {names}, not {list(scanned.row_fields)}")
         pacer.wait(len(rows))
-        verdicts = page_verdicts(policies, scanned, names, rows)
+        verdicts = page_verdicts(policy_set, scanned, names, rows)
         at = names.index(scanned.id_column)
         yield pa.RecordBatch.from_pydict({
             "kind": [scanned.kind] * len(rows), "id": [str(row[at]) for row in rows], "says": verdicts.says,
@@ -195,12 +195,12 @@ def reconcile(spark: SparkSession, config: PurgerConfig, policy_names: list[str]
     reconcile (``purger.reconcile.known_objects``)."""
     from purger.reconcile.orphans import reconcile_orphan_rows, reconcile_orphans
 
-    policies = config.policy_set
-    chosen = [p for p in policies.policies if policy_names is None or p.name in policy_names]
-    unknown = sorted(set(policy_names or ()) - {p.name for p in policies.policies})
+    policy_set = config.policy_set
+    chosen = [p for p in policy_set.policies if policy_names is None or p.name in policy_names]
+    unknown = sorted(set(policy_names or ()) - {p.name for p in policy_set.policies})
     if unknown:
         raise ReconcileError(f"policy {', '.join(unknown)} is not enabled: enable it under [policies.<name>] "
-                             f"or choose among {', '.join(p.name for p in policies.policies)}")
+                             f"or choose among {', '.join(p.name for p in policy_set.policies)}")
     run_id = run_id or uuid.uuid4().hex[:12]
     dry_run = dry_run or config.stream.dry_run
     # A dry run's records (the orphans' would_delete, the report's rows) go to the dry run's ledger and

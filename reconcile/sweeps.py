@@ -30,7 +30,7 @@ from typing import Iterator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.failpoints import failpoint
 from purger.core.purge_protocol import SELF, Candidate, recorded_from_intent
 from purger.core.reconcile_descriptors import Blobs

@@ -29,8 +29,8 @@ from itertools import groupby
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from purger.connectors import cassandra_session
-from purger.core.config import CassandraConfig, ReconcileConfig
-from purger.core.reconcile_descriptors import REFERENCED
+from purger.core.settings import CassandraConfig, ReconcileConfig
+from purger.core.reconcile_descriptors import REFERENCED_FIELD
 
 if TYPE_CHECKING:
     from cassandra.cluster import ResultSet, Session
@@ -147,7 +147,7 @@ def scan_pages(session: "Session", keyspace: str, table: str, key: list[str], co
         for page in _pages(session, keyspace, select, [(start, end)]):
             names = page.column_names[1:]
             at = [names.index(column) for column in key]
-            yield [*names, REFERENCED], [
+            yield [*names, REFERENCED_FIELD], [
                 (*values, tuple(values[i] for i in at) in references.at(scan_token))
                 for scan_token, *values in decoded.rows(page.current_rows, offset=1)]
 

@@ -28,8 +28,9 @@ row for an orphan, so it must not see other runs' data.
 
 Example::
 
+    from devstack.stack import prepare
     from simulation.demo import run_demo
-    report = run_demo(messages=200)
+    report = run_demo(prepare, messages=200)
     report.ok  # True when exactly the eligible objects (and messages' unshared payloads) were purged
 """
 
@@ -41,11 +42,11 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tqdm import tqdm
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 
 from purger.config import build_config
 from purger.core.holds import Scope
@@ -54,7 +55,6 @@ from purger.policies.mailbox.deletes import payload_key
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects
 from simulation.workload import SCENARIOS, Workload, is_purged, play
-from devstack.stack import prepare
 from purger.sinks.ledger import Report
 
 EXISTING_SHARE = 4  # one message in four exists before the purger starts
@@ -211,7 +211,10 @@ def held_then_released(platform: Platform, config: PurgerConfig, scope: Scope, h
     return found
 
 
-def run_demo(messages: int = 200, timeout_s: float = 300, seed: int = 7) -> DemoReport:
+def run_demo(prepare: Callable[..., None], messages: int = 200, timeout_s: float = 300,
+             seed: int = 7) -> DemoReport:
+    """The demo on the servers ``prepare(config, partitions=...)`` gives the topics, keyspace and buckets of a
+    configuration (the local stack's ``devstack.stack.prepare``): its report."""
     from purger.spark import spark_session
     from purger.running import start_purger
 

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from purger.connectors import cassandra_session, kafka_producer
-from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.settings import CassandraConfig, KafkaConfig
 from purger.core.times import format_timestamp
 
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Iterable, Iterator
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.connectors import cassandra_session, kafka_producer, s3_client
 from purger.core.times import format_timestamp
 from purger.policies.mailbox.deletes import payload_key

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.policies.rule_events import COMPLETE, PROCESSING
 from purger.policies.units_of_work import COLLECTIONS
 from simulation.clock import now

@@ -9,7 +9,7 @@ a row old.
 Example::
 
     from datetime import datetime, timedelta, timezone
-    from purger.core.config import CassandraConfig, KafkaConfig
+    from purger.core.settings import CassandraConfig, KafkaConfig
     platform = RuleEventsPlatform(KafkaConfig(), CassandraConfig(), "mailbox.events", "mailbox")
     week_ago = datetime.now(timezone.utc) - timedelta(days=8)
     platform.raise_event("r1", "m1", "route-to-archive", at=week_ago)
@@ -22,7 +22,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.settings import CassandraConfig, KafkaConfig
 from purger.policies.rule_events import RULE_EVENT_STATUS, TABLE, UNPROCESSED
 from simulation.clock import now
 from simulation.events import EventWriter

@@ -16,7 +16,7 @@ the demo.
 Example::
 
     from datetime import datetime, timezone
-    from purger.core.config import CassandraConfig, KafkaConfig
+    from purger.core.settings import CassandraConfig, KafkaConfig
     from purger.policies.units_of_work import UnitsOfWorkSettings
     platform = UnitsOfWorkPlatform(KafkaConfig(), CassandraConfig(), "payments.events", "payments",
                                    UnitsOfWorkSettings())
@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from cassandra import ConsistencyLevel
 
 from purger.connectors import read_serially
-from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.settings import CassandraConfig, KafkaConfig
 from purger.policies.units_of_work import COLLECTIONS, UOW_ARCHIVED, UOW_FINISHED, UOW_STARTED, UnitsOfWorkSettings
 from simulation.events import EventWriter
 

@@ -11,7 +11,7 @@ old.
 
 Example::
 
-    from purger.core.config import CassandraConfig, KafkaConfig
+    from purger.core.settings import CassandraConfig, KafkaConfig
     from purger.policies.users import UsersSettings
     platform = UsersPlatform(KafkaConfig(), CassandraConfig(), "users.events", "mailbox", UsersSettings())
     platform.add_user("u1", "dc1", mailboxes=("u1/inbox", "shared/sales"))
@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any, Sequence
 
 from purger.connectors import read_serially
-from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.settings import CassandraConfig, KafkaConfig
 from purger.policies.users import LIVE, USER_ADDED, USER_REMOVED, UsersSettings
 from simulation.clock import now
 from simulation.events import EventWriter

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from purger.core.times import duration_ms
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.handles import Resources
 from purger.core.purge_protocol import Purge
 from purger.connectors import CassandraTables, cassandra_session, kafka_producer, s3_client
@@ -78,9 +78,9 @@ def executor_clients(config: PurgerConfig) -> Clients:
     key = config.key
     with _lock:
         if key not in _made:
-            policies = config.policy_set
+            policy_set = config.policy_set
             producer = kafka_producer(config.kafka, acks="all", linger_ms=20)
-            control = ControlWriter(producer, config.kafka.control_topic, policies)
+            control = ControlWriter(producer, config.kafka.control_topic, policy_set)
             retry_ms = duration_ms(config.stream.retry_interval)
             session = _session(config)
             journal = CassandraJournal(session, config.cassandra.keyspace, config.cassandra.journal_table)
@@ -89,7 +89,7 @@ def executor_clients(config: PurgerConfig) -> Clients:
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace), stores, control,
                                   journal, CassandraHolds.of(session, config.cassandra), failures, retry_ms,
                                   config.stream.dry_run)
-            purges = {kind: purge for policy in policies.policies for kind, purge in policy.purges(resources).items()}
+            purges = {kind: purge for policy in policy_set.policies for kind, purge in policy.purges(resources).items()}
             _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purges, failures,
                                  journal, stores)
         return _made[key]

@@ -24,7 +24,7 @@ from purger.core.retries import Failing, failed_again
 from purger.core.times import duration_ms, epoch_ms, from_epoch_ms, now_ms
 
 if TYPE_CHECKING:
-    from purger.core.config import PurgerConfig
+    from purger.core.settings import PurgerConfig
 
 FAILURES_TTL_S = 7 * 24 * 3600
 # Failing for longer than this: stuck (``purger status``, ``purger_objects_stuck``, PurgerObjectsStuck).

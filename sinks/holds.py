@@ -29,7 +29,7 @@ from purger.core.holds import Hold, Holds
 from purger.core.times import epoch_ms, from_epoch_ms, now_ms
 
 if TYPE_CHECKING:
-    from purger.core.config import CassandraConfig
+    from purger.core.settings import CassandraConfig
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS {keyspace}.{table} (

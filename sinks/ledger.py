@@ -57,8 +57,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
@@ -73,7 +71,7 @@ from pyspark.sql import functions as F
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
-from purger.core.config import LedgerConfig
+from purger.core.settings import LedgerConfig
 from purger.core.lags import LAG_RANK_ERROR, LAG_SKETCH_K
 from purger.core.policy_set import PolicySet
 from purger.core.pseudonyms import Pseudonyms
@@ -239,9 +237,11 @@ class Ledger:
         ``<command>/<run>`` (a reconcile's report rows carry the same run id), written before the command
         changes anything, so that one cut short is on record too. A ledger written before the ``actor``
         column existed takes it on."""
+        from purger.sinks.purge import worker_name
+
         now = datetime.now(timezone.utc)
         rows = [(policy, COMMAND, f"{command}/{run}", command, None, COMMAND, reason, None, now, None, None, -1,
-                 run, f"{socket.gethostname()}:{os.getpid()}", now.date(), actor) for policy in policies]
+                 run, worker_name(), now.date(), actor) for policy in policies]
         records = self.spark.createDataFrame(rows, _COMMAND_SCHEMA).select(
             F.sha2(F.to_json(F.array("policy", "kind", "id", "status")), 256).alias("record_id"), "*")
         records.write.format("delta").mode("append").partitionBy("date").option("mergeSchema", "true").save(self.path)
@@ -370,17 +370,17 @@ class Report:
     """A row per day, policy, kind and data centre: counts by status, skips by reason, purge lag percentiles,
     the day's first and last decision; kept up to date incrementally (``refresh``)."""
 
-    def __init__(self, spark: SparkSession, ledger: LedgerConfig, policies: PolicySet) -> None:
+    def __init__(self, spark: SparkSession, ledger: LedgerConfig, policy_set: PolicySet) -> None:
         self.spark = spark
         self.ledger = Ledger(spark, ledger)
         self.path = ledger.report_path
-        self.policies = policies
+        self.policy_set = policy_set
 
     def _policy_fields(self, days: list[date]) -> Column:
         """Each policy's own report fields for the row's day (``Policy.report_fields``), as a map."""
         result = F.create_map().cast("map<string,string>")
         for day in days:
-            for policy in self.policies.policies:
+            for policy in self.policy_set.policies:
                 extra = policy.report_fields(day)
                 if extra:
                     literal = F.create_map(*(F.lit(v) for item in sorted(extra.items()) for v in item))

@@ -11,7 +11,7 @@ Example::
 
 from __future__ import annotations
 
-from purger.core.config import ObjectStoreConfig
+from purger.core.settings import ObjectStoreConfig
 from purger.connectors import s3_client
 
 

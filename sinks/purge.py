@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.handles import Retry
 from purger.core.purge_protocol import Attempt, Candidate, Outcome
 from purger.core.times import duration_ms, now_ms

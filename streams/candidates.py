@@ -15,7 +15,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.times import duration_ms
 from purger.core.vocabulary import DEAD_LETTER, FORGOTTEN
 from purger.streams.parse import parse_events

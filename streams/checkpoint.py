@@ -33,7 +33,7 @@ from purger.core.policy_set import PolicySet
 if TYPE_CHECKING:  # Spark loads when a checkpoint is read
     from pyspark.sql import SparkSession
 
-    from purger.core.config import PurgerConfig
+    from purger.core.settings import PurgerConfig
 
 ENCODING_CONF = "spark.sql.streaming.stateStore.encodingFormat"
 # The encoding of a checkpoint whose offsets do not name one (Spark's default, and the purger's before 0.2.0).

@@ -54,7 +54,7 @@ from typing import Any, Mapping
 
 from pyspark.sql.streaming import StreamingQuery
 
-from purger.core.config import KafkaConfig
+from purger.core.settings import KafkaConfig
 from purger.core.times import now_ms
 from purger.connectors import NotDelivered, kafka_client, kafka_producer
 from purger.streams.control import tick

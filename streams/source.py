@@ -13,7 +13,7 @@ from functools import reduce
 from pyspark.sql import DataFrame, SparkSession
 
 from purger.connectors import kafka_client, spark_kafka_options
-from purger.core.config import KafkaConfig, PurgerConfig
+from purger.core.settings import KafkaConfig, PurgerConfig
 from purger.policies import events_topics
 
 

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 
 from purger.config import build_config
 from devstack.stack import LocalStack, prepare

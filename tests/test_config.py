@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from purger.core.config import ConfigError, parse_duration
+from purger.core.settings import ConfigError, parse_duration
 
 from purger.cli import _with_dry_run
 from purger.config import build_config, load_config
@@ -66,7 +66,7 @@ def test_an_unknown_key_names_the_closest_valid_one(raw, line):
 
 
 def test_the_closest_key_is_found_at_any_depth_of_a_model():
-    from purger.core.config import PurgerConfig, closest_key
+    from purger.core.settings import PurgerConfig, closest_key
 
     assert closest_key(PurgerConfig, ("ledger", "s3", "acces_key")) == "access_key"
     assert closest_key(PurgerConfig, ("stream", "nothing_like_it")) is None

@@ -145,7 +145,7 @@ print(json.dumps({{"loaded": loaded, "via": {{d: via.get(d, []) for d in loaded}
 
 def test_the_pure_core_imports_neither_spark_nor_a_driver():
     modules = pure_modules()
-    assert {"purger.core.config", "purger.core.policy", "purger.core.schedule", "purger.core.times",
+    assert {"purger.core.settings", "purger.core.policy", "purger.core.schedule", "purger.core.times",
             "purger.core.vocabulary", "purger.config", "purger.policies.users", *INTERFACE_PARTS} <= set(modules)
     run = fresh_python(_WATCH.format(drivers=DRIVERS, modules=modules))
     assert run.returncode == 0, run.stderr

@@ -18,7 +18,7 @@ from typing import Callable
 
 import pytest
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.lags import Lags
 from purger.core.vocabulary import ALREADY_GONE, DEAD_LETTERED, ERROR, PURGED, SKIPPED, WOULD_DELETE
 from purger.logs import LogLevel, set_spark_log_level

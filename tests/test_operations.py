@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from devstack.stack import create_topics
 from purger.config import with_policies
-from purger.core.config import PurgerConfig, S3Endpoint
+from purger.core.settings import PurgerConfig, S3Endpoint
 from simulation.mailbox import Platform
 from simulation.policy_objects import SETTINGS, PolicyObjects, ledger_rows
 from purger.replay import follow, start_replay

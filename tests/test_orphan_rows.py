@@ -21,7 +21,7 @@ import pytest
 from devstack.stack import prepare
 from purger.config import with_policies
 from purger.connectors import cassandra_session
-from purger.core.config import ReconcileConfig
+from purger.core.settings import ReconcileConfig
 from purger.testing import injected
 from purger.core.policy import key_id
 from purger.core.vocabulary import NOT_YET_DUE, ORPHAN, PRESENT, PURGED, SKIPPED, WOULD_DELETE, category

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from purger.connectors import cassandra_session, s3_client
-from purger.core.config import LedgerConfig, ReconcileConfig
+from purger.core.settings import LedgerConfig, ReconcileConfig
 from purger.testing import injected
 from purger.core.purge_protocol import SELF
 from purger.core.times import duration_ms, epoch_ms, now_ms

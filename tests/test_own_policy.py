@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE))
 # Before the session's JVM starts, if it has not yet (pytest collects every module before the first fixture).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
 
-from purger.core.config import ConfigError  # noqa: E402
+from purger.core.settings import ConfigError  # noqa: E402
 
 from purger.config import build_config, with_policies
 from purger.core.policy import (  # noqa: E402

@@ -295,9 +295,9 @@ class TestAPurgerOfItsOwn:
         assert row["policy_fields"]["retention_period"] == "P2Y"
 
     def test_a_disabled_policys_event_is_ignored_and_counted_not_dead_lettered(self, spark, own_purger):
-        policies = own_purger.config.policy_set
-        assert "users" not in [p.name for p in policies.policies]
-        assert {"user_added", "user_removed", "rule_event_status"} <= policies.ignored_types
+        policy_set = own_purger.config.policy_set
+        assert "users" not in [p.name for p in policy_set.policies]
+        assert {"user_added", "user_removed", "rule_event_status"} <= policy_set.ignored_types
         query = own_purger.running.query
         # Sent twice, like every event of this purger: both copies ignored, neither dead-lettered.
         wait_for(lambda: ignored(query) >= 2, timeout_s=90, what="the user_added events counted as ignored")

@@ -40,7 +40,7 @@ from urllib.parse import urlencode, urlsplit
 import pytest
 
 from devstack.stack import prepare
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.vocabulary import DEAD_LETTER, DEAD_LETTERED
 from purger.metrics import PurgerMetrics
 from purger.policies.mailbox.deletes import payload_key

@@ -19,7 +19,7 @@ from hypothesis import given, strategies as st
 from pydantic import SecretStr
 
 from purger.config import build_config
-from purger.core.config import ConfigError, LedgerConfig
+from purger.core.settings import ConfigError, LedgerConfig
 from purger.core.pseudonyms import Pseudonyms
 from purger.core.vocabulary import PURGED, SKIPPED
 from tests.support.configs import write_config

@@ -27,7 +27,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 import pyarrow as pa
 
 from purger.connectors import NotDelivered, kafka_client, kafka_producer
-from purger.core.config import KafkaConfig
+from purger.core.settings import KafkaConfig
 from purger.core.times import now_ms
 from purger.reconcile.run import _feed_task
 from purger.running import start_purger

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from purger.config import with_policies
 from purger.connectors import cassandra_session
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.sizing import Volume, size
 from purger.policies.mailbox import MailboxPolicy
 from purger.cli import app

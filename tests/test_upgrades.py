@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -160,7 +159,10 @@ def release_source(version: str, destination: Path) -> Path:
 # Prints the settings (``section.key``) the configuration model on the path knows (-P: not the working tree's).
 KNOWN_KEYS = """
 from pydantic import BaseModel
-from purger.core.config import PurgerConfig
+try:
+    from purger.core.settings import PurgerConfig
+except ImportError:  # a release whose settings' module was purger.core.config
+    from purger.core.config import PurgerConfig
 def keys(model, at=""):
     for name, field in model.model_fields.items():
         kind = field.annotation

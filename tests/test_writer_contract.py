@@ -237,7 +237,7 @@ def test_setup_names_a_replication_class_it_cannot_reason_about():
 def test_setup_names_a_local_data_centre_without_replicas_as_a_problem():
     """The purger's LOCAL_QUORUM reads through a data centre the keyspace does not replicate to would fail: one
     problem line (a single-node stack cannot make such a keyspace, so this is tested off the servers)."""
-    from purger.core.config import PurgerConfig
+    from purger.core.settings import PurgerConfig
     from purger.setup import Findings, _replication
 
     findings = Findings()

@@ -32,7 +32,7 @@ from cassandra import ConsistencyLevel
 from kafka import KafkaProducer
 
 from purger.connectors import cassandra_session, read_serially
-from purger.core.config import CassandraConfig, KafkaConfig
+from purger.core.settings import CassandraConfig, KafkaConfig
 from purger.core.times import format_timestamp
 from push_clients_policy import MESSAGES, PUSH_CLIENT_CONNECTED, PUSH_CLIENT_REGISTERED, ROUTERS
 

@@ -25,12 +25,12 @@ from typing import Any
 
 from pydantic import field_validator
 
-from purger.core.config import Duration
+from purger.core.settings import Duration
 from purger.core.events import Eligibility, EventField, EventType, Link, ObjectKind
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings
 from purger.core.purge_protocol import Purge
-from purger.core.reconcile_descriptors import REFERENCED, Blobs, OrphanRows, PageVerdicts, row_event
+from purger.core.reconcile_descriptors import REFERENCED_FIELD, Blobs, OrphanRows, PageVerdicts, row_event
 from purger.policies.mailbox.deletes import (
     DELETING, LIVE, MESSAGES, PAYLOADS, MessagePurge, PayloadPurge, last_change, last_link,
 )
@@ -143,7 +143,7 @@ def payload_events(row: dict[str, Any], grace: timedelta) -> list[dict[str, Any]
     or an upload died after its payload row). A referenced ``live`` row says nothing: its messages' rows say it
     (their enqueues link it, their purges release it)."""
     last_ref = last_link(row)
-    unreferenced = row["state"] == DELETING or (row["state"] == LIVE and row.get(REFERENCED) is False)
+    unreferenced = row["state"] == DELETING or (row["state"] == LIVE and row.get(REFERENCED_FIELD) is False)
     if not unreferenced or last_ref is None:
         return []
     if row["last_ref_at"] is None and row["state"] == DELETING:

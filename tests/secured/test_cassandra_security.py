@@ -13,7 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from purger.connectors import cassandra_session
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.vocabulary import PURGED
 from devstack.certificates import make_certificates
 from devstack.stack import create_schema

@@ -15,7 +15,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from pydantic import SecretStr
 
 from purger.connectors import kafka_client, kafka_client_options, kafka_producer, spark_kafka_options
-from purger.core.config import ConfigError, KafkaConfig, KafkaSecurity, PurgerConfig
+from purger.core.settings import ConfigError, KafkaConfig, KafkaSecurity, PurgerConfig
 from purger.config import build_config
 from devstack.certificates import make_certificates
 from devstack.stack import create_topics

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from purger.connectors import s3_client
 from purger.config import build_config
-from purger.core.config import ObjectStoreConfig, S3Endpoint
+from purger.core.settings import ObjectStoreConfig, S3Endpoint
 from devstack.stack import LocalStack, s3proxy_server
 from simulation.mailbox import Platform
 from purger.sinks.ledger import Ledger

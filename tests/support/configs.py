@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from purger.core.config import MetricsConfig, PurgerConfig
+from purger.core.settings import MetricsConfig, PurgerConfig
 from devstack.stack import prepare
 from purger.policies.mailbox import MailboxSettings
 

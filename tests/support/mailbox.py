@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from tenacity import Retrying, stop_after_delay, wait_fixed
 
 from purger.connectors import CassandraTables
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.policy import Attempt, Candidate, Control, Outcome, Resources, key_id
 from purger.core.times import now_ms
 from purger.core.vocabulary import ERROR, PURGED

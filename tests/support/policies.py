@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 import pytest
 from functools import partial
 
-from purger.core.config import CassandraConfig, KafkaConfig, PurgerConfig
+from purger.core.settings import CassandraConfig, KafkaConfig, PurgerConfig
 from purger.core.policy import Control, ObjectKind, Policy, Resources
 from devstack.stack import keyspace_replication
 from purger.setup import create_own_tables

@@ -25,7 +25,7 @@ from typing import Any, Callable, TypeVar
 from cassandra import ConsistencyLevel, ReadTimeout, WriteTimeout
 from cassandra.protocol import ErrorMessage
 
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.policies.mailbox.deletes import MessagePurge
 from simulation.mailbox import Platform
 from tests.support.configs import mailbox

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from purger.core.config import KafkaConfig, KafkaSecurity
+from purger.core.settings import KafkaConfig, KafkaSecurity
 from devstack import artifacts
 from devstack.certificates import make_certificates
 from devstack.stack import LocalStack, Server, configure_kafka

@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from purger.connectors import cassandra_session
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.vocabulary import PURGED, SKIPPED
 from devstack.stack import SECOND_NODE, create_schema
 from simulation.mailbox import Platform

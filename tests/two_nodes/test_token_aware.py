@@ -32,7 +32,7 @@ from cassandra.policies import RoundRobinPolicy, TokenAwarePolicy
 
 from purger.connectors import cassandra_session
 from purger.reconcile.token_ranges import partition_key, scan_ranges, token_ranges
-from purger.core.config import PurgerConfig
+from purger.core.settings import PurgerConfig
 from purger.core.vocabulary import PURGED
 from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER
 from devstack.stack import create_schema

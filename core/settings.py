@@ -17,7 +17,7 @@ or dumped, they read ``**********``.
 
 Example::
 
-    from purger.core.config import parse_settings
+    from purger.core.settings import parse_settings
     settings = parse_settings({"stream": {"trigger_interval": "2s"}})
     settings.stream.trigger_interval  # datetime.timedelta(seconds=2)
 
