@@ -297,7 +297,11 @@ class ObjectPurge(Purge, Generic[R]):
         found = self.dependents(candidate, row)
         following = self.followers(candidate, row)
         intent = yield from self._intend(candidate, found + following, claimed_before, attempt)
-        went = yield from self._deleted_all(candidate, found)
+        # What an earlier attempt named may be gone already and listed still (its row's progress is kept only when
+        # a store fails, not when the row's own delete does): deleted again, it is recorded under that attempt's
+        # batch, the same record as the one that attempt wrote, if it did.
+        meant = {key: batch for key, batch in intent.items() if key != SELF and batch != attempt.batch}
+        went = yield from self._deleted_all(candidate, found, meant)
         if len(went) < len(found):
             if went:
                 self.keep_progress(candidate, row, went)
@@ -313,10 +317,11 @@ class ObjectPurge(Purge, Generic[R]):
         yield from self._deleted_all(candidate, following)
         self.released(candidate, row)
 
-    def _deleted_all(self, candidate: Candidate, found: list[Dependent]
+    def _deleted_all(self, candidate: Candidate, found: list[Dependent], meant: dict[str, str] | None = None
                      ) -> Generator[Outcome, None, list[Dependent]]:
         """``found`` deleted in order, each one's outcome; those that went. A store that failed leaves the object
-        for a recheck, backed off (``_failed``)."""
+        for a recheck, backed off (``_failed``). ``meant``: by key, the earlier batch whose intent named one, under
+        which it is recorded."""
         went, errors = [], []
         for number, dependent in enumerate(found):
             error = dependent.delete()
@@ -324,7 +329,8 @@ class ObjectPurge(Purge, Generic[R]):
                 if number == 0:
                     failpoint(f"after_{candidate.kind}_dependent_delete")
                 went.append(dependent)
-                yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, dc=dependent.dc, deleted_at_ms=now_ms())
+                yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, dc=dependent.dc, deleted_at_ms=now_ms(),
+                              intent=(meant or {}).get(dependent.key))
             else:
                 errors.append(Outcome(ERROR, error, kind=dependent.kind, id=dependent.id, dc=dependent.dc))
         yield from self._failed(candidate, errors)
@@ -340,7 +346,7 @@ class ObjectPurge(Purge, Generic[R]):
         now = {d.key for d in found}
         done = {key: batch for key, batch in earlier.items() if key != SELF and key not in now}
         yield from recorded_from_intent(done)
-        intent = {**done, **{key: attempt.batch for key in now}, SELF: attempt.batch}
+        intent = {**done, **{key: earlier.get(key, attempt.batch) for key in now}, SELF: attempt.batch}
         self.resources.journal.intend(*self.journalled_as(candidate), intent)
         return intent
 

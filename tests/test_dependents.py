@@ -379,3 +379,23 @@ def test_every_deleted_row_is_recorded_once_across_store_failures_rechecks_and_c
             break
     assert thing.rows == set() and not thing.present
     assert ledger.purged() == Counter({("row", f"r{i}"): 1 for i in range(n)} | {(None, None): 1}), ledger.records
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 4), blobs=st.booleans())
+def test_dependents_deleted_before_a_row_delete_that_failed_are_recorded_once_by_the_recheck(n, blobs):
+    """The dependents go, then the row's delete fails (Cassandra unavailable): the sink records what went and the
+    error, and a later batch's recheck purges the row. What the first attempt named and deleted, the recheck
+    finds listed still (a payload's blobs stay in its row's ``dcs`` unless a store failed) and deletes again:
+    recorded under the batch that meant it, so the ledger keeps one record of each."""
+    thing, journal, ledger = Thing(n, blobs=blobs), MemoryJournal(), MemoryLedger()
+    thing.delete_times_out = "before"
+    first: list[Outcome] = []
+    with pytest.raises(TimeoutError):
+        for outcome in ThingPurge(thing, journal).purge(CANDIDATE, Attempt(batch="q/7")):
+            first.append(outcome)
+    ledger.write(first, "q/7")
+    thing.delete_times_out = None
+    ledger.write(purge(thing, journal, "q/8"), "q/8")
+    assert thing.rows == set() and not thing.present
+    assert ledger.purged() == Counter({("row", f"r{i}"): 1 for i in range(n)} | {(None, None): 1})

@@ -159,10 +159,11 @@ def release_source(version: str, destination: Path) -> Path:
 # Prints the settings (``section.key``) the configuration model on the path knows (-P: not the working tree's).
 KNOWN_KEYS = """
 from pydantic import BaseModel
-try:
-    from purger.core.settings import PurgerConfig
-except ImportError:  # a release whose settings' module was purger.core.config
+try:  # a release whose settings' module was purger.core.config; tried first, since for a name the release lacks
+    # the installation's own finder would hand it this checkout's module
     from purger.core.config import PurgerConfig
+except ImportError:
+    from purger.core.settings import PurgerConfig
 def keys(model, at=""):
     for name, field in model.model_fields.items():
         kind = field.annotation
