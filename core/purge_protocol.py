@@ -305,6 +305,10 @@ class ObjectPurge(Purge, Generic[R]):
         if len(went) < len(found):
             if went:
                 self.keep_progress(candidate, row, went)
+            # What a store failed to delete, this attempt did not: the retry that deletes it records it as its own.
+            failed = {d.key for d in found} - {d.key for d in went}
+            self.resources.journal.intend(*self.journalled_as(candidate),
+                                          {key: batch for key, batch in intent.items() if key not in failed})
             return
         failpoint(f"before_{candidate.kind}_delete")
         if not self._deleted(candidate, row):
