@@ -110,13 +110,21 @@ class OrphanRows:
     reconciliation: one without its parent row whose write time is older than ``reconcile.orphan_grace`` (a
     writer in progress writes it before or after its parent) is deleted, the parent read again at the serial
     consistency just before. The write time is that of the regular column ``written``; a table without one (or
-    a null cell) is dated by the first reconcile that found the row without its parent, which is no earlier."""
+    a null cell) is dated by the first reconcile that found the row without its parent, which is no earlier.
+
+    ``claim``: a text column of ``parent`` that keeps the writers of the policy's contract from adding the parent
+    while it holds a value of the purger's (the ``users`` row's ``state``: a writer adds a user only where there
+    is no row or a ``live`` one). With one, a sweep claims the absent parent before deleting its rows, a
+    placeholder row written with a lightweight transaction (``IF NOT EXISTS``) and removed at the sweep's end, so
+    a writer adding the parent back in between waits for the sweep rather than losing what it writes after its
+    add. Without one, the parent's ids are never used again (a message's, a unit of work's)."""
 
     table: str
     key: tuple[str, ...]
     parent: str
     parent_key: str
     written: str | None = None
+    claim: str | None = None
 
 
 def row_event(table: str, object_id: str, event_type: str, at: datetime, **fields: Any) -> dict[str, Any]:

@@ -62,7 +62,8 @@ a. ``INSERT INTO users (user_id, present_in, state, updated_at) VALUES (?,
    {dc}, 'live', now) IF NOT EXISTS``; if not applied, ``UPDATE users SET
    present_in = present_in + {dc}, updated_at = now WHERE user_id = ? IF
    state = 'live'``; if that is not applied either (the row is ``purging``,
-   or was just deleted), wait a moment and start again at (a).
+   an orphan sweep's claim, or was just deleted), wait a moment and start
+   again at (a).
 b. Only once (a) applied, write the virtual root and permission rows.
 c. Emit ``user_added``.
 
@@ -227,8 +228,10 @@ class UsersPolicy(Policy):
     }
     scanned = (USERS,)
     # A user's rows left behind when its users row went without them (a purge cut short, another purger).
-    orphan_rows = (OrphanRows("virtual_roots", ("user_id",), "users", "user_id", written="mailbox"),
-                   OrphanRows("mailbox_permissions", ("user_id", "mailbox"), "users", "user_id", written="permissions"))
+    # A user id may be added again: a sweep claims the absent users row (its state) while it deletes them.
+    orphan_rows = (OrphanRows("virtual_roots", ("user_id",), "users", "user_id", written="mailbox", claim="state"),
+                   OrphanRows("mailbox_permissions", ("user_id", "mailbox"), "users", "user_id", written="permissions",
+                              claim="state"))
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.users (
   user_id    text PRIMARY KEY,

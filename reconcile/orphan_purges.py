@@ -27,7 +27,7 @@ from purger.core.settings import PurgerConfig
 from purger.core.events import Eligibility
 from purger.core.failpoints import failpoint
 from purger.core.handles import Control, Resources
-from purger.core.purge_protocol import Attempt, Candidate, ObjectPurge, Outcome
+from purger.core.purge_protocol import Attempt, Candidate, Kept, ObjectPurge, Outcome
 from purger.core.reconcile_descriptors import Blobs, OrphanRows
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import ALL_DCS, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, reason
@@ -82,7 +82,7 @@ _purges: dict[tuple[str, Sweep], "OrphanBlobPurge"] = {}
 _PURGES_KEPT = 16
 
 
-def orphan_purge(config: PurgerConfig, sweep: Sweep) -> "OrphanBlobPurge | OrphanRowPurge":
+def orphan_purge(config: PurgerConfig, sweep: Sweep) -> "OrphanBlobPurge | OrphanRowPurge | ClaimingOrphanRowPurge":
     """This process's purge of a sweep's orphans, its statements prepared once."""
     session = executor_session(config)
     store = executor_store(config, sweep.dc) if isinstance(sweep.orphans, Blobs) else None
@@ -96,6 +96,8 @@ def orphan_purge(config: PurgerConfig, sweep: Sweep) -> "OrphanBlobPurge | Orpha
                                   sweep.dry_run)
             if isinstance(sweep.orphans, Blobs):
                 _purges[key] = OrphanBlobPurge(resources, store, config.stores[sweep.dc].bucket, sweep)
+            elif sweep.orphans.claim:
+                _purges[key] = ClaimingOrphanRowPurge(resources, sweep)
             else:
                 _purges[key] = OrphanRowPurge(resources, sweep)
             while len(_purges) > _PURGES_KEPT:
@@ -184,20 +186,30 @@ class OrphanBlobPurge(ObjectPurge[Blob]):
 FIRST_FOUND = "(orphan row found)"
 
 
+# The journal's notes of the parents a sweep claimed (``OrphanRows.claim``), per sweep: removed at its end, or by
+# the next sweep of the table when it stopped before.
+SWEEP_CLAIMS = "(orphan sweep claims)"
+# A sweep's claim on an absent parent: its claim column's value, then the sweep's name.
+CLAIMED_BY = "orphan sweep "
+
+
 @dataclass(frozen=True)
 class DependentRow:
-    """What the double-check reads of a dependent row: whether its parent row is there, and when the row was
-    written (or first found without its parent)."""
+    """What the double-check reads of a dependent row: whether its parent row is there (a placeholder of this
+    sweep's claim is not), and when the row was written (or first found without its parent). ``claimed_by``:
+    the sweep a placeholder parent is of."""
 
     parent_present: bool
     written_ms: int
+    claimed_by: str | None = None
 
 
 class OrphanRowPurge(ObjectPurge[DependentRow]):
     """A dependent row whose parent row is gone (``OrphanRows``), deleted through the engine's one protocol:
     read (the row, then its parent, both at the serial consistency), due? (its write time past the grace),
     dry run, the intent in the journal, then ``DELETE ... IF EXISTS``, so a row another writer removed in
-    between is not recorded as the purger's. A parent that reappeared keeps it."""
+    between is not recorded as the purger's. A parent that reappeared keeps it. A parent whose ids are used
+    again (``ClaimingOrphanRowPurge``) is claimed first."""
 
     deletes_first = True
 
@@ -208,8 +220,9 @@ class OrphanRowPurge(ObjectPurge[DependentRow]):
         where = " AND ".join(f"{column} = ?" for column in orphans.key)
         written = f"maxwritetime({orphans.written}) AS written" if orphans.written else orphans.key[0]
         self.read_row = self.tables.prepare(f"SELECT {written} FROM {{{orphans.table}}} WHERE {where}", "serial")
+        parent_columns = ", ".join(filter(None, (orphans.parent_key, orphans.claim)))
         self.read_parent = self.tables.prepare(
-            f"SELECT {orphans.parent_key} FROM {{{orphans.parent}}} WHERE {orphans.parent_key} = ? LIMIT 1", "serial")
+            f"SELECT {parent_columns} FROM {{{orphans.parent}}} WHERE {orphans.parent_key} = ? LIMIT 1", "serial")
         self.delete_row = self.tables.prepare(f"DELETE FROM {{{orphans.table}}} WHERE {where} IF EXISTS")
 
     def candidate(self, object_id: str, written_ms: int | None, etag: str | None = None) -> Candidate:
@@ -228,12 +241,21 @@ class OrphanRowPurge(ObjectPurge[DependentRow]):
         found = self.tables.one(self.read_row, *key)
         if found is None:
             return None
-        parent_id = key[self.orphans.key.index(self.orphans.parent_key)]
-        parent_present = self.tables.one(self.read_parent, parent_id) is not None
+        parent = self.tables.one(self.read_parent, self._parent_id(candidate))
+        claimed_by = self._claimed_by(parent)
+        parent_present = parent is not None and claimed_by != self.sweep.query_id
         written = getattr(found, "written", None) if self.orphans.written else None
         if written is not None:
-            return DependentRow(parent_present, written // 1000)
-        return DependentRow(parent_present, self._first_found(candidate, parent_present))
+            return DependentRow(parent_present, written // 1000, claimed_by)
+        return DependentRow(parent_present, self._first_found(candidate, parent_present), claimed_by)
+
+    def _parent_id(self, candidate: Candidate) -> Any:
+        return self._key(candidate)[self.orphans.key.index(self.orphans.parent_key)]
+
+    def _claimed_by(self, parent: Any) -> str | None:
+        """The sweep whose placeholder the parent row is; None for a writer's row, or none."""
+        value = getattr(parent, self.orphans.claim, None) if parent is not None and self.orphans.claim else None
+        return value[len(CLAIMED_BY):] if isinstance(value, str) and value.startswith(CLAIMED_BY) else None
 
     def _first_found(self, candidate: Candidate, parent_present: bool) -> int:
         """When a reconcile first found the row without its parent (now, if none did before); no earlier than
@@ -257,6 +279,8 @@ class OrphanRowPurge(ObjectPurge[DependentRow]):
         return None if row.parent_present else Eligibility(ORPHAN, row.written_ms + self.sweep.grace_ms)
 
     def why_kept(self, candidate: Candidate, row: DependentRow, due: Eligibility | None) -> str:
+        if row.parent_present and row.claimed_by:
+            return reason(PRESENT, f"its {self.orphans.parent} row is claimed by orphan sweep {row.claimed_by}")
         if row.parent_present:
             return reason(PRESENT, f"its {self.orphans.parent} row was written since the scan")
         since = "written" if self.orphans.written else "first found without its parent"
@@ -274,6 +298,46 @@ class OrphanRowPurge(ObjectPurge[DependentRow]):
     def journalled_as(self, candidate: Candidate) -> tuple[str, str]:
         # Not a kind of object: the purge of the row's parent never meets it.
         return f"{ORPHAN} {candidate.kind}", f"{self.sweep.table}/{candidate.id}"
+
+
+class ClaimingOrphanRowPurge(OrphanRowPurge):
+    """A dependent row of a parent whose ids are used again (``OrphanRows.claim``: a user added back), deleted
+    only under the sweep's claim on the absent parent: a placeholder row (``IF NOT EXISTS``) that the writers of
+    the contract do not add over, written after the due check and before the intent, and removed at the sweep's
+    end (``release_claims``). A writer adding the parent in between the parent's read and the claim makes the
+    claim fail (``skipped``, present); one after the claim waits for the release, then writes a row no delete of
+    this sweep can reach. Rows of one parent in the sweep's tasks share the claim."""
+
+    deletes_first = False
+
+    def __init__(self, resources: Resources, sweep: Sweep) -> None:
+        super().__init__(resources, sweep)
+        orphans = self.orphans
+        self.claim_parent = self.tables.prepare(
+            f"INSERT INTO {{{orphans.parent}}} ({orphans.parent_key}, {orphans.claim}) VALUES (?, ?) IF NOT EXISTS")
+        self.release_parent = self.tables.prepare(
+            f"DELETE FROM {{{orphans.parent}}} WHERE {orphans.parent_key} = ? IF {orphans.claim} = ?")
+
+    def claim(self, candidate: Candidate, row: DependentRow) -> DependentRow | Kept:
+        parent_id = self._parent_id(candidate)
+        # Noted first: a sweep stopped after its claim leaves the note, and the next sweep of the table releases it.
+        self.resources.journal.note(SWEEP_CLAIMS, self.sweep.query_id, {json.dumps(parent_id)})
+        if not self.tables.applied(self.claim_parent, parent_id, CLAIMED_BY + self.sweep.query_id):
+            # Another row of the same parent in this sweep may hold the claim; anything else is a writer's row.
+            claimed_by = self._claimed_by(self.tables.one(self.read_parent, parent_id))
+            if claimed_by != self.sweep.query_id:
+                return Kept(self.why_kept(candidate, DependentRow(True, row.written_ms, claimed_by), None))
+        return row
+
+    def release_claims(self, query_id: str) -> int:
+        """The sweep ``query_id``'s claims on parents removed (each only while still its placeholder), and its
+        notes of them; how many it had noted."""
+        journal = self.resources.journal
+        noted = journal.noted(SWEEP_CLAIMS, query_id)
+        for parent_id in noted:
+            self.tables.applied(self.release_parent, json.loads(parent_id), CLAIMED_BY + query_id)
+        journal.unnote(SWEEP_CLAIMS, query_id, noted)
+        return len(noted)
 
 
 class _NoRecheck(Control):

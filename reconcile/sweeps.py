@@ -35,7 +35,8 @@ from purger.core.failpoints import failpoint
 from purger.core.purge_protocol import SELF, Candidate, recorded_from_intent
 from purger.core.reconcile_descriptors import Blobs
 from purger.core.vocabulary import ALL_DCS, ORPHAN, PURGED, WOULD_DELETE
-from purger.reconcile.orphan_purges import SWEEP_DELETES, Sweep, decide_task, orphan_outcome, orphan_purge
+from purger.reconcile.orphan_purges import (SWEEP_DELETES, ClaimingOrphanRowPurge, Sweep, decide_task, orphan_outcome,
+                                            orphan_purge)
 from purger.reconcile.verdict import ReportRow
 from purger.sinks.clients import executor_session
 from purger.sinks.journal import CassandraJournal
@@ -146,6 +147,7 @@ def sweep_orphans(spark: SparkSession, config: PurgerConfig, ledger: Ledger, swe
                 ledger.append(outcomes, sweep.query_id, 0, may_hold=may_hold)
             outcomes.unpersist()
             if not sweep.dry_run:
+                _release_claims(config, sweep, sweep.query_id)
                 journal.unnote(OPEN_SWEEPS, sweeps_key, {sweep.query_id})
     except SweepUnderWay as holder:
         log.warning("%s of %s%s: sweep %s holds %s, so this run sweeps nothing there (the next run sweeps what is "
@@ -176,4 +178,16 @@ def _record_stopped_sweeps(spark: SparkSession, config: PurgerConfig, ledger: Le
                 ledger.append(spark.createDataFrame(records, OUTCOME_SCHEMA), earlier, 0)
             log.warning("orphans of %s in %s: sweep %s stopped before its ledger write; %d of its deletions "
                         "recorded now", sweep.table, sweep.dc or ALL_DCS, earlier, len(records))
+        _release_claims(config, sweep, earlier)
         journal.unnote(OPEN_SWEEPS, sweeps_key, {earlier})
+
+
+def _release_claims(config: PurgerConfig, sweep: Sweep, query_id: str) -> None:
+    """The claims on absent parents that the sweep ``query_id`` of ``sweep``'s table made, removed once none of
+    its deletions can still run: at its end, or by the next sweep under the lease when it stopped before."""
+    purge = orphan_purge(config, sweep)
+    if isinstance(purge, ClaimingOrphanRowPurge):
+        released = purge.release_claims(query_id)
+        if released:
+            log.info("orphan rows of %s: %d claims of sweep %s on absent %s rows released", sweep.table, released,
+                     query_id, purge.orphans.parent)

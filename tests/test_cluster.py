@@ -29,6 +29,7 @@ from devstack.cluster import (
 )
 from purger.cli import app
 from purger.config import load_config
+from purger.connectors import cassandra_session
 from purger.submit import PACKAGES_ZIP
 from simulation.mailbox import Platform
 from devstack.stack import prepare
@@ -52,8 +53,10 @@ def cluster():
         cluster.down()
 
 
-def job_config(servers, base: Path, name: str, **stream: object) -> Path:
-    """A job's configuration file: topics and checkpoint of its own, conftest's short periods."""
+def job_config(servers, base: Path, name: str, own: str | None = None, **stream: object) -> Path:
+    """A job's configuration file: topics and checkpoint of its own, conftest's short periods. ``own``: a keyspace
+    and buckets of its own by that name, reconciled at the start (orphans past a grace of seconds); without one,
+    the session's, never reconciled."""
     raw: dict = {
         "kafka": {
             "topics": [f"test.{name}.events"],
@@ -77,6 +80,12 @@ def job_config(servers, base: Path, name: str, **stream: object) -> Path:
         "metrics": {"port": 0},  # no endpoint: another purger on this machine may have the port
         "reconcile": {"interval": "0"},  # the keyspace is the other tests' too
     }
+    if own:
+        raw["cassandra"] = {"keyspace": own.replace("-", "_")}
+        raw["stores"] = {dc: {"bucket": f"{own}-{dc}"} for dc in ("dc1", "dc2")}
+        # A task per core and range: the tables are small, and a scan's tasks wait for the batches' cores.
+        raw["reconcile"] = {"interval": "1h", "orphan_grace": "2s", "orphan_grace_check": False, "tasks_per_core": 1,
+                            "ranges_per_task": 1}
     path = base / "purger.toml"
     path.write_text(toml(raw))
     prepare(load_config(path), partitions=2)
@@ -108,16 +117,27 @@ def test_a_purge_through_spark_submit_runs_in_the_executors_and_loses_nothing_wh
     (``FaultMatrix.executor_kills``: three in full, one bounded): Spark runs the lost tasks again (task and
     stage retries) and a new executor takes the worker's place. A kill that lands between two tasks fails
     none and is followed by another (two more at most). Counted at the end: live objects deleted, due ones
-    left, and ledger records missing or doubled, each 0. One submission for both: the cluster's driver and
-    executors are the slowest JVMs of the suite to start."""
+    left, and ledger records missing or doubled, each 0. The executors' Python has only the zip (the purger
+    installed there is hidden from it), and the reconcile at the start finds due messages no event told of and
+    an orphan blob in each data centre, deleted in the executors. One submission for all: the cluster's driver
+    and executors are the slowest JVMs of the suite to start."""
+    run = uuid.uuid4().hex[:6]
     # Capped so that each batch deletes for 15 s or more: the kills, a new executor's start between them, fit.
-    config_path = job_config(servers, tmp_path, f"{run_id}.cluster", max_deletions_per_second=10)
+    config_path = job_config(servers, tmp_path, f"{run_id}.cluster", own=f"cluster-{run}", max_deletions_per_second=10)
     config = load_config(config_path)
     r = mailbox(config)
-    run = uuid.uuid4().hex[:6]
     platform = Platform(config)
+    # What only the reconcile at the start finds: due messages whose events went to a topic the purger does not
+    # read, and a blob no payloads row names, in both data centres.
+    unread = config.model_copy(update={"kafka": config.kafka.model_copy(update={"topics": [f"test.{run}.unread"]})})
+    prepare(unread, partitions=1)
+    quiet = Platform(unread)
+    orphan = f"orphan-{run}"
     try:
         eligible = {m: f"p-{m}" for m in deletable(platform, config, FAULTS.executor_kill_objects, f"kills-{run}")}
+        eligible |= {m: f"p-{m}" for m in deletable(quiet, config, 2, f"unread-{run}")}
+        for dc, store in config.stores.items():
+            quiet.stores[dc].put_object(Bucket=store.bucket, Key=f"payloads/{orphan}", Body=b"left behind")
         for i in range(2):  # due by their counter, besides the deleted ones
             m = f"cluster-{run}-counter-{i}"
             eligible[m] = platform.enqueue(m, f"p-{m}", extract_count=2, at=ago(r.expired_ttl))
@@ -129,18 +149,23 @@ def test_a_purge_through_spark_submit_runs_in_the_executors_and_loses_nothing_wh
         platform.flush()
 
         def left() -> int:
-            """Deletions still to come, rows and payloads apart: it falls while the messages go, before any
-            payload's grace has passed, as well as after."""
-            return sum((platform.row(m) is not None) + (not platform.payload_gone(p)) for m, p in eligible.items())
+            """Deletions still to come, rows and payloads apart (the orphan's blobs one more): it falls while the
+            messages go, before any payload's grace has passed, as well as after."""
+            return (sum((platform.row(m) is not None) + (not platform.payload_gone(p)) for m, p in eligible.items())
+                    + (not platform.payload_gone(orphan)))
 
         ui_port = free_port()
         log_file = tmp_path / "spark-submit.log"
         # Exactly the line `purger submit-line` prints for this cluster, as a user would copy it.
+        # The executors' Python has the purger installed: hidden from their workers (tests/support/zip_only_site),
+        # so that they run what the zip holds, as on a cluster that has only the zip.
+        zip_only, imported = Path(__file__).parent / "support" / "zip_only_site", tmp_path / "imported-from"
         printed = CliRunner().invoke(app, [
             "submit-line", "--master", MASTER_URL, "--config", str(config_path), "--workdir",
             str(tmp_path / "submit"), "--executor-memory", EXECUTOR_MEMORY, "--total-cores",
             str(len(WORKER_PORTS) * WORKER_CORES), "--driver-host", HOST, "--conf", f"spark.executor.cores={WORKER_CORES}",
-            "--conf", f"spark.ui.port={ui_port}"])
+            "--conf", f"spark.ui.port={ui_port}", "--conf", f"spark.executorEnv.PYTHONPATH={zip_only}",
+            "--conf", f"spark.executorEnv.PURGER_ZIP_ONLY_MARKER={imported}"])
         assert printed.exit_code == 0, printed.output
         submission = submit(log_file=log_file, command=shlex.split(printed.stdout.strip().splitlines()[-1]))
         kills, started = 0, time.monotonic()
@@ -175,6 +200,9 @@ def test_a_purge_through_spark_submit_runs_in_the_executors_and_loses_nothing_wh
             # Each executor fetched the code from the driver: the --py-files zip is in its work directory.
             for worker, [executor_id] in zip(cluster.processes.servers[1:], on_workers()):
                 assert (worker.home / "work" / app_id / str(executor_id) / PACKAGES_ZIP).is_file()
+            # Their workers imported the purger from that zip alone.
+            origins = set(imported.read_text().split())
+            assert origins and all(f"/{PACKAGES_ZIP}/purger/" in o for o in origins), origins
             # ... and the tasks, the deletions among them, ran in executors, not in the driver.
             executors = {e["id"]: e for e in _get(f"{ui}/allexecutors")}
             assert executors["driver"]["totalTasks"] == 0
@@ -197,6 +225,7 @@ def test_a_purge_through_spark_submit_runs_in_the_executors_and_loses_nothing_wh
         records = Counter((r["kind"], r["id"], r["dc"]) for r in deletions)
         expected = {("message", m, None) for m in eligible} | {("payload", p, dc) for p in eligible.values()
                                                                  for dc in (None, "dc1", "dc2")}
+        expected |= {("payload", orphan, dc) for dc in ("dc1", "dc2")}  # the reconcile's orphan sweep, in executors
         missing = expected - set(records)
         doubled = {key: n for key, n in records.items() if n > 1}
         assert (wrongly_deleted, left(), sorted(missing, key=str), doubled) == ([], 0, [], {})
@@ -205,3 +234,7 @@ def test_a_purge_through_spark_submit_runs_in_the_executors_and_loses_nothing_wh
         assert str(driver_pid) not in workers and workers, workers
     finally:
         platform.close()
+        quiet.close()
+        session = cassandra_session(config.cassandra)
+        session.execute(f"DROP KEYSPACE IF EXISTS {config.cassandra.keyspace}", timeout=60)
+        session.cluster.shutdown()

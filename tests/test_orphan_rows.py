@@ -12,6 +12,7 @@ rows and the ledger's records, against what the test wrote.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -29,7 +30,7 @@ from purger.reconcile.run import reconcile
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.ledger import Ledger
 from purger.core.vocabulary import ALL_DCS
-from purger.reconcile.orphan_purges import FIRST_FOUND, Sweep, decide, ledger_query_id
+from purger.reconcile.orphan_purges import FIRST_FOUND, Sweep, decide, ledger_query_id, orphan_purge
 from purger.reconcile.orphans import reconcile_orphan_rows
 from purger.core.times import duration_ms, now_ms, parse_timestamp
 from purger.policies.mailbox.state import RELEASED
@@ -134,6 +135,7 @@ def test_dependent_rows_without_their_parent_are_deleted_once_old_and_recorded_o
 
     assert not present(f"SELECT * FROM virtual_roots WHERE user_id = 'gone-{uid}'")
     assert not present(f"SELECT * FROM mailbox_permissions WHERE user_id = 'gone-{uid}'")
+    assert not present(f"SELECT * FROM users WHERE user_id = 'gone-{uid}'")  # each sweep's claim on it released
     assert not present(f"SELECT * FROM uow_objects WHERE unit_of_work_id = 'uow-gone-{uid}'")
     for kept in (f"SELECT * FROM virtual_roots WHERE user_id = 'kept-{uid}'",
                  f"SELECT * FROM virtual_roots WHERE user_id = 'young-{uid}'",
@@ -166,23 +168,68 @@ def test_dependent_rows_without_their_parent_are_deleted_once_old_and_recorded_o
                                                                  separators=(",", ":"))]) == [PURGED, SKIPPED]
 
 
-def test_a_parent_that_reappears_before_the_delete_keeps_its_dependent(spark, orphaned):
+def old_root_swept(orphaned, user: str) -> Sweep:
+    """A virtual root of ``user`` written an hour ago without its user, and a real sweep of ``virtual_roots``."""
     own, session = orphaned
     policy = own.policy_set.policy_of("user")
-    orphans = policy.orphan_rows[0]  # virtual_roots
-    user = f"back-{uuid.uuid4().hex[:6]}"
-    session.execute(f"INSERT INTO virtual_roots (user_id, mailbox) VALUES ('{user}', 'inbox') "
+    session.execute(f"INSERT INTO virtual_roots (user_id, mailbox) VALUES ('{user}', 'old-inbox') "
                     f"USING TIMESTAMP {LONG_AGO_US}")
     grace_ms = duration_ms(GRACE)
-    sweep = Sweep(policy.name, orphans, "virtual_roots", None, grace_ms, now_ms() - grace_ms, False,
-                  ledger_query_id(uuid.uuid4().hex[:12], policy.name, "virtual_roots", ALL_DCS),
-                  tuple(sorted(policy.table_names().items())))
+    return Sweep(policy.name, policy.orphan_rows[0], "virtual_roots", None, grace_ms, now_ms() - grace_ms, False,
+                 ledger_query_id(uuid.uuid4().hex[:12], policy.name, "virtual_roots", ALL_DCS),
+                 tuple(sorted(policy.table_names().items())))
+
+
+def test_a_parent_that_reappears_before_the_delete_keeps_its_dependent(spark, orphaned):
+    own, session = orphaned
+    user = f"back-{uuid.uuid4().hex[:6]}"
+    sweep = old_root_swept(orphaned, user)
     # The scan found it without its user; the user is written back before the decision.
     session.execute(f"INSERT INTO users (user_id, state, updated_at) VALUES ('{user}', 'live', toTimestamp(now()))")
     decided = decide(own, sweep, user, LONG_AGO_US // 1000, None)
     status, why = decided[5], decided[6]
     assert (status, category(why)) == (SKIPPED, PRESENT)
     assert session.execute(f"SELECT * FROM virtual_roots WHERE user_id = '{user}'").one() is not None
+
+
+# The moments after the sweep read the user absent: before its claim, the writer's add wins (the claim fails);
+# after it, the writer waits for the sweep's end. The decision each way.
+ADDED_BACK = {"before_virtual_roots_claim": SKIPPED, "before_virtual_roots_delete": PURGED}
+
+
+@pytest.mark.parametrize("moment", sorted(ADDED_BACK))
+def test_a_user_added_back_during_the_decision_keeps_the_root_its_writer_wrote(orphaned, moment):
+    """A user id used again: the writer of the contract adds the user (``IF NOT EXISTS``) and then writes its new
+    virtual root, starting at ``moment``, after the sweep read the parent absent. The oracle is the writer's own
+    lightweight transaction (it applied, at once or once the sweep released its claim) and the root it wrote,
+    which must be there at the end; with ``DELETE ... IF EXISTS`` alone the sweep deleted the new root."""
+    from simulation.users import UsersPlatform
+
+    own, session = orphaned
+    user = f"again-{uuid.uuid4().hex[:6]}"
+    sweep = old_root_swept(orphaned, user)  # virtual_roots, claimed through users.state
+    platform = UsersPlatform(own.kafka, own.cassandra, own.kafka.topics[0], own.cassandra.keyspace,
+                             own.policy_set.policy_of("user").settings)
+    added = threading.Event()
+    writer = threading.Thread(target=lambda: (platform.add_user(user, "dc1", mailboxes=("new-inbox",)), added.set()))
+
+    def writer_lands(name: str) -> None:
+        if name == moment and not writer.is_alive() and not added.is_set():
+            writer.start()
+            added.wait(2)  # at once, unless the sweep's claim holds the user: then it waits for the release
+
+    try:
+        with injected(writer_lands):
+            decided = decide(own, sweep, user, LONG_AGO_US // 1000, None)
+        orphan_purge(own, sweep).release_claims(sweep.query_id)
+        if writer.ident is not None:
+            writer.join(30)
+        assert added.is_set(), f"the sweep never reached {moment}, or the writer's add never applied"
+        assert platform.rows(user)["virtual_root"] == "new-inbox", decided
+        assert decided[5] == ADDED_BACK[moment], decided
+        assert session.execute(f"SELECT state FROM users WHERE user_id = '{user}'").one().state == "live"
+    finally:
+        platform.close()
 
 
 def test_a_dry_run_finds_orphan_rows_and_deletes_none(spark, orphaned):
@@ -243,24 +290,40 @@ def test_a_dry_run_neither_writes_nor_clears_the_real_sweeps_first_found_notes(o
     assert session.execute(f"SELECT * FROM payload_refs WHERE payload_id = '{payload}'").one() is None
 
 
-def test_a_sweep_of_orphan_rows_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, orphaned):
+# What a stopped sweep leaves, per policy: a unit of work's objects (no claim), a user's root (under the sweep's
+# claim on the absent user, which the next sweep releases). The rows written, the table, and the ids recorded.
+STOPPED = {
+    "unit_of_work": ("uow_objects", [("INSERT INTO uow_objects (unit_of_work_id, collection, object_id, body) "
+                                      "VALUES ('{id}', '{c}', 'o1', 0x00)", c) for c in ("MDS", "PDS")]),
+    "user": ("virtual_roots", [("INSERT INTO virtual_roots (user_id, mailbox) VALUES ('{id}', 'inbox')", None)]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(STOPPED))
+def test_a_sweep_of_orphan_rows_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, orphaned, kind):
     """Its rows are deleted and its records lost with it; the next sweep of the table records each deletion once,
-    under the stopped sweep (compared with the rows the test wrote and finds gone)."""
+    under the stopped sweep (compared with the rows the test wrote and finds gone), and releases its claims: a
+    user it claimed can be added again."""
     own, session = orphaned
-    policy = own.policy_set.policy_of("unit_of_work")
-    unit = f"uow-stopped-{uuid.uuid4().hex[:6]}"
-    for collection in ("MDS", "PDS"):
-        session.execute(f"INSERT INTO uow_objects (unit_of_work_id, collection, object_id, body) "
-                        f"VALUES ('{unit}', '{collection}', 'o1', 0x00) USING TIMESTAMP {LONG_AGO_US}")
+    policy = own.policy_set.policy_of(kind)
+    table, inserts = STOPPED[kind]
+    object_id = f"stopped-{uuid.uuid4().hex[:6]}"
+    for insert, collection in inserts:
+        session.execute(insert.format(id=object_id, c=collection) + f" USING TIMESTAMP {LONG_AGO_US}")
+    ids = [json.dumps([object_id, collection, "o1"], separators=(",", ":")) if collection else object_id
+           for _, collection in inserts]
 
     stopped = uuid.uuid4().hex[:12]
     with injected(stop_at("before_orphan_ledger_write")), pytest.raises(Stopped):
         reconcile_orphan_rows(spark, own, policy, stopped, dry_run=False)
-    assert session.execute(f"SELECT * FROM uow_objects WHERE unit_of_work_id = '{unit}'").one() is None
-    ids = [json.dumps([unit, collection, "o1"], separators=(",", ":")) for collection in ("MDS", "PDS")]
-    assert not any(found in records(spark, own, "uow_objects") for found in ids)
+    key = policy.orphan_rows[0].parent_key
+    assert session.execute(f"SELECT * FROM {table} WHERE {key} = '{object_id}'").one() is None
+    assert not any(found in records(spark, own, table) for found in ids)
+    claims = [row.state for row in session.execute(f"SELECT state FROM users WHERE user_id = '{object_id}'")]
+    assert claims == ([f"orphan sweep {ledger_query_id(stopped, 'users', table, ALL_DCS)}"] if kind == "user" else [])
     for _ in range(2):  # the second run has nothing left to record
         reconcile_orphan_rows(spark, own, policy, uuid.uuid4().hex[:12], dry_run=False)
-    recorded = Ledger(spark, own.ledger).records().where(f"kind = 'uow_objects' AND id LIKE '%{unit}%'").collect()
+    recorded = Ledger(spark, own.ledger).records().where(f"kind = '{table}' AND id LIKE '%{object_id}%'").collect()
     assert sorted((r.id, r.status, r.query_id) for r in recorded) == [
-        (found, PURGED, ledger_query_id(stopped, "units_of_work", "uow_objects", ALL_DCS)) for found in ids]
+        (found, PURGED, ledger_query_id(stopped, policy.name, table, ALL_DCS)) for found in ids]
+    assert session.execute(f"SELECT * FROM users WHERE user_id = '{object_id}'").one() is None
