@@ -347,16 +347,21 @@ def test_a_delete_whose_outcome_a_timeout_hid_is_settled_by_a_serial_read():
     assert not_applied.present
 
 
+def outcomes_until_it_raises(thing: Thing, journal: MemoryJournal, batch: str) -> list[Outcome]:
+    """An attempt of ``batch`` whose row delete raises (``TimeoutError``): the outcomes it yielded before."""
+    first: list[Outcome] = []
+    with pytest.raises(TimeoutError):
+        for outcome in ThingPurge(thing, journal).purge(CANDIDATE, Attempt(batch=batch)):
+            first.append(outcome)
+    return first
+
+
 def test_a_delete_a_timeout_hid_and_a_failed_read_left_unsettled_ends_purged_at_the_recheck():
     """The serial read fails too: the error goes on (the sink records ``error`` and rechecks). The recheck
     finds the row gone with the purger's intent: ``purged``, never left as an error."""
     thing, journal, ledger = Thing(1), MemoryJournal(), MemoryLedger()
     thing.delete_times_out = "after, and the read fails"
-    first: list[Outcome] = []
-    with pytest.raises(TimeoutError):
-        for outcome in ThingPurge(thing, journal).purge(CANDIDATE, Attempt(batch="q/7")):
-            first.append(outcome)
-    ledger.write(first, "q/7")
+    ledger.write(outcomes_until_it_raises(thing, journal, "q/7"), "q/7")
     ledger.write(purge(thing, journal, "q/8"), "q/8")
     assert ledger.purged() == Counter({("row", "r0"): 1, (None, None): 1})
 
@@ -390,11 +395,7 @@ def test_dependents_deleted_before_a_row_delete_that_failed_are_recorded_once_by
     recorded under the batch that meant it, so the ledger keeps one record of each."""
     thing, journal, ledger = Thing(n, blobs=blobs), MemoryJournal(), MemoryLedger()
     thing.delete_times_out = "before"
-    first: list[Outcome] = []
-    with pytest.raises(TimeoutError):
-        for outcome in ThingPurge(thing, journal).purge(CANDIDATE, Attempt(batch="q/7")):
-            first.append(outcome)
-    ledger.write(first, "q/7")
+    ledger.write(outcomes_until_it_raises(thing, journal, "q/7"), "q/7")
     thing.delete_times_out = None
     ledger.write(purge(thing, journal, "q/8"), "q/8")
     assert thing.rows == set() and not thing.present
