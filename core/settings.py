@@ -237,8 +237,13 @@ class StreamConfig(_Section):
     watermark_delay: Duration = timedelta(seconds=2)
     # How often the clock ticks: at the wall clock once the query has read every event, at the Kafka time read
     # so far during a backlog (see streams/clock.py).
-    # A tick is a few bytes: a short interval keeps the watermark within a second of the wall clock.
+    # A tick is a few bytes: a short interval keeps the watermark within a second of the wall clock while the
+    # purger reads events or a timer comes due.
     clock_interval: Duration = timedelta(seconds=1)
+    # How often the clock ticks on a quiet stream (nothing read, no known timer due): each tick starts a batch
+    # (about a core-second of work). Timers registered before a start fire at most this much late
+    # (streams/timers.py); the watermark may lag the wall clock by this much.
+    quiet_clock_interval: Duration = timedelta(minutes=1)
     # When to try again a purge that failed (a data centre's store or Cassandra did not answer): after
     # retry_interval, then twice as long at each failure in a row, to retry_cap; its error is recorded in the
     # ledger once a day (docs/operations.md, "Failures that go on").
@@ -265,6 +270,13 @@ class StreamConfig(_Section):
     # RocksDB's caches and write buffers for the state, one pool per executor (the driver in local
     # mode), outside the JVM's heap: size the process for driver_memory plus this (docs/sizing.md).
     state_memory_mb: int = Field(default=500, gt=0)
+
+    @model_validator(mode="after")
+    def _quiet_clock_not_faster(self) -> "StreamConfig":
+        if self.quiet_clock_interval < self.clock_interval:
+            raise ValueError(f"stream.quiet_clock_interval ({self.quiet_clock_interval}) is shorter than "
+                             f"stream.clock_interval ({self.clock_interval}): make it as long or longer")
+        return self
 
     @property
     def checkpoint_location(self) -> str:

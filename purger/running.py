@@ -31,6 +31,7 @@ from purger.core.times import duration_ms, now_ms
 from purger.streams.candidates import candidates_stream
 from purger.streams.checkpoint import check_continuable, reconcile_apart
 from purger.streams.clock import Clock
+from purger.streams.timers import Deadlines, EarliestTimers
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +123,12 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
                     stream.checkpoint_location, config.kafka.reconcile_topic)
     ledger = Ledger(spark, config.ledger)
     ledger.create()
-    candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms, apart)
+    deadlines = Deadlines(spark.sparkContext.accumulator([], EarliestTimers()), duration_ms(stream.watermark_delay))
+    candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms, apart,
+                                   deadlines.accumulator)
     metrics = PurgerMetrics(stream.max_deletions_per_second, config.reconcile.interval.total_seconds())
     server = metrics.serve(config.metrics.port, config.metrics.host) if config.metrics.port else None
-    sink = PurgeSink(config, metrics, ledger)
+    sink = PurgeSink(config, metrics, ledger, after_batch=deadlines.collect)
     query = (
         candidates.writeStream.queryName(stream.query_name)
         .foreachBatch(sink)
@@ -135,7 +138,8 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     )
     sink.bind(query.id)
     follower = metrics.follow(query)
-    clock = Clock(config.kafka, stream.clock_interval.total_seconds()).start(query)
+    clock = Clock(config.kafka, stream.clock_interval.total_seconds(), stream.quiet_clock_interval.total_seconds(),
+                  deadlines).start(query)
     report = Report(spark, config.ledger, config.policy_set)
     reporting = Every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
                       lambda: set_up_thread(spark, REPORT_JOB_GROUP, "daily report"),

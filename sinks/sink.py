@@ -23,7 +23,7 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from pyspark import StorageLevel
 from pyspark.accumulators import Accumulator, AccumulatorParam
@@ -160,8 +160,11 @@ _INTERRUPTED_BY_STOP = ("py4j.protocol.Py4JJavaError: An error occurred while ca
 class PurgeSink:
     """The ``foreachBatch`` function: purge on the executors, then the ledger and the metrics on the driver."""
 
-    def __init__(self, config: PurgerConfig, observer: BatchObserver, ledger: Ledger) -> None:
+    def __init__(self, config: PurgerConfig, observer: BatchObserver, ledger: Ledger,
+                 after_batch: Callable[[], None] | None = None) -> None:
         self.config = config
+        # Called once a batch's job has ended (the timers it registered go to the clock: streams.timers).
+        self.after_batch = after_batch
         self.observer = observer
         self.query_id: str | None = None
         self._bound = threading.Event()
@@ -269,6 +272,8 @@ class PurgeSink:
                 retried = True
             finally:
                 outcomes.unpersist()
+        if self.after_batch is not None:
+            self.after_batch()
         if by_kind_and_status:
             by_kind_and_status = dict(by_kind_and_status)
             sink_seconds = time.monotonic() - started

@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 
+from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -24,13 +25,15 @@ from purger.streams.source import read_records
 
 
 def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offsets: str | None = None,
-                      starting_timestamp_ms: int | None = None, reconcile_apart: bool = True) -> DataFrame:
+                      starting_timestamp_ms: int | None = None, reconcile_apart: bool = True,
+                      registered: Accumulator | None = None) -> DataFrame:
     """The purge candidates and dead letters of the configuration's enabled policies (``OUTPUT_SCHEMA``).
 
     Each batch's progress carries the purger's observed metrics (the Spark UI's streaming page and
     ``query.lastProgress["observedMetrics"]``): ``purger.input`` counts the events ignored as a disabled
     policy's, ``purger`` the candidates per kind, the dead letters, and per kind the objects forgotten without
-    ever having been a candidate (``stream.forget_after``), whose rows go no further.
+    ever having been a candidate (``stream.forget_after``), whose rows go no further. ``registered``: an
+    accumulator of the timers the stateful stage registers, for the clock (``streams.timers``).
     """
     policies = config.policy_set
     # 1. The events topics (and the policies' own), the reconcile topic and the control topic, as one stream.
@@ -40,7 +43,7 @@ def candidates_stream(spark: SparkSession, config: PurgerConfig, starting_offset
         "purger.input", F.count(F.when(F.col("ignored"), True)).alias("ignored"))
     # 3. Per object: state, one event-time timer, and a candidate when the watermark passes its due time.
     candidates = purge_candidates(events, policies, duration_ms(config.stream.watermark_delay),
-                                  duration_ms(config.stream.forget_after))
+                                  duration_ms(config.stream.forget_after), registered)
     forgotten = F.col("rule").eqNullSafe(FORGOTTEN)
     return candidates.observe(
         "purger",

@@ -34,12 +34,16 @@ at delete time, not on them. A bootstrap's feed, read a slice a batch
 (``kafka.reconcile_max_offsets_per_trigger``), would otherwise hold back the
 purge of every new object until its last record is read.
 
+On a quiet stream the clock does not tick every interval: it ticks while
+the topics are read or a partition is behind, when a timer it knows of comes
+due, and otherwise every ``quiet_s`` (``streams.timers``).
+
 A tick that Kafka does not take (the send or its flush fails) is logged and
 not tried again: the next one, an interval later, stands for it.
 
 Example::
 
-    clock = Clock(config.kafka, interval_s=5).start(query)
+    clock = Clock(config.kafka, interval_s=1, quiet_s=60, deadlines=deadlines).start(query)
     ...
     clock.stop()
 """
@@ -58,6 +62,7 @@ from purger.core.settings import KafkaConfig
 from purger.core.times import now_ms
 from purger.connectors import NotDelivered, kafka_client, kafka_producer
 from purger.streams.control import tick
+from purger.streams.timers import Deadlines, should_tick
 
 log = logging.getLogger(__name__)
 
@@ -182,35 +187,55 @@ class LastRecordsRead:
 
 
 class Clock:
-    def __init__(self, kafka: KafkaConfig, interval_s: float) -> None:
+    """Ticks on the control topic (the module docstring); with ``deadlines``, only while there is something
+    to do, and otherwise every ``quiet_s`` (``streams.timers``)."""
+
+    def __init__(self, kafka: KafkaConfig, interval_s: float, quiet_s: float | None = None,
+                 deadlines: Deadlines | None = None) -> None:
         self.kafka = kafka
         self.interval_s = interval_s
+        self.quiet_ms = int((quiet_s if quiet_s is not None else interval_s) * 1000)
+        self.deadlines = deadlines
+        self.ticks = 0  # delivered since the start
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, query: StreamingQuery) -> "Clock":
         producer = kafka_producer(self.kafka)
         last_records = LastRecordsRead(self.kafka)
-        ignoring = frozenset({self.kafka.reconcile_topic})
+        reconcile, control = self.kafka.reconcile_topic, self.kafka.control_topic
 
         def run() -> None:
             read_ms: dict[Partition, int] = {}
             ticked_ms: int | None = None
+            ticked_at_ms: int | None = None  # the wall clock at the last tick delivered
+            read_at_tick: dict[Partition, int | None] = {}  # what was read of the topics at the last tick
             try:
                 while not self._stopped.wait(self.interval_s) and query.isActive:
-                    offsets = source_offsets(query.lastProgress, ignoring)
-                    if offsets is None:
+                    every = source_offsets(query.lastProgress)
+                    if every is None:
                         continue
+                    offsets = {p: o for p, o in every.items() if p[0] != reconcile}
+                    read = {p: end for p, (end, _) in every.items() if p[0] != control}
                     read_ms = remember(read_ms, last_records.timestamps_ms(offsets))
-                    at_ms = next_tick_ms(offsets, read_ms, now_ms(), ticked_ms)
+                    now = now_ms()
+                    at_ms = next_tick_ms(offsets, read_ms, now, ticked_ms)
                     if at_ms is None:
                         continue
-                    producer.send(self.kafka.control_topic, tick(at_ms))
+                    # Without deadlines, a tick every interval, as if a timer were always due.
+                    due = self.deadlines.due() if self.deadlines is not None else now
+                    if not should_tick(now, at_ms < now, read != read_at_tick, due, ticked_at_ms, self.quiet_ms):
+                        continue
+                    producer.send(control, tick(at_ms))
                     try:
                         producer.flush(consequence=f"the next tick goes in {self.interval_s:g} s")
-                        ticked_ms = at_ms
                     except NotDelivered as error:  # the clock keeps running: the watermark waits, no more
                         log.warning("clock tick not delivered: %s", error)
+                        continue
+                    ticked_ms, ticked_at_ms, read_at_tick = at_ms, now, read
+                    self.ticks += 1
+                    if self.deadlines is not None:
+                        self.deadlines.ticked(at_ms)
             finally:
                 last_records.close()
                 producer.close()

@@ -38,6 +38,7 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any, Iterator
 
+from pyspark.accumulators import Accumulator
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import (
@@ -164,10 +165,12 @@ def _output(**values: Any) -> Row:
 class PurgeProcessor(StatefulProcessor):
     """Keeps each object's state, schedule and timer. See the module docstring."""
 
-    def __init__(self, policies: PolicySet, linger_ms: int, forget_after_ms: int) -> None:
+    def __init__(self, policies: PolicySet, linger_ms: int, forget_after_ms: int,
+                 registered: Accumulator | None = None) -> None:
         self.policies = policies
         self.linger_ms = linger_ms
         self.forget_after_ms = forget_after_ms
+        self.registered = registered  # each timer registered, for the clock (``streams.timers``)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -236,6 +239,8 @@ class PurgeProcessor(StatefulProcessor):
                 self.handle.deleteTimer(kept.timer_ms)
             if wanted is not None:
                 self.handle.registerTimer(wanted)
+                if self.registered is not None:
+                    self.registered.add([wanted])
             kept = replace(kept, timer_ms=wanted)
         self.values[kind].update(self.kinds[kind].to_row(state, kept))
         if emitted is not None:
@@ -291,17 +296,18 @@ def routed(events: DataFrame, policies: PolicySet) -> DataFrame:
 
 
 def purge_candidates(events: DataFrame, policies: PolicySet, watermark_delay_ms: int,
-                     forget_after_ms: int) -> DataFrame:
+                     forget_after_ms: int, registered: Accumulator | None = None) -> DataFrame:
     """Parsed records in (``streams.parse.parse_events``), ``OUTPUT_SCHEMA`` rows out: purge candidates
     as objects come due, bad records as dead letters, and a row with rule ``FORGOTTEN`` for each object
-    forgotten without ever having been a candidate (``core.schedule.on_events``)."""
+    forgotten without ever having been a candidate (``core.schedule.on_events``). ``registered``: an accumulator
+    (``streams.timers.EarliestTimers``) that each timer registered is added to."""
     return (
         routed(events, policies)
         .withWatermark("watermark_time", f"{watermark_delay_ms} milliseconds")
         .groupBy("kind", "id")
         .transformWithState(
             statefulProcessor=PurgeProcessor(policies, linger_ms=watermark_delay_ms,
-                                             forget_after_ms=forget_after_ms),
+                                             forget_after_ms=forget_after_ms, registered=registered),
             outputStructType=OUTPUT_SCHEMA,
             outputMode="Append",
             timeMode="EventTime",

@@ -1,0 +1,111 @@
+"""When the clock must tick: the timers the stateful stage registers, reported to the driver.
+
+Every batch costs a core-second or more of Spark's work (planning, the stateful stage's tasks and Python
+workers, the state's commit), and the clock's ticks are what start batches on a quiet stream: a tick every
+second kept an idle purger's core busy. So the clock ticks at ``stream.clock_interval`` only while there is
+something to do, and otherwise once every ``stream.quiet_clock_interval``:
+
+- while the events or the reconcile topic are being read (their offsets moved since the last tick), or a
+  partition is behind (a backlog): as before, every ``clock_interval``;
+- when a timer the stateful stage registered since the start comes due: the processor adds each timer it
+  registers to an accumulator (``EarliestTimers``, the earliest ``KEPT`` of them a task), the sink hands
+  the batch's to ``Deadlines`` after the batch's job, and the clock ticks once the wall clock passes the
+  timer plus the watermark delay (the tick that moves the watermark past it);
+- otherwise every ``quiet_clock_interval``: timers registered before this start (the state a restart
+  continues from), and those beyond what was kept, fire at most that much later than they would have.
+
+Nothing here decides a deletion: a tick only moves the watermark, and every deletion rests on the row read
+again at delete time. What a late tick costs is a purge later by at most ``quiet_clock_interval``.
+
+Example::
+
+    deadlines = Deadlines(spark.sparkContext.accumulator([], EarliestTimers()), watermark_delay_ms=10_000)
+    processor = PurgeProcessor(..., registered=deadlines.accumulator)
+    deadlines.collect()                      # in the sink, after each batch's job
+    deadlines.due(now_ms)                    # in the clock: a timer wants a tick
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+from pyspark.accumulators import Accumulator, AccumulatorParam
+
+# The earliest timers a task reports, and the earliest the driver keeps: enough for every timer of a quiet
+# stream; a busy one ticks every clock_interval anyway (its topics are being read).
+KEPT = 256
+KEPT_ON_THE_DRIVER = 10_000
+
+
+def earliest(values: list[int], more: list[int], kept: int = KEPT) -> list[int]:
+    """The ``kept`` earliest distinct values of both sorted lists, sorted.
+
+    >>> earliest([1, 5, 9], [2, 5], kept=3)
+    [1, 2, 5]
+    """
+    return sorted(set(values) | set(more))[:kept]
+
+
+class EarliestTimers(AccumulatorParam):
+    """An accumulator of the earliest ``KEPT`` timers (event-time milliseconds) registered, sorted."""
+
+    def zero(self, value: list[int]) -> list[int]:
+        return []
+
+    def addInPlace(self, values: list[int], more: list[int]) -> list[int]:
+        if len(more) == 1:  # one timer registered, on the worker: no sort of the whole list
+            (timer,) = more
+            at = bisect.bisect_left(values, timer)
+            if at >= KEPT or (at < len(values) and values[at] == timer):
+                return values
+            values.insert(at, timer)
+            del values[KEPT:]
+            return values
+        return earliest(values, more)
+
+
+def should_tick(now_ms: int, behind: bool, read_moved: bool, due_ms: int | None, ticked_at_ms: int | None,
+                quiet_ms: int) -> bool:
+    """Whether the clock ticks now (the module docstring): while reading or behind, when a known timer is due
+    (``due_ms``: the earliest time a tick fires one), or when the last tick (``ticked_at_ms``, wall clock) is
+    ``quiet_ms`` old; and at the first chance after a start.
+
+    >>> should_tick(10_000, False, False, None, 9_000, quiet_ms=60_000)
+    False
+    >>> should_tick(10_000, False, False, 10_000, 9_000, quiet_ms=60_000)
+    True
+    """
+    return (behind or read_moved or ticked_at_ms is None or now_ms - ticked_at_ms >= quiet_ms
+            or (due_ms is not None and due_ms <= now_ms))
+
+
+class Deadlines:
+    """The times at which registered timers want a tick: filled by the sink after each batch (``collect``),
+    read and emptied by the clock (``due``, ``ticked``)."""
+
+    def __init__(self, accumulator: Accumulator, watermark_delay_ms: int) -> None:
+        self.accumulator = accumulator  # an EarliestTimers accumulator, which the stateful stage adds to
+        self.watermark_delay_ms = watermark_delay_ms
+        self._lock = threading.Lock()
+        self._ticks_ms: list[int] = []  # sorted: wall-clock times at which a tick fires a timer
+
+    def collect(self) -> None:
+        """Take the timers the batch just run registered (its job has ended: every task's are in)."""
+        timers = self.accumulator.value
+        self.accumulator.value = []
+        if timers:
+            # A tick at t moves the watermark to t - delay; a timer fires once the watermark is past it.
+            wanted = [timer + self.watermark_delay_ms + 1 for timer in timers]
+            with self._lock:
+                self._ticks_ms = earliest(self._ticks_ms, wanted, KEPT_ON_THE_DRIVER)
+
+    def due(self) -> int | None:
+        """The earliest time a tick fires a known timer, if any."""
+        with self._lock:
+            return self._ticks_ms[0] if self._ticks_ms else None
+
+    def ticked(self, at_ms: int) -> None:
+        """A tick at ``at_ms`` was delivered: the timers it fires want no other."""
+        with self._lock:
+            del self._ticks_ms[:bisect.bisect_right(self._ticks_ms, at_ms)]

@@ -1,0 +1,68 @@
+"""When the clock ticks (``streams.timers``): the timers the stateful stage registers, kept and merged as the
+accumulator does on the workers and the driver, against a plain sorted set; and a clock loop that ticks at each
+known timer's time, and on a quiet stream once every quiet interval."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.accumulators import Accumulator
+
+from purger.streams.timers import KEPT, Deadlines, EarliestTimers, should_tick
+
+timers = st.integers(min_value=0, max_value=10_000)
+
+
+def on_a_worker(registered: list[int]) -> list[int]:
+    """A task's accumulator: each registered timer added on its own, as the processor does."""
+    param, value = EarliestTimers(), EarliestTimers().zero([])
+    for timer in registered:
+        value = param.addInPlace(value, [timer])
+    return value
+
+
+@given(st.lists(st.lists(timers, max_size=600), max_size=4))
+@settings(max_examples=200)
+def test_the_driver_gets_the_earliest_timers_of_every_task_whatever_their_number(tasks):
+    param = EarliestTimers()
+    merged = param.zero([])
+    for task in tasks:
+        merged = param.addInPlace(merged, on_a_worker(task))
+    assert merged == sorted({t for task in tasks for t in task})[:KEPT]
+
+
+def clock_loop(deadlines: Deadlines, start_ms: int, end_ms: int, interval_ms: int, quiet_ms: int) -> list[int]:
+    """The clock's decisions on a caught-up, quiet stream, an ``interval_ms`` apart: the ticks it sends."""
+    ticks: list[int] = []
+    for now in range(start_ms, end_ms, interval_ms):
+        if should_tick(now, False, False, deadlines.due(), ticks[-1] if ticks else None, quiet_ms):
+            ticks.append(now)
+            deadlines.ticked(now)
+    return ticks
+
+
+@given(st.lists(timers, max_size=50), st.integers(min_value=0, max_value=3_000))
+@settings(max_examples=200)
+def test_every_known_timer_is_fired_by_a_tick_within_an_interval_and_a_quiet_stream_ticks_seldom(registered, delay):
+    interval, quiet = 1_000, 10_000
+    accumulator = Accumulator(0, [], EarliestTimers())
+    accumulator.add(on_a_worker(registered))
+    deadlines = Deadlines(accumulator, watermark_delay_ms=delay)
+    deadlines.collect()
+    assert accumulator.value == []  # taken: the next batch's timers are its own
+    ticks = clock_loop(deadlines, 0, 30_000, interval, quiet)
+    for timer in registered:
+        # The first tick whose watermark (the tick less the delay) passes the timer, within an interval of it.
+        fired_by = next(t for t in ticks if t - delay > timer)
+        assert fired_by <= timer + delay + interval
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert all(gap <= quiet for gap in gaps)
+    # No more ticks than the timers' distinct seconds and the quiet ticks between them.
+    assert len(ticks) <= len({(t + delay) // interval for t in registered}) + 30_000 // quiet + 1
+
+
+def test_a_busy_or_behind_stream_ticks_every_interval_and_a_start_ticks_at_once():
+    assert should_tick(5_000, behind=True, read_moved=False, due_ms=None, ticked_at_ms=4_000, quiet_ms=60_000)
+    assert should_tick(5_000, behind=False, read_moved=True, due_ms=None, ticked_at_ms=4_000, quiet_ms=60_000)
+    assert should_tick(5_000, behind=False, read_moved=False, due_ms=None, ticked_at_ms=None, quiet_ms=60_000)
+    assert not should_tick(5_000, behind=False, read_moved=False, due_ms=6_000, ticked_at_ms=4_000, quiet_ms=60_000)
