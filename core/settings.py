@@ -274,8 +274,9 @@ class StreamConfig(_Section):
     @model_validator(mode="after")
     def _quiet_clock_not_faster(self) -> "StreamConfig":
         if self.quiet_clock_interval < self.clock_interval:
-            raise ValueError(f"stream.quiet_clock_interval ({self.quiet_clock_interval}) is shorter than "
-                             f"stream.clock_interval ({self.clock_interval}): make it as long or longer")
+            raise ValueError(f"stream.quiet_clock_interval ({self.quiet_clock_interval.total_seconds():g}s) is "
+                             f"shorter than stream.clock_interval ({self.clock_interval.total_seconds():g}s): make it "
+                             "as long or longer")
         return self
 
     @property

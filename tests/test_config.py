@@ -240,3 +240,9 @@ def test_the_tables_setup_checks_are_the_configured_ones(name, section, renamed)
     assert all(set(s.columns) <= policy.columns_read()[renamed[s.table]] for s in policy.scanned)
     assert all(set(o.key) <= policy.columns_read()[renamed[o.table]]
                and o.parent_key in policy.columns_read()[renamed[o.parent]] for o in policy.orphan_rows)
+
+
+def test_a_quiet_clock_faster_than_the_clock_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as error:
+        build_config({"stream": {"clock_interval": "5s", "quiet_clock_interval": "2s"}})
+    assert "stream.quiet_clock_interval (2s) is shorter than stream.clock_interval (5s)" in str(error.value)
