@@ -196,7 +196,6 @@ class Clock:
         self.interval_s = interval_s
         self.quiet_ms = int((quiet_s if quiet_s is not None else interval_s) * 1000)
         self.deadlines = deadlines
-        self.ticks = 0  # delivered since the start
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -233,7 +232,6 @@ class Clock:
                         log.warning("clock tick not delivered: %s", error)
                         continue
                     ticked_ms, ticked_at_ms, read_at_tick = at_ms, now, read
-                    self.ticks += 1
                     if self.deadlines is not None:
                         self.deadlines.ticked(at_ms)
             finally:

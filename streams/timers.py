@@ -22,7 +22,7 @@ Example::
     deadlines = Deadlines(spark.sparkContext.accumulator([], EarliestTimers()), watermark_delay_ms=10_000)
     processor = PurgeProcessor(..., registered=deadlines.accumulator)
     deadlines.collect()                      # in the sink, after each batch's job
-    deadlines.due(now_ms)                    # in the clock: a timer wants a tick
+    deadlines.due()                          # in the clock: when a known timer wants a tick
 """
 
 from __future__ import annotations
