@@ -204,3 +204,29 @@ def read_of(query, topic: str) -> tuple[int, int]:
     offsets = source_offsets(query.lastProgress) or {}
     read = [(end or 0, latest) for (t, _), (end, latest) in offsets.items() if t == topic]
     return sum(end for end, _ in read), sum(latest for _, latest in read)
+
+
+def test_a_quiet_purger_ticks_when_the_timer_it_registered_comes_due_not_at_its_quiet_interval(spark, config,
+                                                                                                tmp_path):
+    """SPEC 10: with ``stream.quiet_clock_interval`` at ten minutes, a message that comes due on a quiet stream is
+    purged within seconds of its deadline: the timer the stateful stage registered reached the clock (through the
+    accumulator and the sink), which ticked for it. Oracle: the row gone from Cassandra, and the time it took."""
+    from tests.support.waits import now
+
+    own = own_config(config, tmp_path, "clock-quiet", quiet_clock_interval=timedelta(minutes=10))
+    platform = Platform(own)
+    running = start_purger(spark, own)
+    try:
+        m = f"quiet-{uuid.uuid4().hex[:8]}"
+        platform.enqueue(m, f"p-{m}", size=16)  # inline: no blob
+        zero_at = now()
+        platform.dequeue(m, 0, at=zero_at)
+        platform.flush()
+        ttl = own.policy_set.policy_of("message").settings.expired_ttl
+        wait_for(lambda: platform.row(m) is None, 120, "the message due on a quiet stream")
+        lag_s = (now() - zero_at - ttl).total_seconds()
+        print(f"purged {lag_s:.1f} s after its deadline")
+        assert lag_s < 60, "purged at a quiet tick, not at its timer"
+    finally:
+        running.stop()
+        platform.close()
