@@ -15,10 +15,17 @@ archives on their ``PYTHONPATH`` (``pyspark.zip``, the Py4J zip, the
 calls ``importlib.invalidate_caches()``, which makes each archive's importer
 read the archive's whole directory again (70-165 ms of CPU a task here, against
 0.01 ms without them; BENCHMARKS.md).
+
+What was imported is then frozen out of the garbage collector's reach
+(``gc.freeze()``, as Python's documentation advises before a fork): a reused
+worker runs a full collection after every task, and walking the libraries'
+130,000 objects each time took 64 ms a task, most of a worker's CPU
+(BENCHMARKS.md, "Python workers"). What a task makes is collected as before.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -54,4 +61,7 @@ if __name__ == "__main__":
     _off_spark_archives()  # before the first import of PySpark
     for module in PRELOADED:
         importlib.import_module(module)
-    importlib.import_module("pyspark.daemon").manager()
+    daemon = importlib.import_module("pyspark.daemon")
+    gc.collect()
+    gc.freeze()  # what every worker inherits, never garbage: out of each task's collection
+    daemon.manager()
