@@ -24,7 +24,8 @@ def test_python_workers_are_forked_from_the_purgers_daemon_with_its_libraries_im
         return (daemon, sorted(name for name in preloaded if name in sys.modules), archives, gc.get_freeze_count(),
                 gc.isenabled())
 
-    for daemon, loaded, archives, frozen, collecting in spark.sparkContext.parallelize(range(2), 2).map(seen_by_a_worker).collect():
+    seen = spark.sparkContext.parallelize(range(2), 2).map(seen_by_a_worker).collect()
+    for daemon, loaded, archives, frozen, collecting in seen:
         assert "-m purger.worker_daemon" in daemon
         assert loaded == sorted(PRELOADED)
         assert archives == []  # PySpark and Py4J imported from their installed packages, not Spark's zips
