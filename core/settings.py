@@ -241,8 +241,9 @@ class StreamConfig(_Section):
     # purger reads events or a timer comes due.
     clock_interval: Duration = timedelta(seconds=1)
     # How often the clock ticks on a quiet stream (nothing read, no known timer due): each tick starts a batch
-    # (about a core-second of work). Timers registered before a start fire at most this much late
-    # (streams/timers.py); the watermark may lag the wall clock by this much.
+    # (about a core-second of work). A timer the clock does not know (beyond the earliest 1,000, kept across
+    # restarts beside the checkpoint) fires at most this much late (streams/timers.py); the watermark may lag
+    # the wall clock by this much.
     quiet_clock_interval: Duration = timedelta(minutes=1)
     # When to try again a purge that failed (a data centre's store or Cassandra did not answer): after
     # retry_interval, then twice as long at each failure in a row, to retry_cap; its error is recorded in the

@@ -29,9 +29,9 @@ from purger.sinks.ledger import Ledger, Report
 from purger.sinks.sink import PurgeSink, SinkClosed, StoppedWhileRefused
 from purger.core.times import duration_ms, now_ms
 from purger.streams.candidates import candidates_stream
-from purger.streams.checkpoint import check_continuable, reconcile_apart
+from purger.streams.checkpoint import CheckpointFiles, check_continuable, reconcile_apart
 from purger.streams.clock import Clock
-from purger.streams.timers import Deadlines, EarliestTimers
+from purger.streams.timers import CLOCK_FILE, Deadlines, EarliestTimers, SavedTimers
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,11 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
                     stream.checkpoint_location, config.kafka.reconcile_topic)
     ledger = Ledger(spark, config.ledger)
     ledger.create()
-    deadlines = Deadlines(spark.sparkContext.accumulator([], EarliestTimers()), duration_ms(stream.watermark_delay))
+    files = CheckpointFiles(spark, stream.checkpoint_location)
+    saved = SavedTimers(lambda: files.read_text(CLOCK_FILE), lambda text: files.write_text(CLOCK_FILE, text),
+                        f"{stream.checkpoint_location}/{CLOCK_FILE}")
+    deadlines = Deadlines(spark.sparkContext.accumulator([], EarliestTimers()), duration_ms(stream.watermark_delay),
+                          saved)
     candidates = candidates_stream(spark, config, starting_offsets, starting_timestamp_ms, apart,
                                    deadlines.accumulator)
     metrics = PurgerMetrics(stream.max_deletions_per_second, config.reconcile.interval.total_seconds())

@@ -156,6 +156,19 @@ class CheckpointFiles:
         finally:
             stream.close()
 
+    def read_text(self, name: str) -> str | None:
+        """The text of the file ``name`` in the checkpoint's folder; None when there is none."""
+        path = self.hadoop.Path(self.root, name)
+        return self.text(self.fs.getFileStatus(path)) if self.fs.exists(path) else None
+
+    def write_text(self, name: str, text: str) -> None:
+        """Write (or replace) the file ``name`` in the checkpoint's folder."""
+        stream = self.fs.create(self.hadoop.Path(self.root, name), True)
+        try:
+            stream.write(bytearray(text.encode()))
+        finally:
+            stream.close()
+
 
 def stored_state(spark: SparkSession, location: str) -> StoredState | None:
     """What the checkpoint at ``location`` holds; None when there is nothing to continue (no checkpoint, or no

@@ -11,15 +11,23 @@ something to do, and otherwise once every ``stream.quiet_clock_interval``:
   registers to an accumulator (``EarliestTimers``, the earliest ``KEPT`` of them a task), the sink hands
   the batch's to ``Deadlines`` after the batch's job, and the clock ticks once the wall clock passes the
   timer plus the watermark delay (the tick that moves the watermark past it);
-- otherwise every ``quiet_clock_interval``: timers registered before this start (the state a restart
-  continues from), and those beyond what was kept, fire at most that much later than they would have.
+- otherwise every ``quiet_clock_interval``: timers beyond what was kept fire at most that much later than
+  they would have.
+
+The earliest ``KEPT_SAVED`` timers known are saved beside the checkpoint (``SavedTimers``, the file
+``purger-clock``) whenever they change, and a start reads them: a restart ticks for the timers its state
+held, not at the next quiet tick. A file that cannot be read or written costs no batch: a timer it would
+have carried fires at most ``quiet_clock_interval`` late, and a warning names the file.
 
 Nothing here decides a deletion: a tick only moves the watermark, and every deletion rests on the row read
 again at delete time. What a late tick costs is a purge later by at most ``quiet_clock_interval``.
 
 Example::
 
-    deadlines = Deadlines(spark.sparkContext.accumulator([], EarliestTimers()), watermark_delay_ms=10_000)
+    files = CheckpointFiles(spark, "/checkpoint")                               # streams.checkpoint
+    saved = SavedTimers(lambda: files.read_text(CLOCK_FILE), lambda text: files.write_text(CLOCK_FILE, text),
+                        "/checkpoint/purger-clock")
+    deadlines = Deadlines(spark.sparkContext.accumulator([], EarliestTimers()), watermark_delay_ms=10_000, saved)
     processor = PurgeProcessor(..., registered=deadlines.accumulator)
     deadlines.collect()                      # in the sink, after each batch's job
     deadlines.due()                          # in the clock: when a known timer wants a tick
@@ -28,7 +36,10 @@ Example::
 from __future__ import annotations
 
 import bisect
+import json
+import logging
 import threading
+from typing import Callable
 
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
@@ -36,6 +47,10 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 # stream; a busy one ticks every clock_interval anyway (its topics are being read).
 KEPT = 256
 KEPT_ON_THE_DRIVER = 10_000
+KEPT_SAVED = 1_000  # about 14 KB of JSON, written after a batch that changed them
+CLOCK_FILE = "purger-clock"  # in the checkpoint's folder, beside Spark's own
+
+log = logging.getLogger(__name__)
 
 
 def earliest(values: list[int], more: list[int], kept: int = KEPT) -> list[int]:
@@ -80,25 +95,64 @@ def should_tick(now_ms: int, behind: bool, read_moved: bool, due_ms: int | None,
             or (due_ms is not None and due_ms <= now_ms))
 
 
+class SavedTimers:
+    """The earliest timers known, kept across restarts as a JSON document in a file beside the checkpoint
+    (``read``, ``write``: its text; ``name``: the file, for the warnings)."""
+
+    def __init__(self, read: Callable[[], str | None], write: Callable[[str], None], name: str) -> None:
+        self.read, self.write, self.name = read, write, name
+
+    def load(self) -> list[int]:
+        """The timers saved (event-time ms, sorted); none when there is no file or it cannot be read."""
+        try:
+            text = self.read()
+            return sorted({int(timer) for timer in json.loads(text)["timers_ms"]})[:KEPT_SAVED] if text else []
+        except Exception as error:  # a truncated file, a store that does not answer: the quiet ticks remain
+            log.warning("%s not read (%s): timers registered before this start fire at the next quiet tick",
+                        self.name, str(error).splitlines()[0] if str(error) else type(error).__name__)
+            return []
+
+    def save(self, timers: list[int]) -> None:
+        try:
+            self.write(json.dumps({"timers_ms": timers}))
+        except Exception as error:  # the batch has run; a restart falls back on the quiet ticks
+            log.warning("%s not written (%s): after a restart, the timers known now fire at the next quiet tick",
+                        self.name, str(error).splitlines()[0] if str(error) else type(error).__name__)
+
+
 class Deadlines:
     """The times at which registered timers want a tick: filled by the sink after each batch (``collect``),
-    read and emptied by the clock (``due``, ``ticked``)."""
+    read and emptied by the clock (``due``, ``ticked``); with ``saved``, loaded from it at the start and
+    saved to it when the earliest change."""
 
-    def __init__(self, accumulator: Accumulator, watermark_delay_ms: int) -> None:
+    def __init__(self, accumulator: Accumulator, watermark_delay_ms: int, saved: SavedTimers | None = None) -> None:
         self.accumulator = accumulator  # an EarliestTimers accumulator, which the stateful stage adds to
         self.watermark_delay_ms = watermark_delay_ms
+        self.saved = saved
         self._lock = threading.Lock()
-        self._ticks_ms: list[int] = []  # sorted: wall-clock times at which a tick fires a timer
+        # Sorted: wall-clock times at which a tick fires a timer. A tick at t moves the watermark to t - delay;
+        # a timer fires once the watermark is past it.
+        self._ticks_ms: list[int] = []
+        self._saved_ms: list[int] = saved.load() if saved is not None else []
+        self._add(self._saved_ms)
+
+    def _add(self, timers: list[int]) -> None:
+        wanted = [timer + self.watermark_delay_ms + 1 for timer in timers]
+        with self._lock:
+            self._ticks_ms = earliest(self._ticks_ms, wanted, KEPT_ON_THE_DRIVER)
 
     def collect(self) -> None:
         """Take the timers the batch just run registered (its job has ended: every task's are in)."""
         timers = self.accumulator.value
         self.accumulator.value = []
         if timers:
-            # A tick at t moves the watermark to t - delay; a timer fires once the watermark is past it.
-            wanted = [timer + self.watermark_delay_ms + 1 for timer in timers]
-            with self._lock:
-                self._ticks_ms = earliest(self._ticks_ms, wanted, KEPT_ON_THE_DRIVER)
+            self._add(timers)
+            if self.saved is not None:
+                with self._lock:
+                    kept = [tick - self.watermark_delay_ms - 1 for tick in self._ticks_ms[:KEPT_SAVED]]
+                if kept != self._saved_ms:
+                    self.saved.save(kept)
+                    self._saved_ms = kept
 
     def due(self) -> int | None:
         """The earliest time a tick fires a known timer, if any."""

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from purger.config import with_policies
 from purger.running import start_purger
 from purger.streams.clock import caught_up, next_tick_ms, read_up_to_ms, remember, source_offsets
 from simulation.mailbox import Platform
@@ -229,4 +230,45 @@ def test_a_quiet_purger_ticks_when_the_timer_it_registered_comes_due_not_at_its_
         assert lag_s < 60, "purged at a quiet tick, not at its timer"
     finally:
         running.stop()
+        platform.close()
+
+
+def test_a_restarted_quiet_purger_ticks_for_the_timer_its_state_held_not_at_its_quiet_interval(spark, config,
+                                                                                              tmp_path):
+    """SPEC 10: the timer a run registered is in the state the next start continues from, and that start's clock
+    knows it (the file ``purger-clock`` beside the checkpoint): with ``stream.quiet_clock_interval`` at ten
+    minutes, a message read before a stop and due after the restart is purged within seconds of its deadline.
+    Oracle: the row gone from Cassandra, and the time it took."""
+    from purger.streams.timers import CLOCK_FILE
+    from tests.support.waits import now
+
+    mailbox = {**config.policies.get("mailbox", {}), "expired_ttl": "25s"}
+    own = own_config(with_policies(config, {**config.policies, "mailbox": mailbox}), tmp_path, "clock-restart",
+                     quiet_clock_interval=timedelta(minutes=10))
+    platform = Platform(own)
+    saved = tmp_path / "checkpoint" / CLOCK_FILE
+    try:
+        m = f"restart-{uuid.uuid4().hex[:8]}"
+        platform.enqueue(m, f"p-{m}", size=16)  # inline: no blob
+        zero_at = now()
+        platform.dequeue(m, 0, at=zero_at)
+        platform.flush()
+        running = start_purger(spark, own)
+        try:
+            wait_for(lambda: saved.exists() and json.loads(saved.read_text())["timers_ms"], 60,
+                     "the message's timer saved beside the checkpoint")
+        finally:
+            running.stop()
+        assert platform.row(m) is not None, "due only after the restart"
+        again = start_purger(spark, own)
+        try:
+            deadline = zero_at + own.policy_set.policy_of("message").settings.expired_ttl
+            assert now() < deadline, "the restart took longer than the message's ttl: no timer left to carry"
+            wait_for(lambda: platform.row(m) is None, 120, "the message due after the restart")
+            lag_s = (now() - deadline).total_seconds()
+            print(f"purged {lag_s:.1f} s after its deadline")
+            assert lag_s < 60, "purged at a quiet tick, not at the timer the state held"
+        finally:
+            again.stop()
+    finally:
         platform.close()

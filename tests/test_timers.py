@@ -4,11 +4,13 @@ known timer's time, and on a quiet stream once every quiet interval."""
 
 from __future__ import annotations
 
+import logging
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.accumulators import Accumulator
 
-from purger.streams.timers import KEPT, Deadlines, EarliestTimers, should_tick
+from purger.streams.timers import KEPT, KEPT_SAVED, Deadlines, EarliestTimers, SavedTimers, should_tick
 
 timers = st.integers(min_value=0, max_value=10_000)
 
@@ -66,3 +68,69 @@ def test_a_busy_or_behind_stream_ticks_every_interval_and_a_start_ticks_at_once(
     assert should_tick(5_000, behind=False, read_moved=True, due_ms=None, ticked_at_ms=4_000, quiet_ms=60_000)
     assert should_tick(5_000, behind=False, read_moved=False, due_ms=None, ticked_at_ms=None, quiet_ms=60_000)
     assert not should_tick(5_000, behind=False, read_moved=False, due_ms=6_000, ticked_at_ms=4_000, quiet_ms=60_000)
+
+
+class TextFile:
+    """A file's text, as the checkpoint's folder keeps it (``streams.checkpoint.CheckpointFiles``)."""
+
+    def __init__(self, text: str | None = None) -> None:
+        self.text, self.writes = text, 0
+
+    def read(self) -> str | None:
+        return self.text
+
+    def write(self, text: str) -> None:
+        self.text, self.writes = text, self.writes + 1
+
+    def saved(self) -> SavedTimers:
+        return SavedTimers(self.read, self.write, "/checkpoint/purger-clock")
+
+
+def batches_registering(file: TextFile, batches: list[list[int]], delay: int) -> Deadlines:
+    """A run's Deadlines over ``file``: each batch's timers collected after it, as the sink does."""
+    accumulator = Accumulator(0, [], EarliestTimers())
+    deadlines = Deadlines(accumulator, watermark_delay_ms=delay, saved=file.saved())
+    for batch in batches:
+        accumulator.add(on_a_worker(batch))
+        deadlines.collect()
+    return deadlines
+
+
+@given(st.lists(st.lists(timers, max_size=40), max_size=4), st.integers(min_value=0, max_value=3_000),
+       st.integers(min_value=0, max_value=3_000))
+@settings(max_examples=200)
+def test_a_restart_ticks_for_the_timers_registered_before_it_whatever_its_watermark_delay(batches, delay, new_delay):
+    """The state a restart continues from holds the timers of the run before: the restarted clock knows the
+    earliest ``KEPT_SAVED`` of them and fires each within an interval, with the restart's watermark delay."""
+    file = TextFile()
+    batches_registering(file, batches, delay)
+    restarted = Deadlines(Accumulator(0, [], EarliestTimers()), watermark_delay_ms=new_delay, saved=file.saved())
+    interval, quiet = 1_000, 60_000
+    ticks = clock_loop(restarted, 0, 20_000, interval, quiet)
+    for timer in sorted({t for batch in batches for t in batch})[:KEPT_SAVED]:
+        fired_by = next(t for t in ticks if t - new_delay > timer)
+        assert fired_by <= timer + new_delay + interval
+
+
+def test_the_file_is_written_when_the_earliest_timers_change_not_on_every_batch():
+    file = TextFile()
+    deadlines = batches_registering(file, [[5_000], [5_000], [], [7_000]], delay=1_000)
+    assert file.writes == 2  # the first batch and the last: the others added nothing
+    assert deadlines.due() == 6_001
+
+
+def test_an_unreadable_or_unwritable_file_is_a_warning_naming_it_and_leaves_the_quiet_ticks(caplog):
+    caplog.set_level(logging.WARNING, "purger.streams.timers")
+    truncated = TextFile('{"timers_ms": [1, 2')
+    assert Deadlines(Accumulator(0, [], EarliestTimers()), 1_000, saved=truncated.saved()).due() is None
+
+    def refused(text: str) -> None:
+        raise OSError("Permission denied")
+
+    accumulator = Accumulator(0, [], EarliestTimers())
+    deadlines = Deadlines(accumulator, 1_000, saved=SavedTimers(lambda: None, refused, "/checkpoint/purger-clock"))
+    accumulator.add([3_000])
+    deadlines.collect()  # the batch goes on
+    assert deadlines.due() == 4_001
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["/checkpoint/purger-clock not read",
+                                                                        "/checkpoint/purger-clock not written"]
