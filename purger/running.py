@@ -41,6 +41,7 @@ class RunningPurger:
     query: StreamingQuery
     sink: PurgeSink
     clock: Clock
+    deadlines: Deadlines  # saved at the stop, after the sink's last batch
     metrics: PurgerMetrics
     release: Callable[[], None]  # the daily report's thread, the progress follower and the metrics endpoint
     # The daily report's rounds beside the query, which ``stop`` ends (``Every``).
@@ -94,6 +95,7 @@ class RunningPurger:
             if rounds is not None:
                 rounds.stop_soon()
         finished = self.sink.close(wait_for_batch_s)
+        self.deadlines.save()
         while (self.query.isActive and self.query.status["isTriggerActive"] and not self.sink.refusing.is_set()
                and time.monotonic() < deadline):
             time.sleep(0.05)
@@ -160,7 +162,7 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     counting = Every(config.ledger.report_interval.total_seconds(), lambda: _count_stuck(config, metrics),
                      "purger-stuck")
     beside = [each for each in (reporting, reconciling, upkeeping, counting) if each is not None]
-    return RunningPurger(query, sink, clock, metrics, lambda: _stopped(follower, server, beside),
+    return RunningPurger(query, sink, clock, deadlines, metrics, lambda: _stopped(follower, server, beside),
                          reporting, reconciling, upkeeping)
 
 

@@ -15,9 +15,12 @@ something to do, and otherwise once every ``stream.quiet_clock_interval``:
   they would have.
 
 The earliest ``KEPT_SAVED`` timers known are saved beside the checkpoint (``SavedTimers``, the file
-``purger-clock``) whenever they change, and a start reads them: a restart ticks for the timers its state
-held, not at the next quiet tick. A file that cannot be read or written costs no batch: a timer it would
-have carried fires at most ``quiet_clock_interval`` late, and a warning names the file.
+``purger-clock``), and a start reads them: a restart ticks for the timers its state held, not at the next
+quiet tick. They are written after a batch that changed them, at most every ``SAVE_EVERY_S`` (on an object
+store each write is a request; a busy stream changes them every batch) unless the earliest came earlier, and
+at a stop. A timer that missed the file (a kill within ``SAVE_EVERY_S`` of its batch), or a file that cannot
+be read or written, costs no batch: the timer fires at most ``quiet_clock_interval`` late, and a warning
+names the file.
 
 Nothing here decides a deletion: a tick only moves the watermark, and every deletion rests on the row read
 again at delete time. What a late tick costs is a purge later by at most ``quiet_clock_interval``.
@@ -31,6 +34,7 @@ Example::
     processor = PurgeProcessor(..., registered=deadlines.accumulator)
     deadlines.collect()                      # in the sink, after each batch's job
     deadlines.due()                          # in the clock: when a known timer wants a tick
+    deadlines.save()                         # at a stop, after the sink's last batch
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import bisect
 import json
 import logging
 import threading
+import time
 from typing import Callable
 
 from pyspark.accumulators import Accumulator, AccumulatorParam
@@ -47,7 +52,8 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 # stream; a busy one ticks every clock_interval anyway (its topics are being read).
 KEPT = 256
 KEPT_ON_THE_DRIVER = 10_000
-KEPT_SAVED = 1_000  # about 14 KB of JSON, written after a batch that changed them
+KEPT_SAVED = 1_000  # about 14 KB of JSON
+SAVE_EVERY_S = 30.0
 CLOCK_FILE = "purger-clock"  # in the checkpoint's folder, beside Spark's own
 
 log = logging.getLogger(__name__)
@@ -123,17 +129,21 @@ class SavedTimers:
 class Deadlines:
     """The times at which registered timers want a tick: filled by the sink after each batch (``collect``),
     read and emptied by the clock (``due``, ``ticked``); with ``saved``, loaded from it at the start and
-    saved to it when the earliest change."""
+    saved to it (the module docstring; ``monotonic``: the clock that paces the writes)."""
 
-    def __init__(self, accumulator: Accumulator, watermark_delay_ms: int, saved: SavedTimers | None = None) -> None:
+    def __init__(self, accumulator: Accumulator, watermark_delay_ms: int, saved: SavedTimers | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.accumulator = accumulator  # an EarliestTimers accumulator, which the stateful stage adds to
         self.watermark_delay_ms = watermark_delay_ms
         self.saved = saved
+        self.monotonic = monotonic
         self._lock = threading.Lock()
+        self._saving = threading.Lock()  # the sink's thread and a stop's
         # Sorted: wall-clock times at which a tick fires a timer. A tick at t moves the watermark to t - delay;
         # a timer fires once the watermark is past it.
         self._ticks_ms: list[int] = []
         self._saved_ms: list[int] = saved.load() if saved is not None else []
+        self._saved_at: float | None = None  # monotonic seconds of this run's last write
         self._add(self._saved_ms)
 
     def _add(self, timers: list[int]) -> None:
@@ -147,12 +157,25 @@ class Deadlines:
         self.accumulator.value = []
         if timers:
             self._add(timers)
-            if self.saved is not None:
-                with self._lock:
-                    kept = [tick - self.watermark_delay_ms - 1 for tick in self._ticks_ms[:KEPT_SAVED]]
-                if kept != self._saved_ms:
-                    self.saved.save(kept)
-                    self._saved_ms = kept
+        if self.saved is not None:
+            self._save(at_once=False)
+
+    def save(self) -> None:
+        """Write the timers known now if they changed since the last write (at a stop)."""
+        if self.saved is not None:
+            self._save(at_once=True)
+
+    def _save(self, at_once: bool) -> None:
+        with self._saving:
+            with self._lock:
+                kept = [tick - self.watermark_delay_ms - 1 for tick in self._ticks_ms[:KEPT_SAVED]]
+            if kept == self._saved_ms:
+                return
+            now = self.monotonic()
+            sooner = bool(kept) and (not self._saved_ms or kept[0] < self._saved_ms[0])
+            if at_once or sooner or self._saved_at is None or now - self._saved_at >= SAVE_EVERY_S:
+                self.saved.save(kept)
+                self._saved_ms, self._saved_at = kept, now
 
     def due(self) -> int | None:
         """The earliest time a tick fires a known timer, if any."""

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.accumulators import Accumulator
 
-from purger.streams.timers import KEPT, KEPT_SAVED, Deadlines, EarliestTimers, SavedTimers, should_tick
+from purger.streams.timers import KEPT, KEPT_SAVED, SAVE_EVERY_S, Deadlines, EarliestTimers, SavedTimers, should_tick
 
 timers = st.integers(min_value=0, max_value=10_000)
 
@@ -86,13 +86,28 @@ class TextFile:
         return SavedTimers(self.read, self.write, "/checkpoint/purger-clock")
 
 
-def batches_registering(file: TextFile, batches: list[list[int]], delay: int) -> Deadlines:
-    """A run's Deadlines over ``file``: each batch's timers collected after it, as the sink does."""
-    accumulator = Accumulator(0, [], EarliestTimers())
-    deadlines = Deadlines(accumulator, watermark_delay_ms=delay, saved=file.saved())
+class Monotonic:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def batches_registering(file: TextFile, batches: list[list[int]], delay: int, seconds_apart: float = 1.0,
+                        stop: bool = True) -> Deadlines:
+    """A run's Deadlines over ``file``: each batch's timers collected after it, as the sink does, batches
+    ``seconds_apart``; then a stop's save."""
+    accumulator, clock = Accumulator(0, [], EarliestTimers()), Monotonic()
+    deadlines = Deadlines(accumulator, watermark_delay_ms=delay, saved=file.saved(), monotonic=clock)
     for batch in batches:
         accumulator.add(on_a_worker(batch))
         deadlines.collect()
+        clock.now += seconds_apart
+    if stop:
+        deadlines.save()
     return deadlines
 
 
@@ -114,9 +129,20 @@ def test_a_restart_ticks_for_the_timers_registered_before_it_whatever_its_waterm
 
 def test_the_file_is_written_when_the_earliest_timers_change_not_on_every_batch():
     file = TextFile()
-    deadlines = batches_registering(file, [[5_000], [5_000], [], [7_000]], delay=1_000)
+    deadlines = batches_registering(file, [[5_000], [5_000], [], [7_000]], delay=1_000, seconds_apart=SAVE_EVERY_S)
     assert file.writes == 2  # the first batch and the last: the others added nothing
     assert deadlines.due() == 6_001
+
+
+def test_a_busy_stream_writes_at_most_every_interval_an_earlier_timer_at_once_and_the_rest_at_the_stop():
+    file = TextFile()
+    later = [[10_000 + i] for i in range(20)]  # a batch a second, each adding a later timer
+    batches_registering(file, [[9_000], *later], delay=0, stop=False)
+    assert file.writes == 1  # 20 s of batches: within SAVE_EVERY_S of the first write
+    batches_registering(file := TextFile(), [[9_000], *later, [8_000]], delay=0, stop=False)
+    assert file.writes == 2  # an earlier timer: written at once
+    batches_registering(file := TextFile(), [[9_000], *later], delay=0)
+    assert file.writes == 2 and file.text == '{"timers_ms": [9000, %s]}' % ", ".join(str(t) for [t] in later)
 
 
 def test_an_unreadable_or_unwritable_file_is_a_warning_naming_it_and_leaves_the_quiet_ticks(caplog):
