@@ -16,9 +16,10 @@ demo: install
 	$(PYTHON) -m devstack demo
 
 # Unit tests and integration tests on the real servers; the test session starts the local stack
-# when nothing answers and stops it afterwards (see tests/conftest.py).
+# when nothing answers and stops it afterwards (see tests/conftest.py). Two lanes, two pytest-xdist
+# workers, fill the two cores a single session leaves half idle (tests/support/lanes.py).
 test: install
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n 2 --dist loadgroup
 
 # The fault suite (RELIABILITY.md), bounded as in CI; faults-full injects every fault in full
 # (tests/support/faults.py, FaultMatrix).

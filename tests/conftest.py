@@ -3,7 +3,8 @@
 Endpoints come from the environment when given (PURGER_KAFKA_BOOTSTRAP, PURGER_CASSANDRA_HOSTS,
 PURGER_S3_ENDPOINT); otherwise docker-compose.yml is started through testcontainers when a Docker
 engine answers; otherwise the local stack (`python -m devstack up`) is started, and stopped at the end
-if this session started it.
+if this session started it. In lanes (``make test``: two pytest-xdist workers, ``tests/support/lanes.py``)
+the process that runs the workers provides the servers and the class archive before they start.
 
 A test that uses the servers or a JVM (any of ``INTEGRATION_FIXTURES``, directly or through another
 fixture) is marked ``integration`` at collection, so ``pytest -m "not integration"`` runs the plain
@@ -16,7 +17,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -26,6 +30,7 @@ from purger.core.settings import PurgerConfig
 
 from purger.config import build_config
 from devstack.stack import LocalStack, prepare
+from tests.support import lanes
 from tests.support.faults import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,8 +59,9 @@ _OWN_JVM_OPTIONS = "SPARK_SUBMIT_OPTS" not in os.environ
 
 
 def pytest_configure(config):
-    """C1 alone from the start (``spark_jvm_options``), for the JVMs of tests that request no server."""
-    if _OWN_JVM_OPTIONS:
+    """C1 alone from the start (``spark_jvm_options``), for the JVMs of tests that request no server. Not in
+    the process that runs the lanes' workers: they inherit its environment, and choose for themselves."""
+    if _OWN_JVM_OPTIONS and not lanes.runs_lanes(config):
         from tests.support.class_archive import JIT
 
         os.environ["SPARK_SUBMIT_OPTS"] = JIT
@@ -68,13 +74,63 @@ def pytest_report_header(config):
     return f"faults: {'full' if FAULTS.full else 'bounded'}, PURGER_FAULT_SEED={FAULTS.seed}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the lanes' marks
 def pytest_collection_modifyitems(config, items):
     """Mark ``integration`` every test whose fixture closure reaches a server or a JVM, so that none can
-    forget the marker and ``-m "not integration"`` never starts one."""
+    forget the marker and ``-m "not integration"`` never starts one. In lanes, put each test in its lane."""
     for item in items:
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.integration)
+    if lanes.active(config):
+        lanes.order(items)
+
+
+def pytest_collection_finish(session):
+    if lanes.active(session.config):
+        lanes.collected(session.config, session.items)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures: a session's first reaches the servers
+def pytest_runtest_setup(item):
+    if lanes.active(item.config):
+        lanes.before(item)
+
+
+@pytest.hookimpl(trylast=True)  # after the test's fixtures are torn down
+def pytest_runtest_teardown(item, nextitem):
+    if lanes.active(item.config):
+        lanes.after(item, nextitem)
+
+
+_CONTROLLER_RESOURCES = pytest.StashKey[ExitStack]()
+# Set by the process that runs the lanes for its workers: the local stack stops at the run's end.
+_STOPPED_AT_END_VARIABLE = "PURGER_TESTS_STACK_STOPPED_AT_END"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist starts the workers, which inherit the environment set here
+def pytest_sessionstart(session):
+    """In lanes, the servers and the class archive once, before the workers start: not raced by two."""
+    config = session.config
+    if not lanes.runs_lanes(config):
+        return
+    resources = config.stash[_CONTROLLER_RESOURCES] = ExitStack()
+    folder = tempfile.mkdtemp(prefix="purger-lanes-")
+    resources.callback(shutil.rmtree, folder, ignore_errors=True)
+    os.environ[lanes.FOLDER_VARIABLE] = folder
+    if _OWN_JVM_OPTIONS:
+        from tests.support.class_archive import java_options
+
+        java_options()
+    how, stopped_at_end = resources.enter_context(provided_servers())
+    if how == "local" and stopped_at_end:
+        os.environ[_STOPPED_AT_END_VARIABLE] = "1"
+
+
+def pytest_sessionfinish(session):
+    if lanes.active(session.config):
+        lanes.ended(session.config)
+    elif (resources := session.config.stash.get(_CONTROLLER_RESOURCES, None)) is not None:
+        resources.close()
 
 
 def _docker_answers() -> bool:
@@ -86,11 +142,12 @@ def _docker_answers() -> bool:
 _STACK_STOPPED_AT_END = pytest.StashKey[bool]()
 
 
-@pytest.fixture(scope="session")
-def servers(request, spark_jvm_options):
-    """Make sure Kafka, Cassandra and S3 answer; yield how they were provided."""
+@contextmanager
+def provided_servers() -> Iterator[tuple[str, bool]]:
+    """Make sure Kafka, Cassandra and S3 answer (the module docstring); yield how they were provided, and
+    whether they stop when this ends."""
     if all(os.environ.get(v) for v in ENDPOINT_VARIABLES):
-        yield "environment"
+        yield "environment", False
     elif _docker_answers():
         from testcontainers.compose import DockerCompose
 
@@ -100,15 +157,23 @@ def servers(request, spark_jvm_options):
                 PURGER_CASSANDRA_HOSTS="127.0.0.1:9042",
                 PURGER_S3_ENDPOINT="http://127.0.0.1:9000",
             )
-            yield "docker"
+            yield "docker", True
     else:
         stack = LocalStack()
         started_here = not stack.running()
         stack.up()
-        request.config.stash[_STACK_STOPPED_AT_END] = started_here
-        yield "local"
+        yield "local", started_here
         if started_here:
             stack.down()
+
+
+@pytest.fixture(scope="session")
+def servers(request, spark_jvm_options):
+    """Make sure Kafka, Cassandra and S3 answer; yield how they were provided."""
+    with provided_servers() as (how, stopped_at_end):
+        request.config.stash[_STACK_STOPPED_AT_END] = (
+            how == "local" and (stopped_at_end or os.environ.get(_STOPPED_AT_END_VARIABLE) == "1"))
+        yield how
 
 
 @pytest.fixture(scope="session")

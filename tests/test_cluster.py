@@ -76,7 +76,8 @@ def job_config(servers, base: Path, name: str, own: str | None = None, **stream:
             "shuffle_partitions": 2,
             **stream,
         },
-        "ledger": {"path": str(base / "ledger" / "records"), "report_path": str(base / "ledger" / "report")},
+        "ledger": {"path": str(base / "ledger" / "records"), "report_path": str(base / "ledger" / "report"),
+                   "reconcile_path": str(base / "ledger" / "reconcile_report")},
         "metrics": {"port": 0},  # no endpoint: another purger on this machine may have the port
         "reconcile": {"interval": "0"},  # the keyspace is the other tests' too
     }

@@ -6,9 +6,9 @@ process on the machine."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -83,40 +83,29 @@ def command_lines() -> str:
     return "\n".join(lines)
 
 
-def spark_ui_pages(other_than: str) -> str:
-    """The Spark UI of the purger's process (not this test session's, ``other_than``): its REST API's
-    environment, jobs, stages, SQL executions with their plans and streaming queries, and the HTML pages."""
-    # A busy JVM on 2 shared cores may take seconds to answer: each port is asked with a long timeout (a port
-    # nobody listens on refuses at once), and the ports again until a minute has passed.
-    deadline = time.monotonic() + 60
-    for port in itertools.cycle(range(4040, 4060)):
-        if time.monotonic() > deadline:
-            break
-        base = f"http://127.0.0.1:{port}"
+def spark_ui_pages(log: Path) -> str:
+    """The Spark UI of the purger's process, at the port its "purger running" line names (other sessions' UIs
+    answer on the ports near it, the other lane's among them): its REST API's environment, jobs, stages, SQL
+    executions with their plans and streaming queries, and the HTML pages."""
+    found = re.search(r"Spark UI https?://[^\s,/]+:(\d+)", log.read_text(errors="replace"))
+    assert found, "the purger's log names no Spark UI"
+    base = f"http://127.0.0.1:{found.group(1)}"
+    # A busy JVM on 2 shared cores may take seconds to answer: a long timeout.
+    with urllib.request.urlopen(f"{base}/api/v1/applications", timeout=60) as response:
+        (application,) = json.load(response)
+    api = f"{base}/api/v1/applications/{application['id']}"
+    pages = [f"{api}/environment", f"{api}/jobs", f"{api}/stages", f"{api}/streaming/statistics",
+             f"{api}/sql?details=true&planDescription=true", f"{base}/environment/", f"{base}/SQL/",
+             f"{base}/jobs/", f"{base}/StreamingQuery/"]
+    texts = []
+    for page in pages:
         try:
-            with urllib.request.urlopen(f"{base}/api/v1/applications", timeout=20) as response:
-                applications = json.load(response)
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            if port == 4059:
-                time.sleep(1)
-            continue
-        ids = [a["id"] for a in applications if a["id"] != other_than]
-        if not ids:
-            continue
-        api = f"{base}/api/v1/applications/{ids[0]}"
-        pages = [f"{api}/environment", f"{api}/jobs", f"{api}/stages", f"{api}/streaming/statistics",
-                 f"{api}/sql?details=true&planDescription=true", f"{base}/environment/", f"{base}/SQL/",
-                 f"{base}/jobs/", f"{base}/StreamingQuery/"]
-        texts = []
-        for page in pages:
-            try:
-                with urllib.request.urlopen(page, timeout=10) as response:
-                    texts.append(response.read().decode(errors="replace"))
-            except urllib.error.HTTPError as error:  # a page this version does not serve
-                texts.append(f"{page}: {error.code}")
-        assert any('"spark.app.id"' in text or "spark.app.id" in text for text in texts), "no environment page"
-        return "\n".join(texts)
-    raise AssertionError("the purger's Spark UI was not found on ports 4040-4059")
+            with urllib.request.urlopen(page, timeout=10) as response:
+                texts.append(response.read().decode(errors="replace"))
+        except urllib.error.HTTPError as error:  # a page this version does not serve
+            texts.append(f"{page}: {error.code}")
+    assert any('"spark.app.id"' in text or "spark.app.id" in text for text in texts), "no environment page"
+    return "\n".join(texts)
 
 
 @pytest.mark.integration
@@ -147,7 +136,7 @@ def test_planted_secrets_reach_no_log_ui_page_ledger_or_command_line(spark, conf
                      or process.poll() is not None, timeout_s=300, what="the purge on the secured servers")
             assert process.poll() is None, f"the purger ended ({process.returncode}):\n{log.read_text()[-3000:]}"
             seen["command lines"] = command_lines()
-            seen["Spark UI"] = spark_ui_pages(other_than=spark.sparkContext.applicationId)
+            seen["Spark UI"] = spark_ui_pages(log)
         finally:
             process.terminate()
             try:

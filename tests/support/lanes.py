@@ -1,0 +1,159 @@
+"""The suite in two lanes: two pytest-xdist workers (``make test``: ``pytest -n 2 --dist loadgroup``), each a
+test session of its own (its SparkSession, its topics, checkpoint and ledger), on the same servers.
+
+A lane alone left most of two cores idle: the tests wait for deadlines, restarts and JVM starts, and a whole
+fresh-clone run used 1.24 of 2 cores (docs/development.md, "Where the suite's time goes"). Two lanes fill
+that. Which tests go where is fixed here, by module, balanced on a CI run's times, so that a run is the same
+on every machine:
+
+- lane ``beside`` runs ``BESIDE``'s modules; lane ``main`` the rest, its plain Python tests first;
+- a test that stops a shared server (``FIRST``: Cassandra down, the Kafka broker restarted) runs first in
+  ``beside``, while ``main`` runs its plain Python tests, which reach no server; ``main``'s first test that
+  reaches a server waits for it to end;
+- a test that reshapes a shared server (``LAST``: a second Cassandra node joined to the ring, then
+  decommissioned) runs last in ``beside``, once ``main`` has ended.
+
+The lanes meet through files in a folder of the run's own (``LaneFiles``), which the process that runs the
+workers makes before they start and removes at the end. Without ``--dist loadgroup`` (a plain ``pytest``,
+``make faults``) nothing here applies: the suite runs in one process, in its order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MAIN, BESIDE_LANE = "main", "beside"
+
+# Modules of lane beside (paths from the repository's root), besides FIRST and LAST.
+BESIDE = frozenset({
+    "tests/test_cluster.py", "tests/test_operations.py", "tests/test_upgrades.py", "tests/test_orphans.py",
+    "tests/test_orphan_rows.py", "tests/test_ledger_upkeep.py", "tests/test_ledger_paths.py",
+    "tests/test_reconcile_replay.py", "tests/test_clock.py", "tests/test_release.py", "tests/test_report.py",
+    "tests/test_prometheus_live.py",
+})
+# Tests (node ids or their prefixes) that stop a shared server: first in lane beside, alone.
+FIRST = ("tests/test_faults.py::test_cassandra_down_and_a_kafka_restart_lose_nothing",)
+# Tests that reshape a shared server: last in lane beside, once lane main has ended.
+LAST = ("tests/two_nodes/",)
+
+WAIT_S = 1800.0  # a lane waiting longer than this for the other: the other is stuck, and the test says so
+
+
+FOLDER_VARIABLE = "PURGER_TESTS_LANES"  # the folder of the run's lane files, for its workers
+
+
+def runs_lanes(config: pytest.Config) -> bool:
+    """Whether this process runs the workers of a run in lanes."""
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "loadgroup"
+
+
+def active(config: pytest.Config) -> bool:
+    """Whether this process is a worker of a run in lanes."""
+    return (hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "loadgroup"
+            and FOLDER_VARIABLE in os.environ)
+
+
+def _path(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def is_first(item: pytest.Item) -> bool:
+    return item.nodeid.startswith(FIRST)
+
+
+def is_last(item: pytest.Item) -> bool:
+    return item.nodeid.startswith(LAST)
+
+
+def lane(item: pytest.Item) -> str:
+    return BESIDE_LANE if _path(item) in BESIDE or is_first(item) or is_last(item) else MAIN
+
+
+def reaches_a_server(item: pytest.Item) -> bool:
+    return item.get_closest_marker("integration") is not None
+
+
+def order(items: list[pytest.Item]) -> None:
+    """Each item into its lane (an ``xdist_group`` mark), and in order: ``main``'s plain Python tests first;
+    ``beside``'s ``FIRST`` first and ``LAST`` last. Otherwise the collection's order (a module's tests
+    together, for its fixtures)."""
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        if lane(item) == MAIN:
+            return 0, int(reaches_a_server(item))
+        return 1, 0 if is_first(item) else 2 if is_last(item) else 1
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(lane(item)))
+    items.sort(key=rank)
+
+
+@dataclass
+class LaneFiles:
+    """The files through which the lanes of one run meet, in the folder the process that runs them made."""
+
+    folder: Path
+
+    @classmethod
+    def of(cls, config: pytest.Config) -> "LaneFiles":
+        return cls(Path(os.environ[FOLDER_VARIABLE]))
+
+    def mark(self, name: str) -> None:
+        (self.folder / name).touch()
+
+    def wait(self, name: str, what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not (self.folder / name).exists():
+            if time.monotonic() > deadline:
+                pytest.fail(f"waited {WAIT_S:.0f} s for {what} ({self.folder / name}): is the other lane stuck?")
+            time.sleep(0.5)
+
+
+# The files: FIRST_DONE once lane beside's FIRST tests have ended, MAIN_DONE once lane main has.
+FIRST_DONE, MAIN_DONE = "first-done", "main-done"
+
+
+def collected(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Nothing to wait for when a run has no ``FIRST`` test, or no test in lane main (``-k``, a module alone)."""
+    files = LaneFiles.of(config)
+    if not any(is_first(item) for item in items):
+        files.mark(FIRST_DONE)
+    if not any(lane(item) == MAIN for item in items):
+        files.mark(MAIN_DONE)
+
+
+_ran: set[str] = set()  # the lane of the tests this worker ran: loadgroup gives a worker one group
+
+
+def before(item: pytest.Item) -> None:
+    """Wait for what must end before ``item`` starts."""
+    _ran.add(lane(item))
+    files = LaneFiles.of(item.config)
+    if lane(item) == BESIDE_LANE and not is_first(item):  # past FIRST, even when a crash cut it short
+        files.mark(FIRST_DONE)
+    if lane(item) == MAIN and reaches_a_server(item):
+        files.wait(FIRST_DONE, "the tests that stop a shared server, in lane beside")
+    if is_last(item):
+        files.wait(MAIN_DONE, "lane main's end, before a test that reshapes a shared server")
+
+
+def after(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Say what has ended once ``item`` has."""
+    files = LaneFiles.of(item.config)
+    if is_first(item) and (nextitem is None or not is_first(nextitem)):
+        files.mark(FIRST_DONE)
+    if lane(item) == MAIN and nextitem is None:
+        files.mark(MAIN_DONE)
+
+
+def ended(config: pytest.Config) -> None:
+    """A worker's session ended, its tests run or not (``-x``, a crash's replacement): the other lane waits no
+    longer for this one."""
+    files = LaneFiles.of(config)
+    for name in _ran:
+        files.mark(MAIN_DONE if name == MAIN else FIRST_DONE)
