@@ -74,15 +74,21 @@ def pytest_report_header(config):
     return f"faults: {'full' if FAULTS.full else 'bounded'}, PURGER_FAULT_SEED={FAULTS.seed}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the lanes' marks
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """Mark ``integration`` every test whose fixture closure reaches a server or a JVM, so that none can
-    forget the marker and ``-m "not integration"`` never starts one. In lanes, put each test in its lane."""
+    forget the marker and ``-m "not integration"`` never starts one. In lanes, each lane's tests in order."""
     for item in items:
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.integration)
     if lanes.active(config):
         lanes.order(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist, no lanes
+def pytest_xdist_make_scheduler(config, log):
+    if lanes.runs_lanes(config):
+        return lanes.LaneScheduling(config, log)
 
 
 def pytest_collection_finish(session):
@@ -269,3 +275,4 @@ def platform(config):
     platform = Platform(config)
     yield platform
     platform.close()
+

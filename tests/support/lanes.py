@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 MAIN, BESIDE_LANE = "main", "beside"
 
@@ -53,13 +54,8 @@ def runs_lanes(config: pytest.Config) -> bool:
 
 
 def active(config: pytest.Config) -> bool:
-    """Whether this process is a worker of a run in lanes."""
-    return (hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "loadgroup"
-            and FOLDER_VARIABLE in os.environ)
-
-
-def _path(item: pytest.Item) -> str:
-    return item.nodeid.split("::")[0]
+    """Whether this process is a worker of a run in lanes (xdist gives a worker ``loadgroup``, not ``dist``)."""
+    return hasattr(config, "workerinput") and getattr(config.option, "loadgroup", False) and FOLDER_VARIABLE in os.environ
 
 
 def is_first(item: pytest.Item) -> bool:
@@ -70,8 +66,13 @@ def is_last(item: pytest.Item) -> bool:
     return item.nodeid.startswith(LAST)
 
 
+def lane_of(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return BESIDE_LANE if module in BESIDE or nodeid.startswith(FIRST) or nodeid.startswith(LAST) else MAIN
+
+
 def lane(item: pytest.Item) -> str:
-    return BESIDE_LANE if _path(item) in BESIDE or is_first(item) or is_last(item) else MAIN
+    return lane_of(item.nodeid)
 
 
 def reaches_a_server(item: pytest.Item) -> bool:
@@ -79,18 +80,24 @@ def reaches_a_server(item: pytest.Item) -> bool:
 
 
 def order(items: list[pytest.Item]) -> None:
-    """Each item into its lane (an ``xdist_group`` mark), and in order: ``main``'s plain Python tests first;
-    ``beside``'s ``FIRST`` first and ``LAST`` last. Otherwise the collection's order (a module's tests
-    together, for its fixtures)."""
+    """Each lane's tests in order: ``main``'s plain Python tests first; ``beside``'s ``FIRST`` first and
+    ``LAST`` last. Otherwise the collection's order (a module's tests together, for its fixtures)."""
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         if lane(item) == MAIN:
             return 0, int(reaches_a_server(item))
         return 1, 0 if is_first(item) else 2 if is_last(item) else 1
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(lane(item)))
     items.sort(key=rank)
+
+
+class LaneScheduling(LoadScopeScheduling):
+    """xdist's scheduling by scope, a lane a scope: each worker gets one lane's tests, all at once, in the
+    order collected. (Not ``xdist_group`` marks: ``--dist loadgroup`` of xdist 3.8 groups nothing under
+    pytest 9.2, pytest-xdist issue 1386.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return lane_of(nodeid)
 
 
 @dataclass
@@ -127,7 +134,7 @@ def collected(config: pytest.Config, items: list[pytest.Item]) -> None:
         files.mark(MAIN_DONE)
 
 
-_ran: set[str] = set()  # the lane of the tests this worker ran: loadgroup gives a worker one group
+_ran: set[str] = set()  # the lane of the tests this worker ran: LaneScheduling gives a worker one
 
 
 def before(item: pytest.Item) -> None:
