@@ -11,7 +11,10 @@ on every machine:
   ``beside``, while ``main`` runs its plain Python tests, which reach no server; ``main``'s first test that
   reaches a server waits for it to end;
 - a test that reshapes a shared server (``LAST``: a second Cassandra node joined to the ring, then
-  decommissioned) runs last in ``beside``, once ``main`` has ended.
+  decommissioned) runs last in ``beside``, after the tests it would disturb, which run in ``beside`` too
+  (``RING_BOUND``: a keyspace of one replica by ``SimpleStrategy`` loses writes to the ranges node 2 takes).
+  Lane ``main``'s tests go on beside it: their keyspaces are replicated in data centre 1 and their sessions
+  route there.
 
 The lanes meet through files in a folder of the run's own (``LaneFiles``), which the process that runs the
 workers makes before they start and removes at the end. Without ``--dist loadgroup`` (a plain ``pytest``,
@@ -30,19 +33,20 @@ from xdist.scheduler import LoadScopeScheduling
 
 MAIN, BESIDE_LANE = "main", "beside"
 
-# Modules of lane beside (paths from the repository's root), besides FIRST and LAST.
+# Modules of lane beside (paths from the repository's root), besides FIRST and LAST: about half the suite's
+# time (docs/development.md, "Where the suite's time goes").
+RING_BOUND = frozenset({"tests/test_scan_timestamps.py", "tests/test_setup.py"})
 BESIDE = frozenset({
     "tests/test_cluster.py", "tests/test_operations.py", "tests/test_upgrades.py", "tests/test_orphans.py",
     "tests/test_orphan_rows.py", "tests/test_ledger_upkeep.py", "tests/test_ledger_paths.py",
-    "tests/test_reconcile_replay.py", "tests/test_clock.py", "tests/test_release.py", "tests/test_report.py",
-    "tests/test_prometheus_live.py",
-})
+    "tests/test_reconcile_replay.py", "tests/test_clock.py", "tests/test_prometheus_live.py",
+}) | RING_BOUND
 # Tests (node ids or their prefixes) that stop a shared server: first in lane beside, alone.
 FIRST = ("tests/test_faults.py::test_cassandra_down_and_a_kafka_restart_lose_nothing",)
-# Tests that reshape a shared server: last in lane beside, once lane main has ended.
+# Tests that reshape a shared server: last in lane beside, after RING_BOUND.
 LAST = ("tests/two_nodes/",)
 
-WAIT_S = 1800.0  # a lane waiting longer than this for the other: the other is stuck, and the test says so
+WAIT_S = 1800.0  # lane main waiting longer than this for FIRST: lane beside is stuck, and the test says so
 
 
 FOLDER_VARIABLE = "PURGER_TESTS_LANES"  # the folder of the run's lane files, for its workers
@@ -121,17 +125,13 @@ class LaneFiles:
             time.sleep(0.5)
 
 
-# The files: FIRST_DONE once lane beside's FIRST tests have ended, MAIN_DONE once lane main has.
-FIRST_DONE, MAIN_DONE = "first-done", "main-done"
+FIRST_DONE = "first-done"  # the file that says lane beside's FIRST tests have ended
 
 
 def collected(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Nothing to wait for when a run has no ``FIRST`` test, or no test in lane main (``-k``, a module alone)."""
-    files = LaneFiles.of(config)
+    """Nothing to wait for when a run has no ``FIRST`` test (``-k``, a module alone)."""
     if not any(is_first(item) for item in items):
-        files.mark(FIRST_DONE)
-    if not any(lane(item) == MAIN for item in items):
-        files.mark(MAIN_DONE)
+        LaneFiles.of(config).mark(FIRST_DONE)
 
 
 _ran: set[str] = set()  # the lane of the tests this worker ran: LaneScheduling gives a worker one
@@ -145,22 +145,16 @@ def before(item: pytest.Item) -> None:
         files.mark(FIRST_DONE)
     if lane(item) == MAIN and reaches_a_server(item):
         files.wait(FIRST_DONE, "the tests that stop a shared server, in lane beside")
-    if is_last(item):
-        files.wait(MAIN_DONE, "lane main's end, before a test that reshapes a shared server")
 
 
 def after(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Say what has ended once ``item`` has."""
-    files = LaneFiles.of(item.config)
     if is_first(item) and (nextitem is None or not is_first(nextitem)):
-        files.mark(FIRST_DONE)
-    if lane(item) == MAIN and nextitem is None:
-        files.mark(MAIN_DONE)
+        LaneFiles.of(item.config).mark(FIRST_DONE)
 
 
 def ended(config: pytest.Config) -> None:
-    """A worker's session ended, its tests run or not (``-x``, a crash's replacement): the other lane waits no
-    longer for this one."""
-    files = LaneFiles.of(config)
-    for name in _ran:
-        files.mark(MAIN_DONE if name == MAIN else FIRST_DONE)
+    """Lane beside's session ended, its tests run or not (``-x``, a crash's replacement): lane main waits no
+    longer for it."""
+    if BESIDE_LANE in _ran:
+        LaneFiles.of(config).mark(FIRST_DONE)
