@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 from hypothesis import given, settings
@@ -207,6 +207,18 @@ def read_of(query, topic: str) -> tuple[int, int]:
     return sum(end for end, _ in read), sum(latest for _, latest in read)
 
 
+def inline_message_at_zero(platform: Platform, prefix: str) -> tuple[str, datetime]:
+    """A message without a blob whose count reached zero now, its events sent; and when."""
+    from tests.support.waits import now
+
+    m = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    platform.enqueue(m, f"p-{m}", size=16)
+    zero_at = now()
+    platform.dequeue(m, 0, at=zero_at)
+    platform.flush()
+    return m, zero_at
+
+
 def test_a_quiet_purger_ticks_when_the_timer_it_registered_comes_due_not_at_its_quiet_interval(spark, config,
                                                                                                 tmp_path):
     """SPEC 10: with ``stream.quiet_clock_interval`` at ten minutes, a message that comes due on a quiet stream is
@@ -218,11 +230,7 @@ def test_a_quiet_purger_ticks_when_the_timer_it_registered_comes_due_not_at_its_
     platform = Platform(own)
     running = start_purger(spark, own)
     try:
-        m = f"quiet-{uuid.uuid4().hex[:8]}"
-        platform.enqueue(m, f"p-{m}", size=16)  # inline: no blob
-        zero_at = now()
-        platform.dequeue(m, 0, at=zero_at)
-        platform.flush()
+        m, zero_at = inline_message_at_zero(platform, "quiet")
         ttl = own.policy_set.policy_of("message").settings.expired_ttl
         wait_for(lambda: platform.row(m) is None, 120, "the message due on a quiet stream")
         lag_s = (now() - zero_at - ttl).total_seconds()
@@ -248,11 +256,7 @@ def test_a_restarted_quiet_purger_ticks_for_the_timer_its_state_held_not_at_its_
     platform = Platform(own)
     saved = tmp_path / "checkpoint" / CLOCK_FILE
     try:
-        m = f"restart-{uuid.uuid4().hex[:8]}"
-        platform.enqueue(m, f"p-{m}", size=16)  # inline: no blob
-        zero_at = now()
-        platform.dequeue(m, 0, at=zero_at)
-        platform.flush()
+        m, zero_at = inline_message_at_zero(platform, "restart")
         running = start_purger(spark, own)
         try:
             wait_for(lambda: saved.exists() and json.loads(saved.read_text())["timers_ms"], 60,
