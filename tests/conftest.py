@@ -93,7 +93,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_finish(session):
     if lanes.active(session.config):
-        lanes.collected(session.config, session.items)
+        lanes.collected(session.items)
 
 
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures: a session's first reaches the servers
@@ -134,7 +134,7 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session):
     if lanes.active(session.config):
-        lanes.ended(session.config)
+        lanes.ended()
     elif (resources := session.config.stash.get(_CONTROLLER_RESOURCES, None)) is not None:
         resources.close()
 

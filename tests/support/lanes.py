@@ -16,7 +16,7 @@ on every machine:
   Lane ``main``'s tests go on beside it: their keyspaces are replicated in data centre 1 and their sessions
   route there.
 
-The lanes meet through files in a folder of the run's own (``LaneFiles``), which the process that runs the
+The lanes meet through a file in a folder of the run's own (``_first_done``), which the process that runs the
 workers makes before they start and removes at the end. Without ``--dist loadgroup`` (a plain ``pytest``,
 ``make faults``) nothing here applies: the suite runs in one process, in its order.
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -71,8 +70,7 @@ def is_last(item: pytest.Item) -> bool:
 
 
 def lane_of(nodeid: str) -> str:
-    module = nodeid.split("::")[0]
-    return BESIDE_LANE if module in BESIDE or nodeid.startswith(FIRST) or nodeid.startswith(LAST) else MAIN
+    return BESIDE_LANE if nodeid.split("::")[0] in BESIDE or nodeid.startswith(FIRST + LAST) else MAIN
 
 
 def lane(item: pytest.Item) -> str:
@@ -104,57 +102,52 @@ class LaneScheduling(LoadScopeScheduling):
         return lane_of(nodeid)
 
 
-@dataclass
-class LaneFiles:
-    """The files through which the lanes of one run meet, in the folder the process that runs them made."""
-
-    folder: Path
-
-    @classmethod
-    def of(cls, config: pytest.Config) -> "LaneFiles":
-        return cls(Path(os.environ[FOLDER_VARIABLE]))
-
-    def mark(self, name: str) -> None:
-        (self.folder / name).touch()
-
-    def wait(self, name: str, what: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not (self.folder / name).exists():
-            if time.monotonic() > deadline:
-                pytest.fail(f"waited {WAIT_S:.0f} s for {what} ({self.folder / name}): is the other lane stuck?")
-            time.sleep(0.5)
+def _first_done() -> Path:
+    """The file that says lane beside's ``FIRST`` tests have ended, in the folder the controller made."""
+    return Path(os.environ[FOLDER_VARIABLE]) / "first-done"
 
 
-FIRST_DONE = "first-done"  # the file that says lane beside's FIRST tests have ended
+def _say_first_done() -> None:
+    _first_done().touch()
 
 
-def collected(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _wait_for_first() -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not _first_done().exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {WAIT_S:.0f} s for lane beside's tests that stop a shared server "
+                        f"({_first_done()}): is that lane stuck?")
+        time.sleep(0.5)
+
+
+def collected(items: list[pytest.Item]) -> None:
     """Nothing to wait for when a run has no ``FIRST`` test (``-k``, a module alone)."""
     if not any(is_first(item) for item in items):
-        LaneFiles.of(config).mark(FIRST_DONE)
+        _say_first_done()
 
 
-_ran: set[str] = set()  # the lane of the tests this worker ran: LaneScheduling gives a worker one
+_ran_beside = False  # whether this worker runs lane beside: LaneScheduling gives a worker one lane
 
 
 def before(item: pytest.Item) -> None:
     """Wait for what must end before ``item`` starts."""
-    _ran.add(lane(item))
-    files = LaneFiles.of(item.config)
-    if lane(item) == BESIDE_LANE and not is_first(item):  # past FIRST, even when a crash cut it short
-        files.mark(FIRST_DONE)
-    if lane(item) == MAIN and reaches_a_server(item):
-        files.wait(FIRST_DONE, "the tests that stop a shared server, in lane beside")
+    global _ran_beside
+    if lane(item) == BESIDE_LANE:
+        _ran_beside = True
+        if not is_first(item):  # past FIRST, even when a crash cut it short
+            _say_first_done()
+    elif reaches_a_server(item):
+        _wait_for_first()
 
 
 def after(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Say what has ended once ``item`` has."""
     if is_first(item) and (nextitem is None or not is_first(nextitem)):
-        LaneFiles.of(item.config).mark(FIRST_DONE)
+        _say_first_done()
 
 
-def ended(config: pytest.Config) -> None:
+def ended() -> None:
     """Lane beside's session ended, its tests run or not (``-x``, a crash's replacement): lane main waits no
     longer for it."""
-    if BESIDE_LANE in _ran:
-        LaneFiles.of(config).mark(FIRST_DONE)
+    if _ran_beside:
+        _say_first_done()
