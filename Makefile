@@ -3,7 +3,7 @@ PYTHON ?= python3
 
 .PHONY: install demo test faults faults-full bench bench-10m stack-up stack-down dist
 
-# promtool (Debian's prometheus package) runs the alert rules' tests, tests/test_alert_rules.py.
+# promtool (Debian's prometheus package) runs the alert rules' tests, tests/purger/test_alert_rules.py.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 APT_INSTALL = DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends
 
@@ -23,11 +23,14 @@ test: install
 
 # The fault suite (RELIABILITY.md), bounded as in CI; faults-full injects every fault in full
 # (tests/support/faults.py, FaultMatrix).
-FAULT_TESTS = tests/test_faults.py tests/two_nodes/test_data_centres.py tests/test_policy_users.py::test_a_user_added_back_while_being_purged_never_loses_a_row tests/test_operations.py::test_the_ledger_holds_one_record_per_deletion_across_forced_retries \
-	tests/test_purge_stream.py::test_a_failing_data_centre_is_retried_until_done \
-	tests/test_sinks.py::test_one_data_centre_failing_does_not_hold_the_others_back \
-	tests/test_reconcile.py::test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing tests/test_reconcile_replay.py \
-	tests/test_cluster.py
+FAULT_TESTS = tests/integration/test_faults.py tests/integration/two_nodes/test_data_centres.py \
+	tests/policies/test_users.py::test_a_user_added_back_while_being_purged_never_loses_a_row \
+	tests/integration/test_operations.py::test_the_ledger_holds_one_record_per_deletion_across_forced_retries \
+	tests/integration/test_purge_stream.py::test_a_failing_data_centre_is_retried_until_done \
+	tests/sinks/test_purge.py::test_one_data_centre_failing_does_not_hold_the_others_back \
+	tests/reconcile/test_run.py::test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing \
+	tests/reconcile/test_reconcile_replay.py \
+	tests/integration/test_cluster.py
 faults: install
 	$(PYTHON) -m pytest -s $(FAULT_TESTS)
 

@@ -6,7 +6,7 @@ row's object a state, hence an eligibility: the row's own verdict, independent o
 stream. A row is fed back to the reconcile topic when the stream's state does not know its
 object, or when that verdict says it has been due for more than ``overdue_after``
 (``purger.reconcile.run``, in the JVM). A scan judges a page of rows at once (``page_verdicts``): on whole columns when
-the policy says how (``Policy.page_verdicts``, held equal to the fold by tests/test_row_events.py),
+the policy says how (``Policy.page_verdicts``, held equal to the fold by tests/reconcile/test_verdict.py),
 else one row at a time.
 
 Example::

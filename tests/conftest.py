@@ -21,7 +21,6 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -30,10 +29,9 @@ from purger.core.settings import PurgerConfig
 
 from purger.config import build_config
 from devstack.stack import LocalStack, prepare
-from tests.support import lanes
 from tests.support.faults import TcpProxy
+from tests.support import ROOT, lanes
 
-ROOT = Path(__file__).resolve().parents[1]
 ENDPOINT_VARIABLES = ("PURGER_KAFKA_BOOTSTRAP", "PURGER_CASSANDRA_HOSTS", "PURGER_S3_ENDPOINT")
 # The session fixtures that start or reach a server or a JVM: a test that requests one of them, however
 # indirectly (a module's fixture on ``config``), is an integration test.
@@ -231,7 +229,7 @@ def config(servers, dc2_proxy, run_id, tmp_path_factory) -> PurgerConfig:
             "ledger": {"path": str(ledger / "records"), "report_path": str(ledger / "daily_report"),
                        "reconcile_path": str(ledger / "reconcile_report")},
             "metrics": {"port": 0},
-            # The keyspace is every test's: a test reconciles a keyspace of its own (tests/test_reconcile.py).
+            # The keyspace is every test's: a test reconciles a keyspace of its own (tests/reconcile/test_run.py).
             # Its tables hold tens of rows: one scan task a core, not the default 16 (each a Python task and a
             # Cassandra session), is plenty; a reconcile in a warm session took 10.3 s with one, 13.1 s with two
             # (docs/development.md). The release before refuses the key: test_upgrades leaves it out.

@@ -24,8 +24,8 @@ from functools import cache
 from pathlib import Path
 
 from purger.submit import product_packages
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ("devstack", "simulation")
 NOT_PRODUCT = ("devstack", "simulation", "bench")
 # Spark and the servers' drivers: none of them is for the pure core.

@@ -1,11 +1,8 @@
 """The lanes' lists (tests/support/lanes.py) name tests that exist: a module renamed or a test moved would
 otherwise fall silently into lane main, or a test that stops a server run beside others."""
 
-from pathlib import Path
-
 from tests.support.lanes import BESIDE, FIRST, LAST
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 
 def test_every_module_test_and_folder_the_lanes_name_exists():

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 import purger
 from purger.cli import app
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("setup", "schema", "run", "replay", "report", "pending", "reconcile")
 
 

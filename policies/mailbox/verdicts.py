@@ -5,7 +5,7 @@ Per row, in columns: the row's last change (``deletes.last_change``), its events
 enqueue at ``created_at``, then at the last change what the row says), their fold (``state.apply``; the
 enqueue's empty counter and date are registers set at ``created_at``, so a change dated before it loses), and
 the earliest rule (``rules.eligibility``; ties go to the rule whose name sorts first). Each rule's start is
-named beside the rule it feeds, in the order of its table. tests/test_row_events.py holds the two ways
+named beside the rule it feeds, in the order of its table. tests/reconcile/test_verdict.py holds the two ways
 equal on generated rows, ties and missing cells included.
 
 Example::

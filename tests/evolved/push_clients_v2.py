@@ -1,6 +1,6 @@
 """``push_clients`` (examples/push_clients) at a later release of its own, whose state gained a field: what a
 policy's author does across an upgrade (docs/operations.md, "Upgrades"), continued from the earlier release's
-checkpoint by ``tests/test_upgrades.py``. Configured as ``module = "push_clients_v2"``."""
+checkpoint by ``tests/integration/test_upgrades.py``. Configured as ``module = "push_clients_v2"``."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ starts a session as the tests do, runs a Delta write and a stateful streaming qu
 ``System.exit`` (JDK 17's ``-XX:ArchiveClassesAtExit``); it is kept under the purger's cache, named after
 what it depends on (the JVM, pyspark and the connector jars), so a change of any makes a new one.
 
-A JVM whose class path does not match the archive's (the release before's, in tests/test_upgrades.py) runs
+A JVM whose class path does not match the archive's (the release before's, in tests/integration/test_upgrades.py) runs
 without it, silently (``-Xlog:cds*=off``).
 
     python -m tests.support.class_archive      # makes the archive if missing, prints its path

@@ -34,16 +34,17 @@ MAIN, BESIDE_LANE = "main", "beside"
 
 # Modules of lane beside (paths from the repository's root), besides FIRST and LAST: about half the suite's
 # time (docs/development.md, "Where the suite's time goes").
-RING_BOUND = frozenset({"tests/test_scan_timestamps.py", "tests/test_setup.py"})
+RING_BOUND = frozenset({"tests/reconcile/test_token_ranges.py", "tests/purger/test_setup.py"})
 BESIDE = frozenset({
-    "tests/test_cluster.py", "tests/test_operations.py", "tests/test_upgrades.py", "tests/test_orphans.py",
-    "tests/test_orphan_rows.py", "tests/test_ledger_upkeep.py", "tests/test_ledger_paths.py",
-    "tests/test_reconcile_replay.py", "tests/test_clock.py", "tests/test_prometheus_live.py",
+    "tests/integration/test_cluster.py", "tests/integration/test_operations.py", "tests/integration/test_upgrades.py",
+    "tests/integration/test_prometheus_live.py", "tests/reconcile/test_orphans.py",
+    "tests/reconcile/test_orphan_rows.py", "tests/reconcile/test_reconcile_replay.py", "tests/sinks/test_ledger_upkeep.py",
+    "tests/sinks/test_ledger_paths.py", "tests/streams/test_clock.py",
 }) | RING_BOUND
 # Tests (node ids or their prefixes) that stop a shared server: first in lane beside, alone.
-FIRST = ("tests/test_faults.py::test_cassandra_down_and_a_kafka_restart_lose_nothing",)
+FIRST = ("tests/integration/test_faults.py::test_cassandra_down_and_a_kafka_restart_lose_nothing",)
 # Tests that reshape a shared server: last in lane beside, after RING_BOUND.
-LAST = ("tests/two_nodes/",)
+LAST = ("tests/integration/two_nodes/",)
 
 WAIT_S = 1800.0  # lane main waiting longer than this for FIRST: lane beside is stuck, and the test says so
 

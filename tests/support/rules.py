@@ -6,11 +6,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "deploy" / "prometheus"
 RULES = RULES_DIR / "purger-rules.yml"
 RULE_TESTS = RULES_DIR / "purger-rules.test.yml"

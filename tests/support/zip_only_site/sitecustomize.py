@@ -1,6 +1,6 @@
 """Run by every Python process started with this folder on its ``PYTHONPATH`` (``site`` imports
-``sitecustomize``): the Python workers of a submitted purger in ``tests/test_cluster.py``, its executors' alone
-(below). The purger is then imported only from a zip on ``sys.path`` (the ``--py-files`` zip Spark puts there),
+``sitecustomize``): the Python workers of a submitted purger in ``tests/integration/test_cluster.py``, its
+executors' alone (below). The purger is then imported only from a zip on ``sys.path`` (the ``--py-files`` zip Spark puts there),
 never from the purger installed in this Python, as on a cluster whose executors have only the zip. Each such
 import's file is appended to ``PURGER_ZIP_ONLY_MARKER``, so the test sees that it happened and where from."""
 

@@ -33,8 +33,7 @@ from tests.support.configs import free_port, own_config, write_config
 from tests.support.faults import reliability
 from tests.support.mailbox import deletable
 from tests.support.waits import wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 
 @pytest.fixture(scope="module")

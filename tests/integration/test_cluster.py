@@ -35,6 +35,7 @@ from simulation.mailbox import Platform
 from devstack.stack import prepare
 from purger.sinks.ledger import Ledger
 from tests.support.configs import free_port, mailbox, toml
+from tests.support import ROOT
 from tests.support.faults import FAULTS
 from tests.support.mailbox import deletable
 from tests.support.waits import ago, wait_for
@@ -160,7 +161,7 @@ def test_a_purge_through_spark_submit_runs_in_the_executors_and_loses_nothing_wh
         # Exactly the line `purger submit-line` prints for this cluster, as a user would copy it.
         # The executors' Python has the purger installed: hidden from their workers (tests/support/zip_only_site),
         # so that they run what the zip holds, as on a cluster that has only the zip.
-        zip_only, imported = Path(__file__).parent / "support" / "zip_only_site", tmp_path / "imported-from"
+        zip_only, imported = ROOT / "tests" / "support" / "zip_only_site", tmp_path / "imported-from"
         printed = CliRunner().invoke(app, [
             "submit-line", "--master", MASTER_URL, "--config", str(config_path), "--workdir",
             str(tmp_path / "submit"), "--executor-memory", EXECUTOR_MEMORY, "--total-cores",

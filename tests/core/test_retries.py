@@ -13,7 +13,7 @@ from purger.core.retries import failed_again
 from purger.core.times import now_ms
 from purger.core.vocabulary import ERROR
 from tests.support.memory import MemoryFailures
-from tests.test_dependents import CANDIDATE, MemoryJournal, Thing, ThingPurge
+from tests.core.test_purge_protocol import CANDIDATE, MemoryJournal, Thing, ThingPurge
 
 RETRY, CAP = 60_000, 3_600_000
 GAP = 2 * CAP + RETRY

@@ -3,8 +3,6 @@ examples are what it prints."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,8 +12,7 @@ from purger.core.sizing import (
     size,
 )
 from purger.output import sizing_lines
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 
 def test_ten_million_a_day_is_docs_sizing_worked_example():

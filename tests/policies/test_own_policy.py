@@ -12,11 +12,12 @@ import threading
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[1] / "examples" / "push_clients"
+from tests.support import ROOT
+
+HERE = ROOT / "examples" / "push_clients"
 sys.path.insert(0, str(HERE))
 # Before the session's JVM starts, if it has not yet (pytest collects every module before the first fixture).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)

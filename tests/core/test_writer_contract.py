@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from itertools import combinations, product
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,8 +15,8 @@ from purger.core.writer_contract import (
     PLAIN_LEVELS, SERIAL_LEVELS, Replication, majority, meets, reach, replication_from_schema, seen,
     seen_from_every_data_centre)
 from purger.setup import replication_lines
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 NTS = "NetworkTopologyStrategy"
 ALWAYS_SEEN_BY_SERIAL = ("QUORUM", "EACH_QUORUM", "ALL", "SERIAL")
 

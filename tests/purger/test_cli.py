@@ -102,7 +102,8 @@ def test_the_runs_last_line_says_whether_it_stopped_cleanly_and_after_which_batc
 
 
 def test_submit_line_prints_the_spark_submit_line_with_what_a_cluster_needs(tmp_path):
-    """What the line ships and sets (the cluster test submits exactly such a line, tests/test_cluster.py)."""
+    """What the line ships and sets (the cluster test, tests/integration/test_cluster.py, submits exactly such a
+    line)."""
     import shlex
     import sys
     import zipfile

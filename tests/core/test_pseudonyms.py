@@ -12,7 +12,6 @@ import sys
 import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -23,9 +22,9 @@ from purger.core.settings import ConfigError, LedgerConfig
 from purger.core.pseudonyms import Pseudonyms
 from purger.core.vocabulary import PURGED, SKIPPED
 from tests.support.configs import write_config
+from tests.support import ROOT
 
 KEY = "k3y-of-the-tests-0123456789abcdef-0123456789"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def pseudonymised(key: str = KEY) -> Pseudonyms:

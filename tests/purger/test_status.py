@@ -144,7 +144,7 @@ def test_the_json_form_has_every_figure_and_null_for_what_was_not_read():
 
 
 def test_the_last_batch_is_read_from_spark_logs_files():
-    """A commit and an offsets file as Spark 4.1 writes them (a checkpoint of tests/test_operations.py)."""
+    """A commit and an offsets file as Spark 4.1 writes them (a checkpoint of tests/integration/test_operations.py)."""
     commit = 'v1\n{"nextBatchWatermarkMs":1795662654298}'
     offsets = ('v1\n{"batchWatermarkMs":1795662648834,"batchTimestampMs":1795662656933,"conf":{"spark.sql.shuffle'
                '.partitions":"2"}}\n{"test.ops.events":{"0":34,"1":31}}\n{"test.ops.control":{"0":62}}')

@@ -18,7 +18,7 @@ none of its jobs.
 
 Example::
 
-    python -m pytest -s tests/test_prometheus_live.py
+    python -m pytest -s tests/integration/test_prometheus_live.py
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer
@@ -39,10 +38,10 @@ from tests.support.mailbox import (
 )
 from tests.support.races import revival_race
 from tests.support.waits import ago, wait_for
+from tests.support import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
 ATTEMPTS = FAULTS.attempts
 
 
@@ -172,8 +171,8 @@ def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, conf
 
 # Every failpoint the kill test can kill at; bounded, two a run of one per step of the purge protocol (a claim, a
 # dependent's delete, the object's own row, the ledger), taken in turn by the seed: two days' runs kill at all four.
-# The others are the same steps of other kinds. The protocol's property tests (tests/test_dependents.py) crash a
-# purge after each of its deletes, whatever its dependents, each run.
+# The others are the same steps of other kinds. The protocol's property tests
+# (tests/core/test_purge_protocol.py) crash a purge after each of its deletes, whatever its dependents, each run.
 FAILPOINTS = ("after_message_delete", "after_payload_dependent_delete", "before_ledger_write", "after_ledger_write",
               "after_user_dependent_delete", "before_unit_of_work_claim", "after_unit_of_work_dependent_delete")
 ONE_PER_STEP = ("before_unit_of_work_claim", "after_payload_dependent_delete", "after_message_delete",

@@ -2,7 +2,7 @@
 attempts of a batch crash, and wherever, and whoever else removes the row, each row the purger deleted has one
 ``purged`` record in the ledger and nothing else has one. Plain Python: sets stand in for the rows and the
 journal, a dict keyed as ``sinks.ledger`` keys records for the ledger (``purger.sinks.journal`` and the ledger
-are tested on the real servers through the policies' crash tests and tests/test_ledger_paths.py)."""
+are tested on the real servers through the policies' crash tests and tests/sinks/test_ledger_paths.py)."""
 
 from __future__ import annotations
 

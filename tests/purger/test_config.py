@@ -1,6 +1,5 @@
 import re
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -8,6 +7,7 @@ from purger.core.settings import ConfigError, parse_duration
 
 from purger.cli import _with_dry_run
 from purger.config import build_config, load_config
+from tests.support import ROOT
 from tests.support.configs import mailbox
 
 
@@ -96,7 +96,7 @@ def test_a_missing_file_is_named(tmp_path):
 
 def test_the_readme_example_is_a_valid_configuration(tmp_path):
     """The TOML block under "Configuration" in the README is the documented one; it must load as is."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "purger.toml"
     path.write_text(example)

@@ -1,6 +1,6 @@
 """Two data centres on a real two-node cluster: node 1 (dc1, 127.0.0.1, the stack's) and node 2 (dc2,
-127.0.0.2, joined once for this package: ``tests/two_nodes/conftest.py``). A keyspace of this module's own is
-replicated to both; the purger talks to dc1, the platform to dc2.
+127.0.0.2, joined once for this package: ``tests/integration/two_nodes/conftest.py``). A keyspace of this
+module's own is replicated to both; the purger talks to dc1, the platform to dc2.
 
 - Revivals written through dc2 race the purger's double-checked deletes through dc1: none lost at the
   default serial consistency (SERIAL). The same race at LOCAL_SERIAL on both sides is measured, not

@@ -19,7 +19,6 @@ from collections import defaultdict, namedtuple
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
 
@@ -29,7 +28,9 @@ from cassandra.marshal import int64_pack
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "push_clients"))
+from tests.support import ROOT
+
+sys.path.insert(0, str(ROOT / "examples" / "push_clients"))
 
 import push_clients_policy  # noqa: E402
 from purger.core import events as core_events, purge_protocol  # noqa: E402

@@ -24,10 +24,10 @@ from purger.cli import app
 from purger.output import sizing_lines
 from tests.support.configs import free_port, write_config
 from tests.support.policies import policy_keyspace
+from tests.support import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
 # The file alone says where the servers are: an endpoint in the environment would override it.
 NO_OVERRIDES = {"PURGER_KAFKA_BOOTSTRAP": None, "PURGER_CASSANDRA_HOSTS": None, "PURGER_S3_ENDPOINT": None}
 

@@ -3,7 +3,7 @@ zip holds every module and data file of the product, pyproject.toml's packages, 
 (as an executor's Python worker does); a Spark application with speculative execution on is refused, by the
 decision on its settings and by `purger run` itself.
 
-The submitted job itself, on a standalone cluster, is tests/test_cluster.py's.
+The submitted job itself, on a standalone cluster, is tests/integration/test_cluster.py's.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pyspark import SparkConf
 from purger.spark import SPECULATION, speculation_refusal
 from purger.submit import package_zip
 from tests.support.configs import write_config
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 
 

@@ -25,8 +25,8 @@ from purger.streams.checkpoint import (
     AVRO, ENCODING_CONF, UNSAFEROW, CheckpointRefused, Field, StoredState, check_continuable, current_fields, drift,
     refusals,
 )
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 # The release a running purger is upgraded from (CHANGELOG.md), by its tag.
 RELEASE = "0.1.0"
 # A policy of one's own (examples/push_clients) and its next release (tests/evolved), found as a user's would be
@@ -131,7 +131,6 @@ def test_the_release_upgraded_from_is_found_by_its_tag_or_by_the_commit_that_set
 
 
 # --- against the servers --------------------------------------------------------------------------------
-
 
 
 def release_commit(version: str) -> str:

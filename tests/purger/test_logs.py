@@ -28,8 +28,8 @@ from purger.sinks.sink import batch_summary
 from tests.support.configs import own_config, write_config
 from tests.support.waits import wait_for
 from tests.support.mailbox import deletable
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 BATCH_LINE = re.compile(
     r"INFO purger\.sinks\.sink: batch (?P<batch>\d+): (?P<candidates>\d+) candidates, (?P<purged>\d+) purged, "
     r"(?:(?P<would_delete>\d+) would be deleted, )?(?:(?P<already_gone>\d+) already gone, )?"

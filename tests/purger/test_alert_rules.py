@@ -8,7 +8,7 @@ installs: without it these tests fail rather than skip. No server, no JVM.
 
 Example::
 
-    python -m pytest tests/test_alert_rules.py
+    python -m pytest tests/purger/test_alert_rules.py
     cd deploy/prometheus && promtool test rules purger-rules.test.yml
 """
 
