@@ -208,14 +208,15 @@ def read_to(query: StreamingQuery, ends: dict[tuple[str, int], int], timeout_s: 
         if first is None and query.recentProgress:
             first = json.loads(query.recentProgress[0].json)
         last = json.loads(query.lastProgress.json) if query.lastProgress else None
-        if first is not None and last is not None and _reached(last, ends):
+        if first is not None and last is not None and has_read(last, ends):
             return (epoch_s(last["timestamp"]) + last["durationMs"].get("triggerExecution", 0) / 1000
                     - epoch_s(first["timestamp"]))
         time.sleep(0.5)
     raise TimeoutError(f"the query did not read up to {ends} in {timeout_s} s")
 
 
-def _reached(progress: dict, ends: dict[tuple[str, int], int]) -> bool:
+def has_read(progress: dict, ends: dict[tuple[str, int], int]) -> bool:
+    """Whether the batch of ``progress`` had read up to ``ends`` on every partition."""
     read: dict[tuple[str, int], int] = {}
     for source in progress.get("sources", []):
         for topic, offsets in (source.get("endOffset") or {}).items():
