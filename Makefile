@@ -47,6 +47,7 @@ bench: install
 	$(PYTHON) -m bench.ledger --rows 200 --commits 25 --rounds 10
 	$(PYTHON) -m bench.batch --rate 20 --seconds 60
 	$(PYTHON) -m bench.reconcile --messages 1000000
+	$(PYTHON) -m bench.backlog
 
 bench-10m: install
 	$(PYTHON) -m bench.state_scale --objects 10000000
