@@ -17,6 +17,8 @@ import random
 from dataclasses import fields, replace
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.serializers import CPickleSerializer
 from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
@@ -184,8 +186,10 @@ def test_an_object_with_nothing_due_is_forgotten_forget_after_its_last_event_and
     harness = Harness()
     assert harness.feed(MESSAGE, [routed(enqueue(100))], watermark_ms=1_000) == []  # live: nothing due
     assert harness.timers(MESSAGE) == {1_000 + FORGET_AFTER_MS}
-    # Each event puts it off; the one timer moves.
+    # Each event puts it off; its timer stands (no delete and register per event), fires early and moves then.
     assert harness.feed(MESSAGE, [routed(Event("cnt", "dequeue", 200, "m1", extract_count=2))], watermark_ms=5_000) == []
+    assert harness.timers(MESSAGE) == {1_000 + FORGET_AFTER_MS}
+    assert harness.advance(1_000 + FORGET_AFTER_MS) == [] and harness.stored(MESSAGE) is not None
     assert harness.timers(MESSAGE) == {5_000 + FORGET_AFTER_MS}
     assert harness.advance(5_000 + FORGET_AFTER_MS - 1) == []
     [forgotten] = harness.advance(5_000 + FORGET_AFTER_MS)
@@ -194,6 +198,34 @@ def test_an_object_with_nothing_due_is_forgotten_forget_after_its_last_event_and
     # A later event finds no state: the object is rebuilt from it, and what it makes due is a candidate as ever.
     out = harness.feed(MESSAGE, [routed(delete(300))], watermark_ms=6_000 + FORGET_AFTER_MS)
     assert candidates(out) == [("message", "m1", "deleted", 300 + DELETED_TTL_MS)]
+
+
+FAR_MS = 10**12  # a date no watermark here reaches
+
+
+@given(st.lists(st.tuples(st.integers(0, 3 * FORGET_AFTER_MS), st.integers(0, 3 * FORGET_AFTER_MS), st.booleans()),
+                min_size=1, max_size=8))
+@settings(max_examples=300, deadline=None)
+def test_a_live_object_is_forgotten_at_the_first_advance_forget_after_its_last_event(steps):
+    """Against a reference: however a live object's events and the watermark's advances interleave, and whether
+    an event gives it a deadline far ahead (an extract-until date) or takes it away, it is forgotten and counted
+    at the first advance of the watermark to ``forget_after`` past the watermark of the last event that left it
+    with nothing due, never before, and kept with one timer until then. (A timer registered earlier is left
+    standing as events put the forgetting off, and fires early; one registered later is not.)"""
+    harness = Harness()
+    watermark = 0
+    for number, (gap, advance, far) in enumerate(steps):
+        watermark += gap
+        until = Event(f"e{number}", "extract_until", watermark + number + 1, "m1",
+                      extract_until_ms=FAR_MS if far else None)
+        harness.feed(MESSAGE, [routed(enqueue(0)), routed(until)], watermark_ms=watermark)
+        forget_at = None if far else watermark + FORGET_AFTER_MS
+        watermark += advance
+        out = harness.advance(watermark)
+        forgotten = forget_at is not None and watermark >= forget_at
+        assert [(r.kind, r.id, r.rule) for r in out] == ([("message", "m1", FORGOTTEN)] if forgotten else [])
+        assert (harness.stored(MESSAGE) is None) == forgotten
+        assert len(harness.timers(MESSAGE)) == (0 if forgotten else 1)
 
 
 def test_an_object_that_was_a_candidate_is_forgotten_after_its_linger_uncounted():
