@@ -14,6 +14,16 @@ ways of appending in turn, so all are measured in the same run under the same lo
 The baseline is a plain Parquet append of the same rows.
 
     python -m bench.ledger --rows 200 --commits 25 --rounds 10
+
+``--day`` measures the ledger at a day's volume (SPEC 10.2) instead: a batch's append (``--rows`` outcomes, the
+sink's first attempt), a retried batch's ``MERGE`` (half its records already there) and the daily report's
+refresh after each, ``--rounds`` times, first once the ledger holds today's first 100 batches, then once it
+holds the whole day's (``--day-batches`` batches of ``--rows``, 43,200 at the 2 s trigger). The day is written
+in fewer, larger commits (``--bulk-rows`` records each, through the same ``Ledger.append``); the live data
+files of today's partition are counted before and after the upkeep's compaction. The target: each at the
+day's end within 1.2x of itself at 100 batches.
+
+    python -m bench.ledger --day --rows 500 --rounds 5
 """
 
 from __future__ import annotations
@@ -21,10 +31,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from datetime import date, timedelta
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from bench.common import BenchRun
 from purger.core.settings import LedgerConfig
-from purger.sinks.ledger import Ledger
+from purger.sinks.ledger import Ledger, Report
 from purger.sinks.purge import OUTCOME_SCHEMA
 
 SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
@@ -38,7 +52,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200)
     parser.add_argument("--commits", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--day", action="store_true", help="the ledger at a day's volume (SPEC 10.2)")
+    parser.add_argument("--day-batches", type=int, default=43_200, help="with --day: a day's batches")
+    parser.add_argument("--bulk-rows", type=int, default=100_000, help="with --day: records a commit of the day")
     args = parser.parse_args()
+    if args.day:
+        day(args)
+        return
 
     run = BenchRun.start("ledger")
     spark = run.spark()
@@ -96,6 +116,91 @@ def main() -> None:
     for name, seconds in timings.items():
         run.record(f"ledger append, {name}, median", statistics.median(seconds), "s",
                    baseline=("plain Parquet append", parquet), **details)
+    spark.stop()
+
+
+def outcomes_of(spark: SparkSession, prefix: str, rows: int, at_ms: int) -> DataFrame:
+    """``rows`` purged messages decided at ``at_ms``, their ids starting with ``prefix``, as the sink's batch
+    hands them to the ledger (``OUTCOME_SCHEMA``)."""
+    return spark.range(rows).select(
+        F.lit("mailbox").alias("policy"), F.lit("message").alias("kind"),
+        F.concat(F.lit(prefix), F.col("id").cast("string")).alias("id"), F.lit("expired_by_counter").alias("rule"),
+        F.lit(None).cast("string").alias("dc"), F.lit("purged").alias("status"),
+        F.lit(None).cast("string").alias("reason"), F.lit(at_ms - 5000).alias("eligible_at_ms"),
+        F.lit(at_ms).alias("decided_at_ms"), F.lit(at_ms).alias("deleted_at_ms"),
+        F.lit(0).cast("long").alias("batch_id"),
+        F.lit("bench:1").alias("worker"), F.lit(None).cast("string").alias("intent"))
+
+
+def day(args: argparse.Namespace) -> None:
+    """The ledger's write path and report at 100 batches and at a day's (``--day``)."""
+    run = BenchRun.start("ledger")
+    spark = run.spark()
+    ledger = Ledger(spark, run.config.ledger)
+    report = Report(spark, run.config.ledger, run.config.policy_set)
+    ledger.create()
+    batch = 0
+
+    def now_ms() -> int:
+        return int(time.time() * 1000)
+
+    def append_batches(count: int) -> None:
+        nonlocal batch
+        for _ in range(count):
+            ledger.append(outcomes_of(spark, f"b{batch}-", args.rows, now_ms()), run.run, batch, may_hold=False)
+            batch += 1
+
+    def measure() -> dict[str, float]:
+        """Median seconds of a batch's append, a retried batch's merge and a refresh after each."""
+        nonlocal batch
+        timings: dict[str, list[float]] = {"append": [], "merge": [], "refresh": []}
+        report.refresh()
+        for _ in range(args.rounds):
+            for step, may_hold in (("append", False), ("merge", True)):
+                at = now_ms()
+                if may_hold:  # a retry: the first half of its records written by the attempt before it
+                    ledger.append(outcomes_of(spark, f"b{batch}-", args.rows // 2, at), run.run, batch,
+                                  may_hold=False)
+                started = time.perf_counter()
+                ledger.append(outcomes_of(spark, f"b{batch}-", args.rows, at), run.run, batch, may_hold=may_hold,
+                              began_ms=at)
+                timings[step].append(time.perf_counter() - started)
+                started = time.perf_counter()
+                report.refresh()
+                timings["refresh"].append(time.perf_counter() - started)
+                batch += 1
+        return {step: statistics.median(seconds) for step, seconds in timings.items()}
+
+    def live_files() -> int:
+        return spark.sql(f"DESCRIBE DETAIL delta.`{ledger.path}`").first()["numFiles"]
+
+    append_batches(100)
+    early = measure()
+    files_early = live_files()
+    written = batch * args.rows
+    day_rows = args.day_batches * args.rows
+    started = time.perf_counter()
+    while written < day_rows:
+        rows = min(args.bulk_rows, day_rows - written)
+        ledger.append(outcomes_of(spark, f"b{batch}-", rows, now_ms()), run.run, batch, may_hold=False)
+        written, batch = written + rows, batch + 1
+        print(f"day: {written:,} of {day_rows:,} records", flush=True)
+    bulk_s = time.perf_counter() - started
+    files_day = live_files()
+    late = measure()
+    ledger.upkeep(date.today() + timedelta(days=1))  # as the next day's upkeep compacts this one
+    files_compacted = live_files()
+    records = ledger.records().count()
+    details = {"rows": args.rows, "rounds": args.rounds, "day_batches": args.day_batches, "bulk_rows": args.bulk_rows,
+               "records": records, "bulk_s": round(bulk_s, 1)}
+    names = {"append": "a batch's append", "merge": "a retried batch's merge", "refresh": "the report's refresh"}
+    for step, name in names.items():
+        run.record(f"ledger at a day's volume: {name}, median", late[step], "s",
+                   baseline=("at 100 batches", early[step]), target="<= 1.2x", **details)
+    run.record("ledger at a day's volume: live data files", files_day, "files",
+               baseline=("at 100 batches", files_early), **details)
+    run.record("ledger at a day's volume: live data files after the upkeep's compaction", files_compacted, "files",
+               **details)
     spark.stop()
 
 

@@ -24,6 +24,16 @@ ledger record per deletion. The growth of each measure per hour after the
 first ``--warm`` is fitted and recorded; the samples go to the run's directory
 and ``bench/soak.png``.
 
+``--month`` is a month of running compressed into hours: the retention
+periods are seconds (as in every soak) and ``stream.forget_after`` is
+``--forget-after`` (10 minutes for 30 days), so the state holds every object's
+whole life within the first half hour and is dropped as it would be. Each
+sample also records the driver's heap after its last collection and its
+threads, the ledger's data files, bytes and log, the daily report's refresh
+seconds and the journal's rows; the run passes where every one of
+``MONTH_GAUGES`` has a slope over the second half under 2% of its mean an
+hour (``python -m bench.soak --month --hours 2 --sample 120 --warm 900``).
+
 ``--malloc-arena-max N`` runs the driver's JVM with ``MALLOC_ARENA_MAX=N``;
 ``--jemalloc`` runs it on jemalloc instead of glibc's malloc, with jemalloc's
 heap profiler sampling its allocations (dumps in the run's directory, to read
@@ -35,6 +45,7 @@ use each sample records as RocksDB reports it.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
 import re
@@ -45,17 +56,20 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 from pyspark.sql import functions as F
 
-from bench.common import BenchRun, epoch_s
-from purger.core.settings import StreamConfig
+from bench.common import BenchRun, epoch_s, job_kind, spark_jobs
+from purger.connectors import cassandra_session
+from purger.core.settings import StreamConfig, parse_duration
 from purger.running import start_purger
 from purger.sinks.ledger import Ledger
 from simulation.mailbox import Platform
+from purger.policies.rule_events import COMPLETE
 from simulation.policy_objects import SETTINGS, PolicyObject, PolicyObjects
 from simulation.workload import Workload, is_purged, play_all
 
@@ -93,6 +107,14 @@ class Sample:
     worker_rss_mb: dict[str, float] = field(default_factory=dict)  # pid -> MiB
     # The JVM's account by its own categories (Class, Thread, Code, GC, Compiler, Internal, Symbol, ...), MiB.
     driver_nmt_mb: dict[str, float] = field(default_factory=dict)
+    # Sampled since --month (0 in the samples of runs before it).
+    driver_heap_after_gc_mb: float = 0.0  # the heap's pools as the last collection of each left them
+    driver_threads: int = 0
+    ledger_files: int = 0  # the records' data files (Parquet), every version VACUUM has not removed
+    ledger_mb: float = 0.0
+    ledger_log_mb: float = 0.0  # the Delta log: commits, checkpoints, the change feed's files
+    report_refresh_s: float = 0.0  # the daily report's jobs in the window, per refresh interval
+    journal_rows: int = 0
 
     @property
     def driver_outside_nmt_mb(self) -> float:
@@ -110,6 +132,12 @@ GROWTH = ("driver_rss_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb", "
           "driver_jvm_malloc_mb", "driver_libraries_malloc_mb", "driver_fds", "driver_sockets",
           "worker_rss_mb_max", "worker_rss_mb_total", "worker_fds_max", "worker_sockets_max", "state_rows",
           "state_memory_mb", "checkpoint_mb", "batch_p99_s", "lag_p99_s")
+# Every gauge the month's pass reads: each one's slope over the run's second half under 2% of its mean an hour.
+MONTH_GAUGES = ("driver_rss_mb", "driver_heap_after_gc_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb",
+                "driver_threads", "driver_fds", "worker_rss_mb_max", "worker_rss_mb_total", "worker_fds_max",
+                "state_rows", "state_memory_mb", "checkpoint_mb", "ledger_files", "ledger_mb", "ledger_log_mb",
+                "report_refresh_s", "journal_rows", "batch_p50_s", "batch_p99_s", "lag_p99_s")
+MONTH_SLOPE = 0.02  # of the gauge's mean, an hour
 # From jemalloc's heap profile (``ProfiledMalloc``).
 PROFILED = ("rocksdb_mb", "rocksdb_statistics_mb", "jvm_mb", "other_mb")
 
@@ -137,6 +165,43 @@ def descendants(root: int) -> dict[int, str]:
         found[pid] = names.get(pid, "?")
         stack.extend(children.get(pid, []))
     return found
+
+
+def threads_of(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(l.split()[1]) for l in status.splitlines() if l.startswith("Threads:")), 0)
+
+
+def heap_after_gc_mb(spark: Any) -> float:
+    """The driver's heap as the last collection of each of its pools left it (``MemoryPoolMXBean``), MiB: what
+    the heap holds, without what is garbage yet uncollected."""
+    management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    used = 0
+    for pool in management.getMemoryPoolMXBeans():
+        after = pool.getCollectionUsage()
+        if pool.getType().toString() == "Heap memory" and after is not None:
+            used += after.getUsed()
+    return used / 2**20
+
+
+def ledger_on_disk(records_path: str) -> tuple[int, float, float]:
+    """The ledger's data files, their MiB, and its log's MiB (``_delta_log``)."""
+    files, data_bytes, log_bytes = 0, 0, 0
+    for root, _, names in os.walk(records_path):
+        in_log = "_delta_log" in Path(root).parts
+        for name in names:
+            try:
+                size = os.path.getsize(os.path.join(root, name))
+            except OSError:
+                continue
+            if in_log:
+                log_bytes += size
+            elif name.endswith(".parquet"):
+                files, data_bytes = files + 1, data_bytes + size
+    return files, data_bytes / 2**20, log_bytes / 2**20
 
 
 def process_use(pid: int) -> tuple[float, int, int]:
@@ -260,8 +325,12 @@ def directory_mb(path: str) -> float:
 class Sampler:
     """Every ``every_s``, one ``Sample`` of the purger's processes, state, checkpoint, batches and lag."""
 
-    def __init__(self, run: BenchRun, running: Any, ledger: Ledger, started: float, every_s: float) -> None:
-        self.run, self.running, self.ledger, self.started, self.every_s = run, running, ledger, started, every_s
+    def __init__(self, run: BenchRun, spark: Any, running: Any, ledger: Ledger, started: float, every_s: float) -> None:
+        self.run, self.spark, self.running, self.ledger = run, spark, running, ledger
+        self.started, self.every_s = started, every_s
+        cassandra = run.config.cassandra
+        self.cassandra = cassandra_session(cassandra, cassandra.keyspace)
+        self.journal_count = f"SELECT COUNT(*) FROM {cassandra.keyspace}.{cassandra.journal_table}"
         self.samples: list[Sample] = []
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="soak-sampler", daemon=True)
@@ -274,6 +343,7 @@ class Sampler:
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join()
+        self.cassandra.shutdown()
 
     def _loop(self) -> None:
         window_start = time.time()
@@ -303,6 +373,11 @@ class Sampler:
                 .where((F.col("status") == "purged") & F.col("dc").isNull() & F.col("kind").isin("message", "payload")
                        & (F.col("deleted_at").cast("double") >= window_start)
                        & (F.col("deleted_at").cast("double") < window_end)).select("lag_s").collect()]
+        ledger_files, ledger_mb, ledger_log_mb = ledger_on_disk(self.run.config.ledger.path)
+        refreshes = max(1.0, (window_end - window_start) / self.run.config.ledger.report_interval.total_seconds())
+        report_s = sum((job["end_ms"] - job["start_ms"]) / 1000 for job in spark_jobs(self.spark, window_start * 1000)
+                       if job_kind(job["description"]) == "daily report" and job["end_ms"] < window_end * 1000)
+        journal_rows = self.cassandra.execute(self.journal_count, timeout=120).one()[0]
         return Sample(
             at_s=round(window_end - self.started, 1), driver_rss_mb=round(driver_rss, 1),
             driver_nmt_committed_mb=round(jvm_memory.committed, 1),
@@ -322,26 +397,40 @@ class Sampler:
             lag_p99_s=round(float(np.percentile(lags, 99)), 2) if lags else 0.0, deletions=len(lags),
             worker_rss_mb={str(pid): round(w[0], 1) for pid, w in workers.items()},
             driver_nmt_mb=jvm_memory.by_category,
+            driver_heap_after_gc_mb=round(heap_after_gc_mb(self.spark), 1), driver_threads=threads_of(jvm),
+            ledger_files=ledger_files, ledger_mb=round(ledger_mb, 1), ledger_log_mb=round(ledger_log_mb, 1),
+            report_refresh_s=round(report_s / refreshes, 2), journal_rows=journal_rows,
         )
 
 
 class SoakPlatform:
-    """The platform's writers: the mailbox workload, the other policies' objects, bad records."""
+    """The platform's writers: the mailbox workload, the other policies' objects, bad records.
 
-    def __init__(self, run: BenchRun, rate: float, seconds: float, objects_every_s: float, bad_share: float) -> None:
+    With ``life_s`` (``--month``) nothing stays live for ever: ``life_s`` after it was written, each message the
+    workload leaves live is deleted by its user, each kept rule event completes and each kept user leaves its
+    last data centre, so that each becomes due; ``ended`` says when. (No unit of work is kept: the
+    policy's retention is counted in days, longer than any run.)"""
+
+    def __init__(self, run: BenchRun, rate: float, seconds: float, objects_every_s: float, bad_share: float,
+                 life_s: float | None = None) -> None:
         self.run, self.rate, self.seconds = run, rate, seconds
-        self.objects_every_s, self.bad_share = objects_every_s, bad_share
+        self.objects_every_s, self.bad_share, self.life_s = objects_every_s, bad_share, life_s
         self.mailbox = Platform(run.config)
         self.objects = PolicyObjects(run.config)
         self.plans: dict[str, tuple[str, str]] = {}  # message -> (payload, scenario)
         self.written: list[PolicyObject] = []
+        self.ended: dict[tuple[str, str], float] = {}  # (kind, id) -> when the platform ended a live object
         self.bad = 0
         self._lock = threading.Lock()
+        self._ends: list[tuple[float, int, tuple[str, str], Callable[[], Any]]] = []  # a heap, by when
+        self._ends_added = threading.Condition(self._lock)
 
     def play(self) -> None:
         done = threading.Event()
         others = threading.Thread(target=self._others, args=(done,), name="soak-objects", daemon=True)
+        ender = threading.Thread(target=self._end_lives, args=(done,), name="soak-ends", daemon=True)
         others.start()
+        ender.start()
         try:
             messages = int(self.rate * self.seconds)
             play_all(self.mailbox, Workload(late_share=0.05, duplicate_share=0.05).plans(self.run.run, messages),
@@ -349,6 +438,9 @@ class SoakPlatform:
         finally:
             done.set()
             others.join()
+            with self._lock:
+                self._ends_added.notify()
+            ender.join()
             self.mailbox.flush()
             self.objects.flush()
 
@@ -359,12 +451,45 @@ class SoakPlatform:
             if every and len(self.plans) % every == 0:
                 self.mailbox.send([(plan.message.encode(), BAD_RECORDS[self.bad % len(BAD_RECORDS)])])
                 self.bad += 1
+        if not is_purged(plan.scenario):
+            self._end_later(("message", plan.message), partial(self.mailbox.delete, plan.message))
 
     def _others(self, done: threading.Event) -> None:
         batch = 0
         while not done.wait(self.objects_every_s):
-            self.written.extend(self.objects.write(f"{self.run.run}-{batch}"))
+            written = self.objects.write(f"{self.run.run}-{batch}", kept_unit=self.life_s is None)
+            self.written.extend(written)
+            for o in written:
+                if not o.eligible and o.kind == "rule_event":
+                    self._end_later((o.kind, o.id), partial(self.objects.rule_events.set_status, o.id, COMPLETE))
+                elif not o.eligible and o.kind == "user":
+                    self._end_later((o.kind, o.id), partial(self.objects.users.remove_user, o.id, "dc2"))
             batch += 1
+
+    def _end_later(self, key: tuple[str, str], end: Callable[[], Any]) -> None:
+        if self.life_s is None:
+            return
+        with self._lock:
+            heapq.heappush(self._ends, (time.time() + self.life_s, len(self.ended) + len(self._ends), key, end))
+            self._ends_added.notify()
+
+    def _end_lives(self, done: threading.Event) -> None:
+        """End each live object at its time, until the play is done and nothing is left to end."""
+        while True:
+            with self._lock:
+                while not self._ends and not done.is_set():
+                    self._ends_added.wait()
+                if not self._ends:
+                    return
+                at, _, key, end = self._ends[0]
+                if at > time.time():
+                    self._ends_added.wait(at - time.time())
+                    continue
+                heapq.heappop(self._ends)
+            ending = time.time()  # before the change: a deletion before it was of a live object
+            end()
+            with self._lock:
+                self.ended[key] = ending
 
     def close(self) -> None:
         self.mailbox.close()
@@ -372,20 +497,26 @@ class SoakPlatform:
 
 
 def end_state(platform: SoakPlatform, ledger: Ledger) -> dict[str, Any]:
-    """Due objects left, live ones deleted, deletions missing from the ledger or recorded twice."""
-    mailbox = platform.mailbox
-    due = [m for m, (_, scenario) in platform.plans.items() if is_purged(scenario)]
-    live = [(m, p) for m, (p, scenario) in platform.plans.items() if not is_purged(scenario)]
-    records = Counter((r["kind"], r["id"], r["dc"]) for r in ledger.records().where(F.col("status") == "purged")
-                      .select("kind", "id", "dc").collect())
+    """Due objects left, live ones deleted, deletions missing from the ledger or recorded twice. An object the
+    platform ended (``--month``) is due, and was deleted while live if the ledger's deletion is before its end."""
+    mailbox, ended = platform.mailbox, platform.ended
+    due = [m for m, (_, scenario) in platform.plans.items() if is_purged(scenario) or ("message", m) in ended]
+    live = [m for m, (_, scenario) in platform.plans.items() if not is_purged(scenario) and ("message", m) not in ended]
+    rows = ledger.records().where(F.col("status") == "purged").select(
+        "kind", "id", "dc", F.col("deleted_at").cast("double").alias("deleted_s")).collect()
+    records = Counter((r["kind"], r["id"], r["dc"]) for r in rows)
+    deleted_s = {(r["kind"], r["id"]): r["deleted_s"] for r in rows if r["dc"] is None}
+    objects_due = [o for o in platform.written if o.eligible or (o.kind, o.id) in ended]
     return {
         "due_messages": len(due), "live_messages": len(live), "other_objects": len(platform.written),
+        "ended_by_the_platform": len(ended),
         "due_left": sum(mailbox.row(m) is not None for m in due)
-        + sum(o.eligible and not platform.objects.gone(o) for o in platform.written),
-        "live_deleted": sum(mailbox.row(m) is None for m, _ in live)
-        + sum(not o.eligible and not platform.objects.intact(o) for o in platform.written),
+        + sum(not platform.objects.gone(o) for o in objects_due),
+        "live_deleted": sum(mailbox.row(m) is None for m in live)
+        + sum(not platform.objects.intact(o) for o in platform.written if o not in objects_due)
+        + sum(deleted_s.get(key, at) < at for key, at in ended.items()),
         "ledger_missing": sum(("message", m, None) not in records for m in due)
-        + sum((o.kind, o.id, None) not in records for o in platform.written if o.eligible),
+        + sum((o.kind, o.id, None) not in records for o in objects_due),
         "ledger_doubled": sum(n > 1 for n in records.values()),
         "bad_records": platform.bad,
     }
@@ -413,6 +544,11 @@ def main() -> None:
     parser.add_argument("--malloc-arena-max", type=int)
     parser.add_argument("--jemalloc", action="store_true", help="the driver's JVM on jemalloc, its heap profiled")
     parser.add_argument("--state-memory-mb", type=int, help="RocksDB's pool (stream.state_memory_mb)")
+    parser.add_argument("--month", action="store_true",
+                        help="every period in minutes, state that never fires forgotten (--forget-after): each "
+                             "gauge's slope over the second half held under 2%% of its mean an hour")
+    parser.add_argument("--forget-after", default="10m", help="stream.forget_after with --month")
+    parser.add_argument("--life", default="5m", help="with --month, how long an object the workload keeps lives")
     parser.add_argument("--plot-from", type=Path, metavar="RUN_DIR",
                         help="no run: plot a finished run's samples (and read its heap profile) again")
     args = parser.parse_args()
@@ -429,7 +565,8 @@ def main() -> None:
     tag = uuid.uuid4().hex[:6]
     run = BenchRun.start(
         "soak", cassandra={"keyspace": f"bench_soak_{tag}"},
-        stream={"state_memory_mb": args.state_memory_mb} if args.state_memory_mb else {},
+        stream={**({"state_memory_mb": args.state_memory_mb} if args.state_memory_mb else {}),
+                **({"forget_after": args.forget_after} if args.month else {})},
         reconcile={"interval": args.reconcile_every},
         policies={"mailbox": {"expired_ttl": "20s", "incomplete_ttl": "20s", "deleted_ttl": "0s",
                               "payload_grace": "5s"}, **SETTINGS,
@@ -452,14 +589,15 @@ def main() -> None:
     ledger = Ledger(spark, config.ledger)
     started = time.time()
     (run.work / "started").write_text(str(started))
-    sampler = Sampler(run, running, ledger, started, args.sample).start()
-    platform = SoakPlatform(run, args.rate, args.hours * 3600, args.objects_every, args.bad_share)
+    sampler = Sampler(run, spark, running, ledger, started, args.sample).start()
+    life_s = parse_duration(args.life).total_seconds() if args.month else None
+    platform = SoakPlatform(run, args.rate, args.hours * 3600, args.objects_every, args.bad_share, life_s)
     try:
         platform.play()
         played_s = time.time() - started
         print(f"platform stopped after {played_s:.0f} s: {len(platform.plans)} messages, "
               f"{len(platform.written)} other objects, {platform.bad} bad records", flush=True)
-        deadline = time.monotonic() + 900
+        deadline = time.monotonic() + 900  # the ends of --month's last lives are within the play
         while time.monotonic() < deadline:
             state = end_state(platform, ledger)
             if state["due_left"] == 0:
@@ -475,13 +613,37 @@ def main() -> None:
     (run.work / "samples.jsonl").write_text("".join(json.dumps(asdict(s)) + "\n" for s in samples))
     print(f"end state: {state}", flush=True)
     settings = {"hours": args.hours, "rate": args.rate, "malloc_arena_max": args.malloc_arena_max,
-                "jemalloc": args.jemalloc, "state_memory_mb": config.stream.state_memory_mb}
+                "jemalloc": args.jemalloc, "state_memory_mb": config.stream.state_memory_mb,
+                **({"month": True, "life": args.life, "forget_after": args.forget_after} if args.month else {})}
     run.record("soak: due objects left, live ones deleted, ledger records missing or doubled",
                state["due_left"] + state["live_deleted"] + state["ledger_missing"] + state["ledger_doubled"],
                "objects", target="0", end_state=state, **settings)
     for name, (slope, first) in conclude(args, samples, started, run.work, config.stream.state_memory_mb).items():
         run.record(f"soak: {name} growth per hour after {args.warm:.0f} s", slope, "per hour",
                    baseline=(f"{name} at {args.warm:.0f} s", first), **settings)
+    if args.month:
+        # The platform's second half of writing (not the drain after it, when nothing new comes).
+        second_half = [s for s in samples if args.hours * 3600 / 2 <= s.at_s <= args.hours * 3600]
+        verdicts = month_verdicts(second_half)
+        for name, (slope, mean) in verdicts.items():
+            run.record(f"month: {name}, slope over the second half", slope, "per hour",
+                       baseline=(f"{name}, mean over the second half", mean), target=f"< {MONTH_SLOPE:.0%} of the mean",
+                       **settings)
+        failed = [name for name, (slope, mean) in verdicts.items() if not holds_level(slope, mean)]
+        print(f"month: {len(verdicts) - len(failed)} of {len(verdicts)} gauges level over the second half"
+              + (f"; growing: {', '.join(failed)}" if failed else ""), flush=True)
+
+
+def holds_level(slope: float, mean: float) -> bool:
+    """A gauge's slope an hour under ``MONTH_SLOPE`` of its mean (a gauge at 0 throughout holds)."""
+    return abs(slope) <= MONTH_SLOPE * abs(mean) if mean else slope == 0
+
+
+def month_verdicts(samples: list[Sample]) -> dict[str, tuple[float, float]]:
+    """Each of ``MONTH_GAUGES``: its least-squares slope an hour over ``samples`` and its mean."""
+    slopes = growth_per_hour(samples, MONTH_GAUGES)
+    return {name: (slope, round(float(np.mean([getattr(s, name) for s in samples])), 2))
+            for name, slope in slopes.items()}
 
 
 def conclude(args: argparse.Namespace, samples: list[Sample], started: float, work: Path, pool_mb: int,
@@ -523,9 +685,10 @@ def plot(samples: list[Sample], profile: list[ProfiledMalloc], warm_s: float, ho
     def series(name: str) -> np.ndarray:
         return np.array([getattr(s, name) for s in samples], dtype=float)
 
-    figure, axes = plt.subplots(6, 1, sharex=True, figsize=(9, 15))
-    memory, native, descriptors, state, batches, lag = axes
+    figure, axes = plt.subplots(7, 1, sharex=True, figsize=(9, 17.5))
+    memory, native, descriptors, state, ledger, batches, lag = axes
     for name, label in (("driver_rss_mb", "driver JVM, resident"), ("driver_nmt_committed_mb", "driver JVM, its own account"),
+                        ("driver_heap_after_gc_mb", "driver JVM, heap after the last collection"),
                         ("worker_rss_mb_total", "Python workers, resident, together")):
         memory.plot(minutes, series(name), label=label)
     memory.set_ylabel("MiB")
@@ -545,14 +708,24 @@ def plot(samples: list[Sample], profile: list[ProfiledMalloc], warm_s: float, ho
                      + ": sampled every few minutes")
     for name, label in (("driver_fds", "driver JVM, open files"), ("driver_sockets", "driver JVM, sockets"),
                         ("worker_fds_max", "a Python worker, open files (max)"),
-                        ("worker_sockets_max", "a Python worker, sockets (max)")):
+                        ("worker_sockets_max", "a Python worker, sockets (max)"),
+                        ("driver_threads", "driver JVM, threads")):
         descriptors.plot(minutes, series(name), label=label)
     descriptors.set_ylabel("descriptors")
-    state.plot(minutes, series("state_rows"), label="state rows")
-    state.set_ylabel("rows")
-    checkpoint = state.twinx()
-    checkpoint.plot(minutes, series("checkpoint_mb"), color="tab:orange", label="checkpoint on disk (MiB)")
-    checkpoint.set_ylabel("MiB")
+
+    def two_scales(axis: Any, left: tuple[tuple[str, str], ...], left_unit: str, right: tuple[str, str],
+                   right_unit: str) -> None:
+        for name, label in left:
+            axis.plot(minutes, series(name), label=label)
+        axis.set_ylabel(left_unit)
+        other = axis.twinx()
+        other.plot(minutes, series(right[0]), color="tab:red", label=right[1])
+        other.set_ylabel(right_unit)
+
+    two_scales(state, (("state_rows", "state rows"),), "rows", ("checkpoint_mb", "checkpoint on disk (MiB)"), "MiB")
+    two_scales(ledger, (("ledger_files", "ledger data files"), ("ledger_mb", "ledger data (MiB)"),
+                        ("ledger_log_mb", "ledger log (MiB)")), "files, MiB", ("journal_rows", "journal rows"), "rows")
+    batches.plot(minutes, series("report_refresh_s"), label="daily report refresh")
     batches.plot(minutes, series("batch_p50_s"), label="batch duration p50")
     batches.plot(minutes, series("batch_p99_s"), label="batch duration p99")
     batches.set_ylabel("seconds")

@@ -68,8 +68,9 @@ class PolicyObjects:
         self.units = UnitsOfWorkPlatform(config.kafka, config.cassandra, topic, keyspace,
                                          policies.policy_of("unit_of_work").settings)
 
-    def write(self, prefix: str) -> list[PolicyObject]:
-        """One eligible and one kept object of each policy, ids starting with ``prefix``."""
+    def write(self, prefix: str, kept_unit: bool = True) -> list[PolicyObject]:
+        """One eligible and one kept object of each policy (of units of work, the kept one unless
+        ``kept_unit`` is False), ids starting with ``prefix``."""
         long_ago = now() - LONG_AGO
         gone_rule, kept_rule = f"{prefix}-rule-0", f"{prefix}-rule-1"
         self.rule_events.raise_event(gone_rule, f"m-{gone_rule}", "route-to-archive", at=long_ago)
@@ -83,16 +84,18 @@ class PolicyObjects:
             self.users.add_user(kept_user, dc, mailboxes=mailboxes(kept_user), at=long_ago)
         self.users.remove_user(kept_user, "dc1", at=long_ago + timedelta(seconds=1))
 
-        gone_unit, kept_unit = f"{prefix}-uow-0", f"{prefix}-uow-1"
+        gone_unit, running_unit = f"{prefix}-uow-0", f"{prefix}-uow-1"
         started = now() - YEARS_AGO
         self.units.start(gone_unit, "PAYMENT", started, children=CHILDREN)
         self.units.finish(gone_unit, started + timedelta(hours=1))
-        self.units.start(kept_unit, "PAYMENT", now(), children=CHILDREN)
-        return [PolicyObject("rule_events", "rule_event", gone_rule, True),
-                PolicyObject("rule_events", "rule_event", kept_rule, False),
-                PolicyObject("users", "user", gone_user, True), PolicyObject("users", "user", kept_user, False),
-                PolicyObject("units_of_work", "unit_of_work", gone_unit, True),
-                PolicyObject("units_of_work", "unit_of_work", kept_unit, False)]
+        written = [PolicyObject("rule_events", "rule_event", gone_rule, True),
+                   PolicyObject("rule_events", "rule_event", kept_rule, False),
+                   PolicyObject("users", "user", gone_user, True), PolicyObject("users", "user", kept_user, False),
+                   PolicyObject("units_of_work", "unit_of_work", gone_unit, True)]
+        if kept_unit:
+            self.units.start(running_unit, "PAYMENT", now(), children=CHILDREN)
+            written.append(PolicyObject("units_of_work", "unit_of_work", running_unit, False))
+        return written
 
     def gone(self, obj: PolicyObject) -> bool:
         """Every row of ``obj`` deleted."""
