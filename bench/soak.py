@@ -32,7 +32,9 @@ sample also records the driver's heap after its last collection and its
 threads, the ledger's data files, bytes and log, the daily report's refresh
 seconds and the journal's rows; the run passes where every one of
 ``MONTH_GAUGES`` has a slope over the second half under 2% of its mean an
-hour (``python -m bench.soak --month --hours 2 --sample 120 --warm 900``).
+hour, and what grows by design until a retention longer than the run
+(``UNTIL_RETENTION``: the ledger, its files and log, the journal) grows at
+one rate (``python -m bench.soak --month --hours 2 --sample 120 --warm 900``).
 
 ``--malloc-arena-max N`` runs the driver's JVM with ``MALLOC_ARENA_MAX=N``;
 ``--jemalloc`` runs it on jemalloc instead of glibc's malloc, with jemalloc's
@@ -110,7 +112,8 @@ class Sample:
     # Sampled since --month (0 in the samples of runs before it).
     driver_heap_after_gc_mb: float = 0.0  # the heap's pools as the last collection of each left them
     driver_threads: int = 0
-    ledger_files: int = 0  # the records' data files (Parquet), every version VACUUM has not removed
+    ledger_files: int = 0  # the records' data files (Parquet) on disk: every version VACUUM has not removed
+    ledger_live_files: int = 0  # of which the table's latest version reads
     ledger_mb: float = 0.0
     ledger_log_mb: float = 0.0  # the Delta log: commits, checkpoints, the change feed's files
     report_refresh_s: float = 0.0  # the daily report's jobs in the window, per refresh interval
@@ -135,9 +138,15 @@ GROWTH = ("driver_rss_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb", "
 # Every gauge the month's pass reads: each one's slope over the run's second half under 2% of its mean an hour.
 MONTH_GAUGES = ("driver_rss_mb", "driver_heap_after_gc_mb", "driver_nmt_committed_mb", "driver_outside_nmt_mb",
                 "driver_threads", "driver_fds", "worker_rss_mb_max", "worker_rss_mb_total", "worker_fds_max",
-                "state_rows", "state_memory_mb", "checkpoint_mb", "ledger_files", "ledger_mb", "ledger_log_mb",
-                "report_refresh_s", "journal_rows", "batch_p50_s", "batch_p99_s", "lag_p99_s")
+                "state_rows", "state_memory_mb", "checkpoint_mb", "ledger_live_files", "report_refresh_s",
+                "batch_p50_s", "batch_p99_s", "lag_p99_s")
 MONTH_SLOPE = 0.02  # of the gauge's mean, an hour
+# What grows by design until a retention no run of hours reaches, each held instead to growing at one rate (its
+# slope over the second half within ``STEADY_GROWTH`` of the first half's): the ledger's records (ledger.retention,
+# 400 days), the files on disk VACUUM keeps (7 days), its log (delta.logRetentionDuration, 30 days), the
+# journal's rows (a 30-day TTL).
+UNTIL_RETENTION = ("ledger_mb", "ledger_files", "ledger_log_mb", "journal_rows")
+STEADY_GROWTH = 0.25
 # From jemalloc's heap profile (``ProfiledMalloc``).
 PROFILED = ("rocksdb_mb", "rocksdb_statistics_mb", "jvm_mb", "other_mb")
 
@@ -374,6 +383,7 @@ class Sampler:
                        & (F.col("deleted_at").cast("double") >= window_start)
                        & (F.col("deleted_at").cast("double") < window_end)).select("lag_s").collect()]
         ledger_files, ledger_mb, ledger_log_mb = ledger_on_disk(self.run.config.ledger.path)
+        ledger_live = self.spark.sql(f"DESCRIBE DETAIL delta.`{self.run.config.ledger.path}`").first()["numFiles"]
         refreshes = max(1.0, (window_end - window_start) / self.run.config.ledger.report_interval.total_seconds())
         report_s = sum((job["end_ms"] - job["start_ms"]) / 1000 for job in spark_jobs(self.spark, window_start * 1000)
                        if job_kind(job["description"]) == "daily report" and job["end_ms"] < window_end * 1000)
@@ -398,7 +408,8 @@ class Sampler:
             worker_rss_mb={str(pid): round(w[0], 1) for pid, w in workers.items()},
             driver_nmt_mb=jvm_memory.by_category,
             driver_heap_after_gc_mb=round(heap_after_gc_mb(self.spark), 1), driver_threads=threads_of(jvm),
-            ledger_files=ledger_files, ledger_mb=round(ledger_mb, 1), ledger_log_mb=round(ledger_log_mb, 1),
+            ledger_files=ledger_files, ledger_live_files=ledger_live, ledger_mb=round(ledger_mb, 1),
+            ledger_log_mb=round(ledger_log_mb, 1),
             report_refresh_s=round(report_s / refreshes, 2), journal_rows=journal_rows,
         )
 
@@ -632,6 +643,13 @@ def main() -> None:
         failed = [name for name, (slope, mean) in verdicts.items() if not holds_level(slope, mean)]
         print(f"month: {len(verdicts) - len(failed)} of {len(verdicts)} gauges level over the second half"
               + (f"; growing: {', '.join(failed)}" if failed else ""), flush=True)
+        first_half = [s for s in samples if args.warm <= s.at_s < args.hours * 3600 / 2]
+        early, late = growth_per_hour(first_half, UNTIL_RETENTION), growth_per_hour(second_half, UNTIL_RETENTION)
+        for name in UNTIL_RETENTION:
+            if name in early and name in late:
+                run.record(f"month: {name}, slope over the second half (grows until its retention)", late[name],
+                           "per hour", baseline=("the first half's", early[name]),
+                           target=f"within {STEADY_GROWTH:.0%} of the first half's", **settings)
 
 
 def holds_level(slope: float, mean: float) -> bool:
@@ -723,7 +741,8 @@ def plot(samples: list[Sample], profile: list[ProfiledMalloc], warm_s: float, ho
         other.set_ylabel(right_unit)
 
     two_scales(state, (("state_rows", "state rows"),), "rows", ("checkpoint_mb", "checkpoint on disk (MiB)"), "MiB")
-    two_scales(ledger, (("ledger_files", "ledger data files"), ("ledger_mb", "ledger data (MiB)"),
+    two_scales(ledger, (("ledger_files", "ledger data files on disk"), ("ledger_live_files", "ledger data files read"),
+                        ("ledger_mb", "ledger data (MiB)"),
                         ("ledger_log_mb", "ledger log (MiB)")), "files, MiB", ("journal_rows", "journal rows"), "rows")
     batches.plot(minutes, series("report_refresh_s"), label="daily report refresh")
     batches.plot(minutes, series("batch_p50_s"), label="batch duration p50")

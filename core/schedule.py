@@ -69,17 +69,11 @@ def due(schedule: Schedule, own: Eligibility | None) -> Eligibility | None:
 
 
 def next_timer(schedule: Schedule, own: Eligibility | None) -> int | None:
-    """The one timer the object needs: its due time, else the end of its linger, else none. A timer registered
-    before the end of the linger stands: it fires early, the object is kept and its timer set again then. So
-    the events of an object with nothing due, each putting its forgetting off, do not each move its timer (a
-    delete and a register, each a call to the state server)."""
+    """The one timer the object needs: its due time, else the end of its linger, else none."""
     when = due(schedule, own)
     if when is not None:
         return when.eligible_at_ms
-    linger, registered = schedule.linger_until_ms, schedule.timer_ms
-    if linger is not None and registered is not None and registered <= linger:
-        return registered
-    return linger
+    return schedule.linger_until_ms
 
 
 def on_events(schedule: Schedule, own: Eligibility | None, watermark_ms: int, forget_after_ms: int) -> Schedule:
