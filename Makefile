@@ -48,6 +48,7 @@ bench: install
 	$(PYTHON) -m bench.batch --rate 20 --seconds 60
 	$(PYTHON) -m bench.reconcile --messages 1000000
 	$(PYTHON) -m bench.backlog
+	$(PYTHON) -m bench.ledger --day --rows 500 --rounds 5
 
 bench-10m: install
 	$(PYTHON) -m bench.state_scale --objects 10000000

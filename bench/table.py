@@ -1,5 +1,5 @@
 """The figures table of BENCHMARKS.md from bench/results.jsonl: the latest run of each figure at each size it
-was taken at (its ``messages``, else its ``rows``).
+was taken at (its ``messages``, else its ``rows``), but runs of a change tried and not kept (``not_kept``).
 
     python -m bench.table
 """
@@ -20,6 +20,8 @@ def main() -> None:
     latest: dict[tuple[str, str, Any], dict] = {}
     for line in RESULTS.read_text().splitlines():
         entry = json.loads(line)
+        if entry.get("not_kept"):  # a run of a change tried and reverted: the code measured is not the product's
+            continue
         # The file is in time order.
         latest[(entry["bench"], entry["figure"], entry.get("messages", entry.get("rows")))] = entry
     print("| figure | command | value | baseline (same run) | ratio | target | commit |")
