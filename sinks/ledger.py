@@ -18,8 +18,9 @@ it gone) is one record; for a decision not to delete, its object (a dead
 letter's is its bad record, ``topic/partition/offset``), batch and status. A
 write that may meet records already there (a retried batch, or records from an
 intent) is a ``MERGE`` on ``record_id`` that inserts only the new ones, reading
-only the days those can be in (``first_day``); any other (a batch's first
-attempt deleting afresh) appends without reading the table.
+only the days those can be in (``earliest_decision``) and, in them, the files of
+the batches that can have written them (``first_meaning_batch``); any other (a
+batch's first attempt deleting afresh) appends without reading the table.
 
 With ``ledger.pseudonymise`` on, the ledger holds no id in clear: each is written as its keyed hash, and each
 reason as its category (``core.pseudonyms``); ``purger ledger find ID`` hashes the id to find its records.
@@ -159,19 +160,40 @@ def use_s3a(spark: SparkSession, ledger: LedgerConfig) -> None:
         spark.conf.set(key, value)
 
 
-def first_day(began_ms: int | None, now: datetime | None = None) -> date:
-    """The earliest day (``date`` partition) a record of a batch that began at ``began_ms`` can be in.
+def earliest_decision(began_ms: int | None, now: datetime | None = None) -> datetime:
+    """The earliest decision (``decided_at``) a record a batch that began at ``began_ms`` writes can meet in the
+    ledger as the same record; its day is the earliest ``date`` partition the batch's write reads.
 
-    A record's date is its decision's (``decided_at``), made by an attempt of the batch that records it, so
-    never before the batch began (less ``CLOCK_SKEW``). A record from an intent is the same record as the
-    one the batch that meant the deletion wrote, if it did, before that intent expired: an intent of
-    unknown age, or a batch of unknown start (``began_ms`` None), bounds it by the journal's
-    ``JOURNAL_TTL_S`` instead."""
+    A record's decision is made by an attempt of the batch that records it, so never before the batch began
+    (less ``CLOCK_SKEW``). A record from an intent is the same record as the one the batch that meant the
+    deletion wrote, if it did, before that intent expired: an intent of unknown age, or a batch of unknown
+    start (``began_ms`` None), bounds it by the journal's ``JOURNAL_TTL_S`` instead."""
     now = now or datetime.now(timezone.utc)
     earliest = now - timedelta(seconds=JOURNAL_TTL_S) - CLOCK_SKEW
     if began_ms is not None:
         earliest = max(earliest, datetime.fromtimestamp(began_ms / 1000, timezone.utc) - CLOCK_SKEW)
-    return earliest.date()
+    return earliest
+
+
+def first_day(began_ms: int | None, now: datetime | None = None) -> date:
+    """The earliest day (``date`` partition) a record of a batch that began at ``began_ms`` can be in
+    (``earliest_decision``)."""
+    return earliest_decision(began_ms, now).date()
+
+
+def first_meaning_batch(query_id: str, batch_id: int, intents: set[str]) -> int | None:
+    """The earliest batch of ``query_id`` that can have written a record of batch ``batch_id`` and of these
+    ``intents`` (``<query id>/<batch id>`` each): a record is the same record only when the same batch meant
+    it (``_record_id``), and the batch that meant it, or a later one finding its intent, wrote it. None when an
+    intent is another query's (a checkpoint set aside by a replay): any batch of this query may have written
+    those."""
+    batches = [batch_id]
+    for intent in intents:
+        query, _, batch = intent.rpartition("/")
+        if query != query_id or not batch.lstrip("-").isdigit():
+            return None
+        batches.append(int(batch))
+    return min(batches)
 
 
 class Ledger:
@@ -187,7 +209,8 @@ class Ledger:
         """Add a batch's outcomes (``sinks.purge.OUTCOME_SCHEMA``), each record once by its ``record_id``;
         ``may_hold``: some may be there already (a retry, records from an intent), so only the new go in,
         reading only the days those can be in: since the batch began (``began_ms``, its first attempt), or,
-        with records from another batch's intent or no ``began_ms``, since the oldest intent (``first_day``).
+        with records from another batch's intent or no ``began_ms``, since the oldest intent (``earliest_decision``),
+        and of those days the files of the batches that can have written them (``first_meaning_batch``).
 
         >>> Ledger(spark, config.ledger).append(outcomes, query.id, 7)   # a second call adds nothing
         """
@@ -206,10 +229,13 @@ class Ledger:
             F.lit(None).cast("string").alias("actor"),  # a command's (``record_command``), none of the purge's
         )
         if may_hold and self.exists():
-            own = F.lit(f"{query_id}/{batch_id}")
-            if outcomes.where(F.col("intent").isNotNull() & (F.col("intent") != own)).limit(1).count():
+            own = f"{query_id}/{batch_id}"
+            intents = {row["intent"] for row in outcomes.where(F.col("intent").isNotNull() & (F.col("intent") != own))
+                       .select("intent").distinct().collect()}
+            if intents:
                 began_ms = None  # another batch's intent: that batch's start is not known here
-            self._merge(records.dropDuplicates(["record_id"]), first_day(began_ms))
+            self._merge(records.dropDuplicates(["record_id"]), earliest_decision(began_ms), query_id,
+                        first_meaning_batch(query_id, batch_id, intents))
             return
         (
             records.write.format("delta").mode("append").partitionBy("date")
@@ -220,17 +246,31 @@ class Ledger:
 
     @retry(retry=retry_if_exception_type(_CONFLICTS), stop=stop_after_attempt(5), wait=wait_random(0.2, 2),
            reraise=True)
-    def _merge(self, records: DataFrame, since: date) -> None:
-        """Insert the records whose ``record_id`` is not in the ledger, reading only the days from ``since``
-        (the partitions the records it may meet can be in: ``first_day``). It reads what it writes into, so
-        an append committed meanwhile (the stream's batch beside a reconcile's sweep) or a compaction of a day
-        it reads makes it conflict: redone, as the report's refresh is."""
+    def _merge(self, records: DataFrame, earliest: datetime, query_id: str, from_batch: int | None) -> None:
+        """Insert the records whose ``record_id`` is not in the ledger, reading only the days from ``earliest``'s
+        (the partitions the records it may meet can be in: ``earliest_decision``) and, when no other query wrote
+        since ``earliest``, only the files of this query's batches from ``from_batch`` on (``first_meaning_batch``;
+        Delta's statistics of ``batch_id`` skip the others): a retried batch reads its own files, not its day's.
+        It reads what it writes into, so an append committed meanwhile (the stream's batch beside a reconcile's
+        sweep) or a compaction of a day it reads makes it conflict: redone, as the report's refresh is."""
+        condition = f"ledger.date >= '{earliest.date().isoformat()}' AND ledger.record_id = new.record_id"
+        if from_batch is not None and not self._written_by_others(earliest, query_id):
+            condition += f" AND ledger.batch_id >= {from_batch}"
         (
             DeltaTable.forPath(self.spark, self.path).alias("ledger")
-            .merge(records.alias("new"), f"ledger.date >= '{since.isoformat()}' AND ledger.record_id = new.record_id")
+            .merge(records.alias("new"), condition)
             .whenNotMatchedInsertAll()
             .execute()
         )
+
+    def _written_by_others(self, earliest: datetime, query_id: str) -> bool:
+        """Whether a query other than ``query_id`` recorded a decision since ``earliest`` (after a replay, the
+        checkpoint it set aside put back): its batches' ids say nothing of this query's. Reads two columns of
+        the files Delta's statistics of ``decided_at`` do not skip; commands' records never meet a batch's."""
+        others = self.records().where(
+            (F.col("date") >= F.lit(earliest.date())) & (F.col("decided_at") >= F.lit(earliest))
+            & ~F.col("query_id").eqNullSafe(query_id) & (F.col("status") != COMMAND))
+        return bool(others.limit(1).count())
 
     def record_command(self, command: str, policies: list[str], actor: str, reason: str, run: str) -> None:
         """Who ran ``command`` (``reconcile``, ``replay``) on ``policies`` and why: a record per policy, ``id``

@@ -41,9 +41,9 @@ def noon_ms(day: date) -> int:
     return int(datetime.combine(day, clock_time(12), timezone.utc).timestamp() * 1000)
 
 
-def outcomes(spark, ids, day: date, batch: int, status: str = SKIPPED, intent: str | None = None):
-    """One record per id, decided at noon on ``day`` by ``batch``."""
-    at = noon_ms(day)
+def outcomes(spark, ids, day: date, batch: int, status: str = SKIPPED, intent: str | None = None, hour: int = 12):
+    """One record per id, decided at ``hour`` (noon) on ``day`` by ``batch``."""
+    at = noon_ms(day) + (hour - 12) * 3_600_000
     rows = [("mailbox", "message", i, "r", None, status, "test: upkeep" if status == SKIPPED else None, at, at,
              at if status == PURGED else None, batch, "test:0", intent) for i in ids]
     return spark.createDataFrame(rows, OUTCOME_SCHEMA)
@@ -149,6 +149,42 @@ def test_a_retried_batch_and_holds_read_only_the_days_since_the_batch_began(spar
     from_intent = outcomes(spark, ["gone"], TODAY, 7, status=PURGED, intent=f"{QUERY}/5")
     with pytest.raises(Exception, match="(?i)not.?exist|FileNotFound"):
         ledger.append(from_intent, QUERY, 7, may_hold=True, began_ms=began_ms)
+
+
+@pytest.mark.integration
+def test_a_retried_batch_reads_its_own_files_not_its_days_unless_another_query_wrote_since(spark, ledger):
+    """An earlier batch's file of the same day made unreadable: batch 7's retry never reads it (Delta's
+    statistics of batch_id skip it); a record from that earlier batch's intent does, and so does every retry
+    once another query recorded a decision since the batch began (its batch ids say nothing of this one's)."""
+    ledger.create()
+    ledger.append(outcomes(spark, ["earlier"], TODAY, 5, hour=8), QUERY, 5, may_hold=False)
+    batch_5_files = list(Path(ledger.path, f"date={TODAY}").glob("*.parquet"))
+    ledger.append(outcomes(spark, ["first"], TODAY, 7), QUERY, 7, may_hold=False)
+    for parquet in batch_5_files:
+        parquet.unlink()
+    began_ms = noon_ms(TODAY)  # batch 7 began at noon, batch 5 decided at 8: past the clock's skew
+
+    ledger.append(outcomes(spark, ["first", "new"], TODAY, 7), QUERY, 7, may_hold=True, began_ms=began_ms)
+    assert sorted(r["id"] for r in ledger.batch(QUERY, 7, began_ms).collect()) == ["first", "new"]
+    from_earlier_intent = outcomes(spark, ["gone"], TODAY, 7, status=PURGED, intent=f"{QUERY}/5")
+    with pytest.raises(Exception, match="(?i)not.?exist|FileNotFound"):
+        ledger.append(from_earlier_intent, QUERY, 7, may_hold=True, began_ms=began_ms)
+    ledger.append(outcomes(spark, ["elsewhere"], TODAY, 2), "another-query", 2, may_hold=False)
+    with pytest.raises(Exception, match="(?i)not.?exist|FileNotFound"):
+        ledger.append(outcomes(spark, ["first"], TODAY, 7), QUERY, 7, may_hold=True, began_ms=began_ms)
+
+
+@pytest.mark.integration
+def test_a_deletion_another_query_recorded_from_a_batchs_intent_is_not_recorded_again_by_its_retry(spark, ledger):
+    """A replay's query found batch 7's deletion done and recorded it from the intent, in its own batch 2; the
+    checkpoint it set aside put back, batch 7 retried records the same deletion: the ledger holds it once."""
+    ledger.create()
+    ledger.append(outcomes(spark, ["kept"], TODAY, 7), QUERY, 7, may_hold=False)
+    ledger.append(outcomes(spark, ["gone"], TODAY, 2, status=PURGED, intent=f"{QUERY}/7"), "replay-query", 2,
+                  may_hold=True)
+    ledger.append(outcomes(spark, ["kept", "gone"], TODAY, 7, status=PURGED), QUERY, 7, may_hold=True,
+                  began_ms=noon_ms(TODAY))
+    assert ledger.records().where(F.col("id") == "gone").count() == 1
 
 
 def test_a_failed_upkeep_is_one_line_and_the_purger_goes_on(config_for_ledger, tmp_path, caplog):
