@@ -30,7 +30,7 @@ FAULT_TESTS = tests/integration/test_faults.py tests/integration/two_nodes/test_
 	tests/sinks/test_purge.py::test_one_data_centre_failing_does_not_hold_the_others_back \
 	tests/reconcile/test_run.py::test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing \
 	tests/reconcile/test_reconcile_replay.py \
-	tests/integration/test_cluster.py
+	tests/integration/test_cluster.py tests/integration/paxos_ring
 faults: install
 	$(PYTHON) -m pytest -s $(FAULT_TESTS)
 

@@ -5,7 +5,8 @@ scaffolding (``purger.testing``), installed by a test in its own process or, for
 test starts, at their start when the test asks (``PURGER_FAILPOINT``).
 
 Not part of the policy interface: the engine names its moments itself (``before_<kind>_claim``,
-``after_<kind>_dependent_delete``, ``after_<kind>_delete``, ``before_ledger_write``, ...).
+``after_<kind>_dependent_delete``, ``after_<kind>_delete``, ``after_<kind>_delete_failed`` (before the serial
+read that settles it), ``before_ledger_write``, ...).
 
 Example::
 

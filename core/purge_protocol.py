@@ -362,6 +362,7 @@ class ObjectPurge(Purge, Generic[R]):
         try:
             return self.delete(candidate, row)
         except Exception:
+            failpoint(f"after_{candidate.kind}_delete_failed")
             if self.read(candidate, serial=True) is not None:
                 raise
             return True

@@ -261,6 +261,10 @@ class CassandraNode:
     # Client encryption (TLS required): a PKCS12 keystore with the node's certificate, and its password.
     keystore: Path | None = None
     keystore_password: str = ""
+    # Cassandra 5.0's default, written out: what the writer contract says of conditional deletes is its (v1's).
+    paxos_variant: str = "v1"
+    # More JVM options (a fault test's agent).
+    jvm_options: tuple[str, ...] = ()
 
 
 def _configure_cassandra(node: CassandraNode, home: Path) -> list[str]:
@@ -307,6 +311,7 @@ concurrent_reads: 8
 concurrent_writes: 8
 concurrent_compactors: 1
 auto_snapshot: false
+paxos_variant: {node.paxos_variant}
 {security}"""
     )
     rackdc = home / "cassandra-rackdc.properties"
@@ -333,6 +338,7 @@ auto_snapshot: false
         "-Xss512k",
         f"-javaagent:{jamm}",
         *_CASSANDRA_JPMS,
+        *node.jvm_options,
     ]
 
 
