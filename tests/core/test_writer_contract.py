@@ -202,8 +202,8 @@ def test_setup_says_local_quorum_is_not_enough_with_three_replicas_in_two_data_c
     lines = replication_lines("mailbox", uniform(3, 2), "SERIAL", "LOCAL_QUORUM", "dc1", "payload_refs")
     assert lines == [
         "keyspace mailbox: NetworkTopologyStrategy dc1=3 dc2=3; a platform write at LOCAL_QUORUM (2 of 6, in dc2) is "
-        "not sure to be seen by the purger's SERIAL checks (any 4 of 6): revivals must be written at QUORUM or "
-        "EACH_QUORUM, or like payload links and users added again as lightweight transactions at SERIAL " + DOC,
+        "not sure to be seen by the purger's SERIAL checks (any 4 of 6): revivals, payload links and users added "
+        "again must be lightweight transactions at SERIAL " + DOC,
         "payload references (payload_refs) are read at LOCAL_QUORUM (2 of 6, in dc1): one written at LOCAL_QUORUM "
         "(2 of 6, in dc2) is not sure to be seen; write them at EACH_QUORUM or ALL " + DOC]
     # The docs show the same lines.
@@ -213,17 +213,16 @@ def test_setup_says_local_quorum_is_not_enough_with_three_replicas_in_two_data_c
 def test_setup_says_local_quorum_is_enough_in_one_data_centre():
     assert replication_lines("mailbox", uniform(3, 1), "SERIAL", "LOCAL_QUORUM", "dc1", "payload_refs") == [
         "keyspace mailbox: NetworkTopologyStrategy dc1=3; a platform write at LOCAL_QUORUM (2 of 3, in dc1) is seen by "
-        "the purger's SERIAL checks (any 2 of 3): revivals may be written at LOCAL_QUORUM, QUORUM or EACH_QUORUM, or "
-        "like payload links and users added again as lightweight transactions at SERIAL or LOCAL_SERIAL " + DOC]
+        "the purger's SERIAL checks (any 2 of 3): revivals, payload links and users added again must be lightweight "
+        "transactions at SERIAL or LOCAL_SERIAL " + DOC]
 
 
 def test_setup_with_local_serial_across_data_centres_names_the_purgers_own():
     lines = replication_lines("mailbox", uniform(3, 2), "LOCAL_SERIAL", "LOCAL_QUORUM", "dc1", None)
     assert lines == [
         "keyspace mailbox: NetworkTopologyStrategy dc1=3 dc2=3; a platform write at LOCAL_QUORUM (2 of 6, in dc2) is "
-        "not sure to be seen by the purger's LOCAL_SERIAL checks (2 of 6, in dc1): revivals must be written at "
-        "EACH_QUORUM, and payload links and users added again must run their lightweight transactions through dc1; "
-        "through dc1 itself, LOCAL_QUORUM and LOCAL_SERIAL suffice " + DOC]
+        "not sure to be seen by the purger's LOCAL_SERIAL checks (2 of 6, in dc1): revivals, payload links and users "
+        "added again must run their lightweight transactions through dc1 " + DOC]
 
 
 def test_setup_names_a_replication_class_it_cannot_reason_about():

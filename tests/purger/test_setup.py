@@ -226,9 +226,8 @@ def test_setup_says_what_the_keyspaces_replication_asks_of_the_platforms_writes(
         assert one.exit_code == 0, one.output
         assert one.stdout.splitlines()[-1] == (
             f"keyspace {keyspace}: NetworkTopologyStrategy {dc}=1; a platform write at LOCAL_QUORUM (1 of 1, in {dc}) "
-            "is seen by the purger's SERIAL checks (any 1 of 1): revivals may be written at LOCAL_QUORUM, QUORUM or "
-            "EACH_QUORUM, or like payload links and users added again as lightweight transactions at SERIAL or "
-            f"LOCAL_SERIAL {writer_contract}")
+            "is seen by the purger's SERIAL checks (any 1 of 1): revivals, payload links and users added again must "
+            f"be lightweight transactions at SERIAL or LOCAL_SERIAL {writer_contract}")
 
         replicate(f"{{'class': 'NetworkTopologyStrategy', '{dc}': 3}}")
         three = setup(own, tmp_path)
