@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Iterable, Iterator
@@ -101,18 +102,25 @@ class Platform:
         for key, value in records:
             self.producer.send(self.config.kafka.topics[0], key=key, value=value)
 
-    def _update(self, message_id: str, at: datetime, **columns: Any) -> None:
+    def _update(self, message_id: str, at: datetime, revives: bool = False, **columns: Any) -> bool:
+        """Set ``columns`` and ``updated_at``. A write that ``revives`` the message is a lightweight transaction
+        (``IF EXISTS``), as the writer contract asks (docs/policies.md, "What each write must use"), a millisecond
+        after the message's plain writes (Cassandra stamps it with its millisecond clock); False when the
+        message was gone, purged first."""
         if self.events_only:
-            return
+            return True
         names = sorted(columns)
-        statement_key = ",".join(names)
+        statement_key = ",".join(names) + (" if exists" if revives else "")
         with self._updates_lock:
             if statement_key not in self._updates:
                 assignments = ", ".join(f"{name} = ?" for name in names)
                 self._updates[statement_key] = self.session.prepare(
                     f"UPDATE {self._messages} SET {assignments}, updated_at = ? WHERE message_id = ?"
-                )
-        self.session.execute(self._updates[statement_key], (*(columns[n] for n in names), at, message_id))
+                    + (" IF EXISTS" if revives else ""))
+        if revives:
+            time.sleep(0.002)
+        answer = self.session.execute(self._updates[statement_key], (*(columns[n] for n in names), at, message_id))
+        return answer.was_applied if revives else True
 
     def link(self, message_id: str, payload_id: str, at: datetime | None = None) -> bool:
         """Refer a message to an existing payload, by the writer contract (docs/policies.md, mailbox).
@@ -185,18 +193,18 @@ class Platform:
     def set_counter(self, message_id: str, extract_count: int, at: datetime | None = None) -> None:
         """An administrator set the counter (0 expires, above 0 revives)."""
         at = at or now()
-        self._update(message_id, at, extract_count=extract_count)
+        self._update(message_id, at, revives=extract_count > 0, extract_count=extract_count)
         self.emit("extract_counter", message_id, at, extract_count=extract_count)
 
     def set_extract_until(self, message_id: str, until: datetime | None, at: datetime | None = None) -> None:
         """An administrator set, moved or cleared (None) the extract-until date."""
         at = at or now()
-        self._update(message_id, at, extract_until=until)
+        self._update(message_id, at, revives=True, extract_until=until)
         self.emit("extract_until", message_id, at, extract_until=until and format_timestamp(until))
 
     def upload_complete(self, message_id: str, at: datetime | None = None) -> None:
         at = at or now()
-        self._update(message_id, at, complete=True)
+        self._update(message_id, at, revives=True, complete=True)
         self.emit("upload_complete", message_id, at)
 
     def delete(self, message_id: str, at: datetime | None = None) -> None:
