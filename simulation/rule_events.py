@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
@@ -40,7 +41,9 @@ class RuleEventsPlatform(EventWriter):
         self._insert = self.session.prepare(
             f"INSERT INTO {name} (rule_event_id, message_id, rule_name, status, created_at, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?)")
-        self._update = self.session.prepare(f"UPDATE {name} SET status = ?, updated_at = ? WHERE rule_event_id = ?")
+        # A status change may revive the event: a lightweight transaction, as the writer contract asks.
+        self._update = self.session.prepare(
+            f"UPDATE {name} SET status = ?, updated_at = ? WHERE rule_event_id = ? IF EXISTS")
         self._select = self.session.prepare(f"SELECT * FROM {name} WHERE rule_event_id = ?")
 
     def raise_event(self, rule_event_id: str, message_id: str, rule_name: str, status: str = UNPROCESSED,
@@ -51,8 +54,10 @@ class RuleEventsPlatform(EventWriter):
         self._emit(RULE_EVENT_STATUS, rule_event_id, at, status=status, message_id=message_id, rule_name=rule_name)
 
     def set_status(self, rule_event_id: str, status: str, at: datetime | None = None) -> None:
-        """The rule event's status changed (it may go back, e.g. FAILED to UNPROCESSED on a retry)."""
+        """The rule event's status changed (it may go back, e.g. FAILED to UNPROCESSED on a retry), a millisecond
+        after the row's plain insert (Cassandra stamps a lightweight transaction with its millisecond clock)."""
         at = at or now()
+        time.sleep(0.002)
         self.session.execute(self._update, (status, at, rule_event_id))
         self._emit(RULE_EVENT_STATUS, rule_event_id, at, status=status)
 
