@@ -86,13 +86,15 @@ class PaxosRing:
     def up(self) -> None:
         """Write the rules, start the three nodes one after the other (each joins the ring before the next)."""
         self.flags.mkdir(parents=True, exist_ok=True)
+        self.answer_late()  # no flag left by a run cut short
         for path, text in self.rules.items():
             path.write_text(text)
         for server in self.stack.processes.servers:
             self.stack.start_server(server)
 
     def down(self) -> None:
-        self.stack.down()
+        """Stop the three nodes (and nothing of the local stack's)."""
+        self.stack.processes.stop_all()
 
     def answer_late(self, accepts: bool = False, promises: bool = False) -> None:
         """Nodes 2 and 3 answer proposals late, and refuse them (``accepts``); node 3 answers prepares late
