@@ -134,7 +134,7 @@ def test_a_retried_batch_and_holds_read_only_the_days_since_the_batch_began(spar
     ledger.append(outcomes(spark, ["first", "deleted"], TODAY, 7), QUERY, 7, may_hold=False)
     for parquet in Path(ledger.path, f"date={old_day}").glob("*.parquet"):
         parquet.unlink()
-    began_ms = int(time.time() * 1000) - 60_000
+    began_ms = noon_ms(TODAY) - 60_000  # of the day the records are on, even in a run across midnight
 
     assert ledger.holds(QUERY, 7, began_ms)
     with pytest.raises(Exception, match="(?i)not.?exist|FileNotFound"):
