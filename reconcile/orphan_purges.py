@@ -331,8 +331,14 @@ class ClaimingOrphanRowPurge(OrphanRowPurge):
 
     def release_claims(self, query_id: str) -> int:
         """The sweep ``query_id``'s claims on parents removed (each only while still its placeholder), and its
-        notes of them; how many it had noted."""
+        notes of them; how many it had noted. Its deletes are settled first: a serial read of each row it meant
+        to delete finishes a conditional delete left in progress (one that timed out and whose settling read
+        failed too, or a process killed), which Paxos v1 would otherwise finish later under a newer ballot, over
+        the rows a writer wrote once the claim was gone (docs/policies.md, "What each write must use"). A read
+        that fails raises with every claim kept: the next sweep of the table releases them."""
         journal = self.resources.journal
+        for object_id in journal.noted(SWEEP_DELETES, query_id):
+            self.tables.one(self.read_row, *self._key(Candidate(self.sweep.kind, object_id, ORPHAN, 0)))
         noted = journal.noted(SWEEP_CLAIMS, query_id)
         for parent_id in noted:
             self.tables.applied(self.release_parent, json.loads(parent_id), CLAIMED_BY + query_id)
