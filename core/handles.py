@@ -116,7 +116,7 @@ class Resources:
 
     # Each policy's handle on its tables: ``tables(policy.table_names())``.
     tables: Callable[[dict[str, str]], Tables]
-    # purger.sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error or None}
+    # purger.sinks.objects.ObjectStores: delete(key, dcs) -> {dc: error, or None or Deleted once done}
     stores: Any
     control: Control
     journal: Journal

@@ -48,7 +48,7 @@ from purger.core.events import Eligibility, EventField, EventType, Link, ObjectK
 from purger.core.handles import Consistency, Control, Journal, Resources, Tables
 from purger.core.holds import Hold, Holds
 from purger.core.purge_protocol import (
-    Attempt, Candidate, Dependent, Kept, ObjectPurge, Outcome, Purge, RuleWrite, key_id,
+    Attempt, Candidate, Deleted, Dependent, Kept, ObjectPurge, Outcome, Purge, RuleWrite, key_id,
 )
 from purger.core.reconcile_descriptors import (
     REFERENCED_FIELD, Blobs, OrphanRows, PageVerdicts, Scanned, dated, latest_write, row_event,
@@ -71,7 +71,7 @@ __all__ = [
     # purger.core.holds
     "Hold", "Holds",
     # purger.core.purge_protocol
-    "Attempt", "Candidate", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "RuleWrite", "key_id",
+    "Attempt", "Candidate", "Deleted", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "RuleWrite", "key_id",
     # purger.core.reconcile_descriptors
     "REFERENCED_FIELD", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "dated", "latest_write", "row_event",
     # purger.core.settings

@@ -29,7 +29,8 @@ from purger.core.vocabulary import (
 )
 
 __all__ = [
-    "SELF", "Attempt", "Candidate", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "RuleWrite", "key_id",
+    "SELF", "Attempt", "Candidate", "Deleted", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "RuleWrite",
+    "key_id",
     "recorded_from_intent",
 ]
 
@@ -92,14 +93,24 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Deleted:
+    """A delete done, and how, in the words its ledger record gives as its reason: a blob in a bucket that keeps
+    versions (``purger.sinks.objects``). What a ``Dependent``'s delete returns beside None (done), and an
+    ``ObjectPurge.delete`` beside True (applied)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Dependent:
     """Something that leads from an object and goes before it (a child row, a blob in one data centre):
-    its kind, id and data centre as the ledger names them, and its delete, which returns None once done or
-    the error of a store that failed (raising is for Cassandra: the whole candidate is retried)."""
+    its kind, id and data centre as the ledger names them, and its delete, which returns None (or ``Deleted``,
+    saying how) once done, or the error of a store that failed (raising is for Cassandra: the whole candidate is
+    retried)."""
 
     kind: str
     id: str
-    delete: Callable[[], str | None]
+    delete: Callable[[], "str | Deleted | None"]
     dc: str | None = None
     # Whether it is still there, for what another writer's removal of the row may have left (``leftovers``); None:
     # the purger leaves that to reconciliation's orphan sweeps, which record what they delete.
@@ -225,9 +236,9 @@ class ObjectPurge(Purge, Generic[R]):
         gone is not listed)."""
 
     @abstractmethod
-    def delete(self, candidate: Candidate, row: R) -> bool:
+    def delete(self, candidate: Candidate, row: R) -> bool | Deleted:
         """The row's conditional delete: on its claim, or (``deletes_first``) on the candidate's rule; whether
-        it applied."""
+        it applied (``Deleted``: it did, and how)."""
 
     def followers(self, candidate: Candidate, row: R) -> list[Dependent]:
         """What goes after the row, once it is deleted (a link that must last as long as the row does: a message's
@@ -311,13 +322,14 @@ class ObjectPurge(Purge, Generic[R]):
                                           {key: batch for key, batch in intent.items() if key not in failed})
             return
         failpoint(f"before_{candidate.kind}_delete")
-        if not self._deleted(candidate, row):
+        deleted = self._deleted(candidate, row)
+        if not deleted:
             del intent[SELF]  # what gone or changed the row, it was not this delete
             self.resources.journal.intend(*self.journalled_as(candidate), intent)
             yield from self._not_deleted(candidate, row)
             return
         failpoint(f"after_{candidate.kind}_delete")
-        yield Outcome(PURGED, deleted_at_ms=now_ms())
+        yield Outcome(PURGED, deleted.reason if isinstance(deleted, Deleted) else None, deleted_at_ms=now_ms())
         yield from self._deleted_all(candidate, following)
         self.released(candidate, row)
 
@@ -328,15 +340,15 @@ class ObjectPurge(Purge, Generic[R]):
         which it is recorded."""
         went, errors = [], []
         for number, dependent in enumerate(found):
-            error = dependent.delete()
-            if error is None:
-                if number == 0:
-                    failpoint(f"after_{candidate.kind}_dependent_delete")
-                went.append(dependent)
-                yield Outcome(PURGED, kind=dependent.kind, id=dependent.id, dc=dependent.dc, deleted_at_ms=now_ms(),
-                              intent=(meant or {}).get(dependent.key))
-            else:
-                errors.append(Outcome(ERROR, error, kind=dependent.kind, id=dependent.id, dc=dependent.dc))
+            done = dependent.delete()
+            if isinstance(done, str):
+                errors.append(Outcome(ERROR, done, kind=dependent.kind, id=dependent.id, dc=dependent.dc))
+                continue
+            if number == 0:
+                failpoint(f"after_{candidate.kind}_dependent_delete")
+            went.append(dependent)
+            yield Outcome(PURGED, done.reason if done else None, kind=dependent.kind, id=dependent.id,
+                          dc=dependent.dc, deleted_at_ms=now_ms(), intent=(meant or {}).get(dependent.key))
         yield from self._failed(candidate, errors)
         return went
 
@@ -354,7 +366,7 @@ class ObjectPurge(Purge, Generic[R]):
         self.resources.journal.intend(*self.journalled_as(candidate), intent)
         return intent
 
-    def _deleted(self, candidate: Candidate, row: R) -> bool:
+    def _deleted(self, candidate: Candidate, row: R) -> bool | Deleted:
         """``delete``, settled: a delete that failed may have applied all the same (a timeout, a connection
         lost once it was sent). A serial read, which finishes a Paxos round left in progress, then says:
         gone, it applied; there, it did not, and its error goes on (the candidate is rechecked). A read that
@@ -435,10 +447,10 @@ class ObjectPurge(Purge, Generic[R]):
         again = {leftover.key: leftover for leftover in self.leftovers(candidate)}
         errors = []
         for key in sorted(intent):
-            error = again[key].delete() if key in again else None
-            if error is not None:
+            done = again[key].delete() if key in again else None
+            if isinstance(done, str):
                 kind, object_id, dc = json.loads(key)
-                errors.append(Outcome(ERROR, error, kind=kind, id=object_id, dc=dc))
+                errors.append(Outcome(ERROR, done, kind=kind, id=object_id, dc=dc))
         if errors:
             yield from self._failed(candidate, errors)
             return

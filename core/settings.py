@@ -197,6 +197,10 @@ class S3Endpoint(_Section):
 
 class ObjectStoreConfig(S3Endpoint):
     bucket: str
+    # A blob's purge in a bucket with versioning on (docs/operations.md, "Versioned buckets"): "delete" removes
+    # every version of the key its delete left, its delete marker included; "lifecycle" leaves the delete
+    # marker and the noncurrent versions to the bucket's lifecycle rule, which `purger setup` checks.
+    noncurrent_versions: Literal["delete", "lifecycle"] = "delete"
 
 
 # The suffix of a dry run's own names: its checkpoint, control and dead-letter topics, ledger and reports

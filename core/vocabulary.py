@@ -50,6 +50,10 @@ HELD = "held"
 EARLIER_ATTEMPT = "earlier attempt"
 # Gone, but not by the purger: another writer removed it between the purger's check and its delete.
 REMOVED_MEANWHILE = "removed meanwhile"
+# How a blob went from a bucket with versioning on (``purger.sinks.objects``; ``stores.<dc>.noncurrent_versions``):
+# every version of its key removed, or a delete marker whose noncurrent versions the bucket's lifecycle rule expires.
+EVERY_VERSION = "every version"
+BY_LIFECYCLE = "versions by lifecycle"
 
 
 def reason(category: str, details: str) -> str:

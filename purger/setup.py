@@ -531,8 +531,9 @@ def _stores(config: PurgerConfig, findings: Findings) -> None:
             silent[store.endpoint].append(dc)
             continue
         try:
-            s3_client(store, attempts=1, read_timeout_s=ANSWER_TIMEOUT_S).head_bucket(Bucket=store.bucket)
-            checked[where].append(f"{store.bucket} (stores.{dc})")
+            client = s3_client(store, attempts=1, read_timeout_s=ANSWER_TIMEOUT_S)
+            client.head_bucket(Bucket=store.bucket)
+            checked[where].append(f"{store.bucket} (stores.{dc}, {_versioning(client, config, dc, findings)})")
         except (ConnectionError, HTTPClientError):
             silent[store.endpoint].append(dc)
         except ClientError as error:
@@ -550,3 +551,48 @@ def _stores(config: PurgerConfig, findings: Findings) -> None:
         findings.problems.append(f"S3 at {endpoint} does not answer within {human_duration(ANSWER_TIMEOUT_S)}: check "
                                  + ", ".join(f"stores.{dc}.endpoint" for dc in dcs))
     findings.checked.extend(f"{where}: buckets {', '.join(buckets)}" for where, buckets in checked.items())
+
+
+def _versioning(client: Any, config: PurgerConfig, dc: str, findings: Findings) -> str:
+    """Whether ``dc``'s bucket keeps versions, and what a blob's purge does there (``stores.<dc>.
+    noncurrent_versions``, docs/operations.md "Versioned buckets"); with ``lifecycle``, a problem when no
+    enabled rule expires the noncurrent versions under every prefix the enabled policies keep blobs at."""
+    from botocore.exceptions import ClientError
+
+    store = config.stores[dc]
+    try:
+        status = client.get_bucket_versioning(Bucket=store.bucket).get("Status")
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "NotImplemented":
+            raise
+        return "unversioned: the store has no versioning"  # S3Proxy's filesystem backend
+    if status not in ("Enabled", "Suspended"):
+        return "unversioned"
+    versioning = "versioning on" if status == "Enabled" else "versioning suspended"
+    if store.noncurrent_versions == "delete":
+        return f"{versioning}: a purge deletes every version of a blob"
+    try:
+        rules = client.get_bucket_lifecycle_configuration(Bucket=store.bucket).get("Rules", [])
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "NoSuchLifecycleConfiguration":
+            raise
+        rules = []
+    prefixes = sorted({blobs.prefix for policy in config.policy_set.policies for blobs in policy.blobs})
+    uncovered = [prefix for prefix in prefixes if not any(expires_noncurrent_versions(rule, prefix) for rule in rules)]
+    if uncovered:
+        findings.problems.append(
+            f"S3 {store.endpoint}: bucket {store.bucket} (stores.{dc}) keeps versions and stores.{dc}."
+            f"noncurrent_versions is lifecycle, but no enabled lifecycle rule expires noncurrent versions under "
+            f"{', '.join(uncovered)}: add one (NoncurrentVersionExpiration, and ExpiredObjectDeleteMarker), or set "
+            f"stores.{dc}.noncurrent_versions = \"delete\"")
+    covering = sorted({rule.get("ID", "") for rule in rules for prefix in prefixes if expires_noncurrent_versions(rule, prefix)})
+    return f"{versioning}: noncurrent versions left to lifecycle rule {', '.join(covering) or '(none)'}"
+
+
+def expires_noncurrent_versions(rule: dict[str, Any], prefix: str) -> bool:
+    """Whether a lifecycle rule, as ``GetBucketLifecycleConfiguration`` gives it, expires the noncurrent versions
+    of every key under ``prefix``: enabled, with ``NoncurrentVersionExpiration``, filtered by a prefix of it alone
+    (a tag or size filter leaves keys out)."""
+    found = rule.get("Filter", {"Prefix": rule.get("Prefix", "")})
+    return (rule.get("Status") == "Enabled" and "NoncurrentVersionExpiration" in rule
+            and set(found) <= {"Prefix"} and prefix.startswith(found.get("Prefix", "")))

@@ -23,11 +23,11 @@ from functools import partial
 from typing import Any, Iterable, Iterator
 
 from purger.connectors import CassandraTables
-from purger.core.settings import PurgerConfig
+from purger.core.settings import ObjectStoreConfig, PurgerConfig
 from purger.core.events import Eligibility
 from purger.core.failpoints import failpoint
 from purger.core.handles import Control, Resources
-from purger.core.purge_protocol import Attempt, Candidate, Kept, ObjectPurge, Outcome
+from purger.core.purge_protocol import Attempt, Candidate, Deleted, Kept, ObjectPurge, Outcome
 from purger.core.reconcile_descriptors import Blobs, OrphanRows
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import ALL_DCS, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, reason
@@ -35,6 +35,7 @@ from purger.sinks.clients import executor_session, executor_store
 from purger.sinks.failures import CassandraFailures
 from purger.sinks.holds import CassandraHolds
 from purger.sinks.journal import CassandraJournal
+from purger.sinks.objects import delete_blob
 from purger.sinks.purge import decided, outcome_row, worker_name
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def orphan_purge(config: PurgerConfig, sweep: Sweep) -> "OrphanBlobPurge | Orpha
                                   CassandraFailures.of(session, config), duration_ms(config.stream.retry_interval),
                                   sweep.dry_run)
             if isinstance(sweep.orphans, Blobs):
-                _purges[key] = OrphanBlobPurge(resources, store, config.stores[sweep.dc].bucket, sweep)
+                _purges[key] = OrphanBlobPurge(resources, store, config.stores[sweep.dc], sweep)
             elif sweep.orphans.claim:
                 _purges[key] = ClaimingOrphanRowPurge(resources, sweep)
             else:
@@ -129,11 +130,11 @@ class OrphanBlobPurge(ObjectPurge[Blob]):
 
     deletes_first = True
 
-    def __init__(self, resources: Resources, store: Any, bucket: str, sweep: Sweep) -> None:
+    def __init__(self, resources: Resources, store: Any, store_config: ObjectStoreConfig, sweep: Sweep) -> None:
         blobs = sweep.orphans
         super().__init__(resources, {blobs.table: sweep.table})
         self.sweep, self.prefix = sweep, blobs.prefix
-        self.store, self.bucket = store, bucket
+        self.store, self.store_config, self.bucket = store, store_config, store_config.bucket
         self.read_row = self.tables.prepare(
             f"SELECT {blobs.id_column} FROM {{{blobs.table}}} WHERE {blobs.id_column} = ? LIMIT 1", "serial")
 
@@ -162,10 +163,9 @@ class OrphanBlobPurge(ObjectPurge[Blob]):
             return reason(NOT_YET_DUE, f"rewritten at {modified}, since the listing")
         return reason(NOT_YET_DUE, f"last modified at {modified}, within orphan_grace")
 
-    def delete(self, candidate: Candidate, row: Blob) -> bool:
+    def delete(self, candidate: Candidate, row: Blob) -> bool | Deleted:
         self.resources.journal.note(SWEEP_DELETES, self.sweep.query_id, {candidate.id})
-        self.store.delete_object(Bucket=self.bucket, Key=self.prefix + candidate.id)
-        return True
+        return delete_blob(self.store, self.store_config, self.prefix + candidate.id) or True
 
     def scopes(self, candidate: Candidate, row: Any) -> list[str]:
         return NO_SCOPE

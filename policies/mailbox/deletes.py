@@ -47,7 +47,7 @@ from typing import Any
 
 from purger.core.events import Eligibility
 from purger.core.handles import Resources
-from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, RuleWrite, key_id
+from purger.core.purge_protocol import Candidate, Deleted, Dependent, Kept, ObjectPurge, RuleWrite, key_id
 from purger.core.reconcile_descriptors import Scanned, dated, latest_write
 from purger.core.times import epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, RECENTLY_LINKED, REFERENCED, RELINKED, reason
@@ -283,5 +283,5 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         return [Dependent(PAYLOAD, candidate.id, partial(self._delete_blob, candidate.id, dc), dc=dc)
                 for dc in sorted(candidate.hint.get("dcs") or ())]
 
-    def _delete_blob(self, payload_id: str, dc: str) -> str | None:
+    def _delete_blob(self, payload_id: str, dc: str) -> str | Deleted | None:
         return self.resources.stores.delete(payload_key(payload_id), [dc])[dc]
