@@ -600,18 +600,21 @@ def holds(
     as_json: bool = JsonOption,
 ) -> None:
     """The legal holds in force: scope, reason, who placed them and when, and how many objects each keeps."""
-    from purger.holds import HoldRefused, holds_in_force
+    from purger.holds import HoldRefused, holds_in_force, releases_cut_short
     from purger.core.times import format_epoch_ms
     from purger.output import output
 
+    config = load_or_exit(config_file)
     try:
-        found = holds_in_force(load_or_exit(config_file))
+        found, cut_short = holds_in_force(config), releases_cut_short(config)
     except HoldRefused as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
     rows = [{"scope": hold.scope, "reason": hold.reason, "placed_by": hold.placed_by,
              "placed_at": format_epoch_ms(hold.placed_at_ms) if hold.placed_at_ms is not None else None,
-             "held_objects": count} for hold, count in found]
+             "held_objects": count, "release_cut_short": False} for hold, count in found]
+    rows += [{"scope": scope, "reason": None, "placed_by": None, "placed_at": None, "held_objects": count,
+              "release_cut_short": True} for scope, count in cut_short]
     output(as_json).holds(rows)
 
 

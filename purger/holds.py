@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from purger.core.failpoints import failpoint
 from purger.core.holds import Hold, Scope
 from purger.core.times import from_epoch_ms, now_ms
 from purger.core.vocabulary import PURGED
@@ -88,6 +89,7 @@ def place_hold(spark: SparkSession, config: PurgerConfig, scope: Scope, reason: 
         session.cluster.shutdown()
     if there is not None:
         return Placed(already=there)
+    failpoint("after_hold_placed")
     location = config.stream.checkpoint_location
     flight = in_flight(spark, location)
     if flight is None:
@@ -158,6 +160,7 @@ def release_hold(config: PurgerConfig, scope: Scope) -> int | None:
         kept = holds.release(str(scope))
         if kept is None:
             return None
+        failpoint("after_hold_lifted")
         producer = kafka_producer(config.kafka, acks="all")
         control = ControlWriter(producer, config.kafka.control_topic, config.policy_set)
         at_ms = now_ms()
@@ -175,5 +178,15 @@ def holds_in_force(config: PurgerConfig) -> list[tuple[Hold, int]]:
     session, holds = open_holds(config)
     try:
         return holds.in_force()
+    finally:
+        session.cluster.shutdown()
+
+
+def releases_cut_short(config: PurgerConfig) -> list[tuple[str, int]]:
+    """The scopes of releases stopped before they sent their rechecks, with how many candidates each still keeps:
+    ``purger release SCOPE`` again finishes each."""
+    session, holds = open_holds(config)
+    try:
+        return holds.releases_cut_short()
     finally:
         session.cluster.shutdown()

@@ -49,6 +49,8 @@ from purger.core.vocabulary import ALL_DCS
 # A reconcile report row's counts: a table's scan (data centre ``ALL_DCS``), a data centre's orphan sweep.
 ROW_COUNTS = ("scanned", "known", "unknown_fed", "overdue_fed")
 ORPHAN_COUNTS = ("orphans_found", "orphans_deleted")
+# ... and, of a data centre's bucket that keeps versions, what deletes left there: the last run's only.
+VERSION_COUNTS = ("noncurrent_versions", "noncurrent_bytes")
 # streams.candidates observes each kind's candidates as "<kind>_candidates" in the observed metrics "purger".
 _CANDIDATES = "_candidates"
 # ... and each kind's objects forgotten without ever having been a candidate as "<kind>_forgotten".
@@ -151,6 +153,9 @@ class PurgerMetrics:
                     self.reconcile_orphans.labels(row.policy, row.table, row.dc, count).inc(getattr(row, count))
                 # Every row, zeros included: a table whose orphans are gone says 0, not the last run's count.
                 last_orphans[(row.policy, row.table, row.dc, count)] += getattr(row, count)
+            if row.dc != ALL_DCS:
+                for count in VERSION_COUNTS:
+                    last_orphans[(row.policy, row.table, row.dc, count)] += getattr(row, count)
         for labels, n in last_rows.items():
             self.reconcile_last_rows.labels(*labels).set(n)
         for labels, n in last_orphans.items():

@@ -225,7 +225,8 @@ class Output(ABC):
 
     @abstractmethod
     def holds(self, holds: list[dict[str, Any]]) -> None:
-        """``purger holds``: scope, reason, placed_by, placed_at, held_objects of each hold in force."""
+        """``purger holds``: scope, reason, placed_by, placed_at, held_objects of each hold in force; then each
+        release cut short (``release_cut_short``), with the objects it has not yet had looked at again."""
 
     @abstractmethod
     def ledger_records(self, object_id: str, ledger_path: str, records: list[dict[str, Any]]) -> None:
@@ -282,11 +283,15 @@ class TextOutput(Output):
         self.console.print(render(status))
 
     def holds(self, holds: list[dict[str, Any]]) -> None:
-        if not holds:
+        if not any(not hold["release_cut_short"] for hold in holds):
             typer.echo("no hold in force")
         for hold in holds:
-            typer.echo(f"{hold['scope']}  {hold['held_objects']} held  since {hold['placed_at']} by "
-                       f"{hold['placed_by']}: {hold['reason']}")
+            if hold["release_cut_short"]:
+                typer.echo(f"{hold['scope']}  released, but its release stopped before {hold['held_objects']} held "
+                           f"objects were looked at again: run `purger release {hold['scope']}` again")
+            else:
+                typer.echo(f"{hold['scope']}  {hold['held_objects']} held  since {hold['placed_at']} by "
+                           f"{hold['placed_by']}: {hold['reason']}")
 
     def ledger_records(self, object_id: str, ledger_path: str, records: list[dict[str, Any]]) -> None:
         if not records:

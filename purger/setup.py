@@ -52,6 +52,7 @@ from purger.output import human_duration
 from purger.sinks.failures import FAILURES_COLUMNS, failures_schema
 from purger.sinks.holds import HOLDS_COLUMNS, holds_schema
 from purger.sinks.journal import JOURNAL_COLUMNS, journal_schema
+from purger.sinks.objects import bucket_versioning
 
 if TYPE_CHECKING:
     from kafka.admin import KafkaAdminClient
@@ -560,13 +561,8 @@ def _versioning(client: Any, config: PurgerConfig, dc: str, findings: Findings) 
     from botocore.exceptions import ClientError
 
     store = config.stores[dc]
-    try:
-        status = client.get_bucket_versioning(Bucket=store.bucket).get("Status")
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") != "NotImplemented":
-            raise
-        return "unversioned: the store has no versioning"  # S3Proxy's filesystem backend
-    if status not in ("Enabled", "Suspended"):
+    status = bucket_versioning(client, store.bucket)
+    if status is None:
         return "unversioned"
     versioning = "versioning on" if status == "Enabled" else "versioning suspended"
     if store.noncurrent_versions == "delete":
@@ -585,7 +581,8 @@ def _versioning(client: Any, config: PurgerConfig, dc: str, findings: Findings) 
             f"noncurrent_versions is lifecycle, but no enabled lifecycle rule expires noncurrent versions under "
             f"{', '.join(uncovered)}: add one (NoncurrentVersionExpiration, and ExpiredObjectDeleteMarker), or set "
             f"stores.{dc}.noncurrent_versions = \"delete\"")
-    covering = sorted({rule.get("ID", "") for rule in rules for prefix in prefixes if expires_noncurrent_versions(rule, prefix)})
+    covering = sorted({rule.get("ID", "") for rule in rules for prefix in prefixes
+                       if expires_noncurrent_versions(rule, prefix)})
     return f"{versioning}: noncurrent versions left to lifecycle rule {', '.join(covering) or '(none)'}"
 
 

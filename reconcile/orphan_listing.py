@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import string
 from functools import partial
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -22,6 +22,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from purger.core.settings import PurgerConfig
 from purger.core.times import epoch_ms
 from purger.sinks.clients import executor_store
+from purger.sinks.objects import bucket_versioning
 
 # The first characters after the prefix that have a listing of their own; every other one (and a key that
 # is the prefix itself) goes to the catch-all.
@@ -38,31 +39,41 @@ def list_shard(client: Any, bucket: str, prefix: str, first: str | None, shards:
                page_size: int = 1000) -> Iterator[dict[str, Any]]:
     """The listing's items of one shard: every key under ``prefix + first``, or (``first`` None, the
     catch-all) every key under ``prefix`` whose first character after it is not one of ``shards``. The
-    catch-all skips over the shards' keys by ``StartAfter`` and filters what it still meets of them, so
-    the shards together list each key under the prefix exactly once. ``page_size``: keys per request.
+    catch-all skips over the shards' keys and filters what it still meets of them, so the shards together
+    list each key under the prefix exactly once. ``page_size``: keys per request.
 
     Pages follow one another by ``StartAfter`` (the page's last key), not by continuation tokens: some
     S3-compatible stores (s3proxy) hand back a token they then misread for a key outside the Basic
     Multilingual Plane, and the listing would start over for ever."""
+    return _walk(prefix, first, shards, partial(_objects_page, client, bucket, page_size))
+
+
+def list_versions_shard(client: Any, bucket: str, prefix: str, first: str | None, shards: str = SHARD_CHARACTERS,
+                        page_size: int = 1000) -> Iterator[dict[str, Any]]:
+    """The versions and delete markers of one shard's keys (``ListObjectVersions``), as ``list_shard`` lists the
+    keys: in a bucket that keeps versions, what deletes left behind."""
+    return _walk(prefix, first, shards, partial(_versions_page, client, bucket, page_size))
+
+
+# A page of a listing: its items, the marker of the page after it (None: it was the last) and its last key.
+Page = tuple[list[dict[str, Any]], Any, str | None]
+
+
+def _walk(prefix: str, first: str | None, shards: str, page: Callable[[str, Any], Page]) -> Iterator[dict[str, Any]]:
+    """A shard's items, page after page: ``page(listed prefix, marker)``, the marker None for the first, a key
+    to list after, or the store's own marker of the page after."""
     listed_prefix = prefix if first is None else prefix + first
-    start_after: str | None = None
+    marker: Any = None
     jumped: set[str] = set()
     while True:
-        arguments = {"Bucket": bucket, "Prefix": listed_prefix, "MaxKeys": page_size,
-                     **({"StartAfter": start_after} if start_after is not None else {})}
-        page = client.list_objects_v2(**arguments)
-        items = page.get("Contents", [])
+        items, following, last = page(listed_prefix, marker)
         if first is not None:
             yield from items
         else:
             yield from (item for item in items if item["Key"] == prefix
                         or item["Key"][len(prefix):len(prefix) + 1] not in shards)
-        if not page.get("IsTruncated") or not items:
+        if following is None:
             return
-        last = items[-1]["Key"]
-        if last == start_after:
-            raise RuntimeError(f"the listing of {bucket}/{listed_prefix} does not move on past {last!r}")
-        following = last
         character = last[len(prefix):len(prefix) + 1]
         if first is None and character and character in shards:
             # Among a shard's keys: jump past (nearly) all of them, once per shard; after that on from the
@@ -72,7 +83,57 @@ def list_shard(client: Any, bucket: str, prefix: str, first: str | None, shards:
             if jump > last and jump not in jumped:
                 jumped.add(jump)
                 following = jump
-        start_after = following
+        marker = following
+
+
+def _objects_page(client: Any, bucket: str, page_size: int, listed_prefix: str, after: str | None) -> Page:
+    page = client.list_objects_v2(Bucket=bucket, Prefix=listed_prefix, MaxKeys=page_size,
+                                  **({"StartAfter": after} if after is not None else {}))
+    items = page.get("Contents", [])
+    if not page.get("IsTruncated") or not items:
+        return items, None, None
+    last = items[-1]["Key"]
+    if last == after:
+        raise RuntimeError(f"the listing of {bucket}/{listed_prefix} does not move on past {last!r}")
+    return items, last, last
+
+
+def _versions_page(client: Any, bucket: str, page_size: int, listed_prefix: str, marker: Any) -> Page:
+    """A page of versions: after ``marker``, a key (all its versions passed) or the store's (key, version id)."""
+    markers = ({} if marker is None else {"KeyMarker": marker} if isinstance(marker, str)
+               else {"KeyMarker": marker[0], "VersionIdMarker": marker[1]})
+    page = client.list_object_versions(Bucket=bucket, Prefix=listed_prefix, MaxKeys=page_size, **markers)
+    items = page.get("Versions", []) + page.get("DeleteMarkers", [])
+    if not page.get("IsTruncated"):
+        return items, None, None
+    last = page["NextKeyMarker"]
+    following = (last, page["NextVersionIdMarker"]) if page.get("NextVersionIdMarker") else last
+    if following == marker:
+        raise RuntimeError(f"the listing of the versions of {bucket}/{listed_prefix} does not move on past {last!r}")
+    return items, following, last
+
+
+def noncurrent_versions(spark: SparkSession, config: PurgerConfig, prefix: str, dc: str) -> tuple[int, int]:
+    """The noncurrent versions under ``prefix`` in ``dc``'s bucket and their bytes (delete markers hold none),
+    listed in Spark tasks by the same shards as the keys; (0, 0) with no listing when the bucket keeps no
+    versions."""
+    if bucket_versioning(executor_store(config, dc), config.stores[dc].bucket) is None:
+        return 0, 0
+    shards: list[str | None] = [*SHARD_CHARACTERS, None]
+    tasks = min(len(shards), spark.sparkContext.defaultParallelism * 4)
+    counted = spark.sparkContext.parallelize(shards, tasks).mapPartitions(
+        partial(_count_task, config, prefix, dc)).collect()
+    return sum(count for count, _ in counted), sum(size for _, size in counted)
+
+
+def _count_task(config: PurgerConfig, prefix: str, dc: str, shards: Iterable[str | None]) -> Iterator[tuple[int, int]]:
+    client, bucket = executor_store(config, dc), config.stores[dc].bucket
+    count = size = 0
+    for first in shards:
+        for item in list_versions_shard(client, bucket, prefix, first):
+            if "Size" in item and not item["IsLatest"]:
+                count, size = count + 1, size + item["Size"]
+    yield count, size
 
 
 def _list_task(config: PurgerConfig, prefix: str, dc: str, cutoff_ms: int, listed: Any,

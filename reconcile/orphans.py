@@ -44,6 +44,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 
 from pyspark import StorageLevel
@@ -54,12 +55,14 @@ from purger.core.settings import PurgerConfig
 from purger.core.policy import Policy
 from purger.core.times import duration_ms, now_ms
 from purger.core.vocabulary import ALL_DCS
-from purger.reconcile.orphan_listing import listed_blobs
+from purger.reconcile.orphan_listing import listed_blobs, noncurrent_versions
 from purger.reconcile.orphan_purges import Sweep, ledger_query_id
 from purger.reconcile.orphan_scans import dependents, row_ids
 from purger.reconcile.sweeps import recorded_already, sweep_orphans
 from purger.reconcile.verdict import ReportRow
 from purger.sinks.ledger import Ledger
+
+log = logging.getLogger(__name__)
 
 
 def reconcile_orphans(spark: SparkSession, config: PurgerConfig, policy: Policy, run_id: str,
@@ -90,6 +93,11 @@ def reconcile_orphans(spark: SparkSession, config: PurgerConfig, policy: Policy,
                                   f"{policy.name}.{table}/{dc}/{config.stores[dc].bucket}",
                                   found.select("id", F.col("last_modified_ms").alias("at_ms"), "etag"), row)
                     row.scanned = listed.value
+                    row.noncurrent_versions, row.noncurrent_bytes = noncurrent_versions(spark, config, blobs.prefix, dc)
+                    if row.noncurrent_versions:
+                        log.info("orphan blobs of %s in %s: %d noncurrent versions under %s (%d bytes), what deletes "
+                                 "left in a bucket that keeps versions", policy.name, dc, row.noncurrent_versions,
+                                 blobs.prefix, row.noncurrent_bytes)
                 report.append(row.finish())
         finally:
             if ids is not None:

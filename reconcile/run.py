@@ -70,6 +70,7 @@ REPORT_SCHEMA = StructType([
     StructField("started", TimestampType()), StructField("finished", TimestampType()),
     StructField("duration_s", DoubleType()), StructField("rows_per_s", DoubleType()),
     StructField("dry_run", BooleanType()),
+    StructField("noncurrent_versions", LongType()), StructField("noncurrent_bytes", LongType()),
 ])
 
 
@@ -109,15 +110,17 @@ def _feed_reason(now: int, overdue_after_ms: int) -> Column:
 
 def _last_committed_batch(spark: SparkSession, checkpoint: str) -> int | None:
     """The checkpoint's last committed batch, whose state the reconcile compares with; None when the
-    checkpoint has no state yet (nothing is known)."""
+    checkpoint has no state yet (nothing is known): none written, or only the operators' metadata of a first
+    batch that never committed (a purger stopped in it), whose ``maxBatchId`` is -1."""
     from pyspark.errors import AnalysisException
 
     # RocksDB state stores report to the driver's state store coordinator (see streams.pending).
     spark.streams.active
     try:
-        return spark.read.format("state-metadata").load(checkpoint).agg(F.max("maxBatchId")).first()[0]
+        batch = spark.read.format("state-metadata").load(checkpoint).agg(F.max("maxBatchId")).first()[0]
     except AnalysisException:
         return None
+    return batch if batch is not None and batch >= 0 else None
 
 
 def _scan_table(spark: SparkSession, config: PurgerConfig, policy: Policy, scanned: Scanned,

@@ -124,6 +124,10 @@ class ReportRow:
     overdue_fed: int = 0
     orphans_found: int = 0
     orphans_deleted: int = 0
+    # Orphan blobs' data centres in a bucket that keeps versions: its noncurrent versions under the prefix and
+    # their bytes, what deletes left behind (docs/operations.md, "Versioned buckets").
+    noncurrent_versions: int = 0
+    noncurrent_bytes: int = 0
     dry_run: bool = False
     duration_s: float = field(init=False, default=0.0)
     rows_per_s: float = field(init=False, default=0.0)

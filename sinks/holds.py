@@ -69,7 +69,7 @@ class CassandraHolds(Holds):
 
         self.read = prepare(f"SELECT reason, placed_by, placed_at FROM {name} WHERE scope = ? LIMIT 1")
         self.rows = prepare(f"SELECT kind, object_id, rule FROM {name} WHERE scope = ?")
-        self.every = prepare(f"SELECT scope, reason, placed_by, placed_at FROM {name} PER PARTITION LIMIT 1")
+        self.every = prepare(f"SELECT scope, reason, placed_by, placed_at, kind FROM {name} PER PARTITION LIMIT 1")
         self.count = prepare(f"SELECT count(kind) FROM {name} WHERE scope = ?")
         self.add = prepare(f"UPDATE {name} SET reason = ?, placed_by = ?, placed_at = ? WHERE scope = ? "
                            "IF reason = null")
@@ -99,11 +99,11 @@ class CassandraHolds(Holds):
 
     def place(self, scope: str, reason: str, placed_by: str) -> Hold | None:
         """Place a hold on ``scope``: None once placed, or the hold already in force there (left as it is)."""
-        result = self.session.execute(self.add, (reason, placed_by, from_epoch_ms(now_ms()), scope))
-        if result.was_applied:
+        if self.session.execute(self.add, (reason, placed_by, from_epoch_ms(now_ms()), scope)).was_applied:
             return None
-        found = result.one()
-        return Hold(scope, found.reason, found.placed_by or "", epoch_ms(found.placed_at))
+        # Not applied: the answer holds only the column of the condition (``reason``); the rest is read. A hold
+        # lifted in between is placed again.
+        return self.held([scope]) or self.place(scope, reason, placed_by)
 
     def release(self, scope: str) -> list[tuple[str, str, str]] | None:
         """Lift the hold on ``scope``: the candidates kept under it (kind, id, rule), to recheck, then ``forget``;
@@ -127,3 +127,10 @@ class CassandraHolds(Holds):
                  for row in self.session.execute(self.every) if row.reason is not None]
         return [(hold, self.session.execute(self.count, (hold.scope,)).one()[0])
                 for hold in sorted(holds, key=lambda hold: hold.scope)]
+
+    def releases_cut_short(self) -> list[tuple[str, int]]:
+        """The scopes whose hold a release lifted and that still keep candidates: a release stopped before it
+        sent their rechecks (``release`` again sends them), with how many (a scan: holds are few)."""
+        scopes = sorted(row.scope for row in self.session.execute(self.every)
+                        if row.reason is None and row.kind is not None)
+        return [(scope, self.session.execute(self.count, (scope,)).one()[0]) for scope in scopes]

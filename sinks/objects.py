@@ -55,6 +55,19 @@ class ObjectStores:
         return errors
 
 
+def bucket_versioning(client: Any, bucket: str) -> str | None:
+    """Whether ``bucket`` keeps versions: ``Enabled``, ``Suspended`` (it keeps those it has), or None (never
+    enabled, or a store without versioning, such as S3Proxy's filesystem backend)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return client.get_bucket_versioning(Bucket=bucket).get("Status")
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "NotImplemented":
+            raise
+        return None
+
+
 def delete_blob(client: Any, store: ObjectStoreConfig, key: str) -> Deleted | None:
     """Delete ``key`` from ``store``'s bucket: None when the bucket keeps no versions. With versioning on (or
     suspended) the delete leaves a delete marker over the key's versions; with ``noncurrent_versions = "delete"``

@@ -289,3 +289,65 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_causes_no_deletion(purger, 
     assert platform.row(live) is not None and platform.payload_intact(f"p-{live}")
     assert purger.sink.totals[("dead_letter", "dead_lettered")] >= len(bad)
     wait_for(lambda: observed(purger.query, "dead_lettered") >= 1, what="dead letters in the observed metrics")
+
+
+def test_hold_and_release_killed_midway_then_run_again_end_as_if_never_killed(purger, platform, config, tmp_path):
+    """SPEC 11: `purger hold` killed (SIGKILL) just after the hold is written, and `purger release` just after
+    it lifted the hold, before its rechecks: each run again. The hold is in force from the first (the due message
+    is kept under it), the release cut short is listed by `purger holds` with what to do, and once run again the
+    message goes with no new event: the end state of a hold and a release never killed. Checked against the
+    message's row and payload in Cassandra and the holds table."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+    from tests.support.configs import write_config
+    from tests.support.faults import killed_at
+
+    r = mailbox(config)
+    run = uuid.uuid4().hex[:8]
+    scope = Scope("mailbox", f"killed-{run}")
+    config_file = write_config(config, tmp_path / "purger.toml")
+
+    def purger_command(*arguments: str, kill_at: str | None = None) -> subprocess.CompletedProcess | None:
+        command = [sys.executable, "-m", "purger", *arguments, "--config", str(config_file)]
+        if kill_at is None:
+            return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        marker = tmp_path / f"{kill_at}.fired"
+        process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **killed_at(kill_at, marker)},
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            assert process.wait(timeout=300) == -signal.SIGKILL and marker.exists(), kill_at
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        return None
+
+    purger_command("hold", str(scope), "--reason", "case 44", "--actor", "test", kill_at="after_hold_placed")
+    again = purger_command("hold", str(scope), "--reason", "case 44", "--actor", "test")
+    assert again.returncode == 0 and "already held: held: " in again.stdout and "case 44" in again.stdout, again
+
+    held = f"{run}-held"
+    platform.enqueue(held, f"p-{held}", mailbox=scope.id, at=ago(r.expired_ttl))
+    platform.dequeue(held, 0, at=ago(r.expired_ttl))
+    platform.flush()
+    wait_for(lambda: held_objects(config, scope) == 1, timeout_s=60, what="the due message kept under the hold")
+
+    purger_command("release", str(scope), "--reason", "case 44 closed", "--actor", "test", kill_at="after_hold_lifted")
+    listed = purger_command("holds", "--json")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert [h for h in json.loads(listed.stdout) if h["scope"] == str(scope)] == [{
+        "scope": str(scope), "reason": None, "placed_by": None, "placed_at": None, "held_objects": 1,
+        "release_cut_short": True}]
+    time.sleep(3)  # more than a recheck's interval: nothing looked at it again, the release's rechecks were not sent
+    assert platform.row(held) is not None
+
+    finished = purger_command("release", str(scope), "--reason", "case 44 closed", "--actor", "test")
+    assert finished.returncode == 0 and "1 held objects looked at again" in finished.stdout, finished
+    wait_for(lambda: platform.row(held) is None and platform.payload_gone(f"p-{held}"), timeout_s=60,
+             what="the message released, then its payload, with no new event")
+    listed = purger_command("holds", "--json")
+    assert [h for h in json.loads(listed.stdout) if h["scope"] == str(scope)] == []

@@ -134,7 +134,7 @@ def test_each_command_prints_one_json_document_with_times_in_iso_and_every_figur
         "command": ["spark-submit", "--name", "purger job"], "line": "spark-submit --name 'purger job'"}
 
     hold = {"scope": "mailbox:alice", "reason": "case 43", "placed_by": "jdoe", "placed_at": "2026-11-24 09:00:00",
-            "held_objects": 3}
+            "held_objects": 3, "release_cut_short": False}
     assert printed_json(capsys, lambda out: out.holds([hold])) == [hold]
 
     record = {"decided_at": datetime(2026, 11, 24, 9, 0, 1), "policy": "mailbox", "kind": "message", "dc": None,
@@ -158,7 +158,9 @@ def test_a_problem_goes_to_stderr_as_a_line_in_either_output(capsys):
 def test_the_text_of_holds_and_ledger_records_is_a_line_each(capsys):
     TextOutput().holds([])
     TextOutput().holds([{"scope": "mailbox:alice", "reason": "case 43", "placed_by": "jdoe",
-                         "placed_at": "2026-11-24 09:00:00", "held_objects": 3}])
+                         "placed_at": "2026-11-24 09:00:00", "held_objects": 3, "release_cut_short": False},
+                        {"scope": "user:bob", "reason": None, "placed_by": None, "placed_at": None,
+                         "held_objects": 2, "release_cut_short": True}])
     TextOutput().ledger_records("m1", "ledger/records", [])
     TextOutput().ledger_records("m1", "ledger/records", [{
         "decided_at": datetime(2026, 11, 24, 9, 0, 1), "policy": "mailbox", "kind": "payload", "dc": "dc2",
@@ -167,5 +169,7 @@ def test_the_text_of_holds_and_ledger_records_is_a_line_each(capsys):
     assert capsys.readouterr().out.splitlines() == [
         "no hold in force",
         "mailbox:alice  3 held  since 2026-11-24 09:00:00 by jdoe: case 43",
+        "user:bob  released, but its release stopped before 2 held objects were looked at again: run "
+        "`purger release user:bob` again",
         "no ledger records of 'm1' in ledger/records",
         "2026-11-24 09:00:01  mailbox  payload in dc2  skipped  deleted  held  batch 7  record abababababab"]

@@ -105,3 +105,36 @@ def test_an_orphan_blob_in_a_versioned_bucket_goes_with_every_version(versioned_
 
     assert (decided[5], category(decided[6])) == (PURGED, EVERY_VERSION), decided
     assert versions(versioned_config, "dc1", blobs.prefix + orphan) == ([], [])
+
+
+def test_the_shards_list_every_version_under_the_prefix_exactly_once_and_the_reconcile_counts_the_noncurrent(
+        spark, versioned_config):
+    """Keys beginning with characters of a shard and of the catch-all, two versions each, every other one
+    deleted (a delete marker over them), and keys outside the prefix: each version and delete marker listed
+    once by the shards together, at any page size; the reconcile's count of noncurrent versions and their
+    bytes is the store's own listing's."""
+    from purger.reconcile.orphan_listing import list_versions_shard, noncurrent_versions
+
+    store = versioned_config.stores["dc1"]
+    client, prefix = s3_client(store), "listing/"
+    firsts = ["0", "9", "A", "a", "aa", "b", "z", "-", "_", "~", "é", "中"]
+    inside = [prefix + f"{first}{n}" for first in firsts for n in range(2)]
+    for number, key in enumerate(inside + ["other/a1", "listingX/a1"]):
+        for version in range(2):
+            client.put_object(Bucket=store.bucket, Key=key, Body=b"x" * (10 + version))
+        if number % 2:
+            client.delete_object(Bucket=store.bucket, Key=key)
+    everything = client.list_object_versions(Bucket=store.bucket, Prefix=prefix)
+    expected = sorted((item["Key"], item["VersionId"]) for item in everything.get("Versions", [])
+                      + everything.get("DeleteMarkers", []))
+    assert len(expected) == 2 * len(inside) + len(inside) // 2
+    shards = "0Aab9"
+    for page_size in (1000, 2, 1):  # small pages: the catch-all's jumps over the shards' keys are exercised
+        seen = sorted((item["Key"], item["VersionId"]) for first in [*shards, None]
+                      for item in list_versions_shard(client, store.bucket, prefix, first, shards, page_size))
+        assert seen == expected, page_size
+
+    noncurrent = [item for item in everything.get("Versions", []) if not item["IsLatest"]]
+    assert noncurrent_versions(spark, versioned_config, prefix, "dc1") == (
+        len(noncurrent), sum(item["Size"] for item in noncurrent))
+    assert len(noncurrent) == len(inside) + len(inside) // 2
