@@ -24,14 +24,25 @@ files of today's partition are counted before and after the upkeep's compaction.
 day's end within 1.2x of itself at 100 batches.
 
     python -m bench.ledger --day --rows 500 --rounds 5
+
+``--compaction`` measures what auto compaction leaves on disk (SPEC 10.2): ``--commits`` batches of ``--rows``
+outcomes appended, as the sink appends them, into ledgers that differ only in the session's
+``spark.databricks.delta.autoCompact.minFileSize`` while they are written (``--min-file-sizes``, MiB;
+``default``: Delta's own, half its 128 MiB target), a batch into each in turn. At the end, each ledger's bytes
+on disk (its data files, the live ones and those its compactions replaced, kept until ``VACUUM``) against its
+live bytes, its live files, and a batch's median append. The baseline is the ledger with Delta's default.
+
+    python -m bench.ledger --compaction --rows 500 --commits 1000
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from datetime import date, timedelta
+from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -45,6 +56,7 @@ SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 OPTIMIZE_WRITE = "delta.autoOptimize.optimizeWrite"
+MIN_FILE_SIZE = "spark.databricks.delta.autoCompact.minFileSize"
 
 
 def main() -> None:
@@ -55,9 +67,15 @@ def main() -> None:
     parser.add_argument("--day", action="store_true", help="the ledger at a day's volume (SPEC 10.2)")
     parser.add_argument("--day-batches", type=int, default=43_200, help="with --day: a day's batches")
     parser.add_argument("--bulk-rows", type=int, default=100_000, help="with --day: records a commit of the day")
+    parser.add_argument("--compaction", action="store_true", help="what auto compaction leaves on disk")
+    parser.add_argument("--min-file-sizes", default="default,8,1",
+                        help="with --compaction: autoCompact.minFileSize of each ledger, in MiB")
     args = parser.parse_args()
     if args.day:
         day(args)
+        return
+    if args.compaction:
+        compaction(args)
         return
 
     run = BenchRun.start("ledger")
@@ -201,6 +219,60 @@ def day(args: argparse.Namespace) -> None:
                baseline=("at 100 batches", files_early), **details)
     run.record("ledger at a day's volume: live data files after the upkeep's compaction", files_compacted, "files",
                **details)
+    spark.stop()
+
+
+def compaction(args: argparse.Namespace) -> None:
+    """Bytes on disk against live bytes, after ``--commits`` batches, per ``autoCompact.minFileSize``."""
+    run = BenchRun.start("ledger")
+    spark = run.spark()
+    configured = spark.conf.get(MIN_FILE_SIZE, None)
+    sizes = args.min_file_sizes.split(",")
+    ledgers = {size: Ledger(spark, LedgerConfig(path=str(run.work / f"ledger-min-{size}"))) for size in sizes}
+    timings: dict[str, list[float]] = {size: [] for size in sizes}
+    for each in ledgers.values():
+        each.create()
+    for batch in range(args.commits):
+        at = int(time.time() * 1000)
+        for size, ledger in ledgers.items():
+            if size == "default":
+                spark.conf.unset(MIN_FILE_SIZE)
+            else:
+                spark.conf.set(MIN_FILE_SIZE, str(int(float(size) * 2**20)))
+            started = time.perf_counter()
+            ledger.append(outcomes_of(spark, f"b{batch}-", args.rows, at), run.run, batch, may_hold=False)
+            timings[size].append(time.perf_counter() - started)
+        if batch % 100 == 99:
+            print(f"compaction: {batch + 1} of {args.commits} batches", flush=True)
+    if configured is None:
+        spark.conf.unset(MIN_FILE_SIZE)
+    else:
+        spark.conf.set(MIN_FILE_SIZE, configured)
+
+    def on_disk(ledger: Ledger) -> int:
+        return sum(path.stat().st_size for path in Path(ledger.path).rglob("*.parquet")
+                   if "_delta_log" not in path.parts and "_change_data" not in path.parts)
+
+    details = {"rows": args.rows, "commits": args.commits}
+    measured = {}
+    for size, ledger in ledgers.items():
+        detail = spark.sql(f"DESCRIBE DETAIL delta.`{ledger.path}`").first()
+        measured[size] = (on_disk(ledger), detail["sizeInBytes"], detail["numFiles"],
+                          statistics.median(timings[size]))
+        if ledger.records().count() != args.commits * args.rows:
+            raise RuntimeError(f"ledger {size} holds {ledger.records().count()} records")
+    base_disk, base_live, base_files, base_append = measured.get("default", measured[sizes[0]])
+    for size, (disk, live, files, append) in measured.items():
+        name = "autoCompact.minFileSize " + ("Delta's default (64 MiB)" if size == "default" else f"{size} MiB")
+        run.record(f"ledger compaction, {name}: bytes on disk over live bytes", round(disk / live, 2), "x",
+                   baseline=("Delta's default", round(base_disk / base_live, 2)), live_bytes=live, disk_bytes=disk,
+                   **details)
+        run.record(f"ledger compaction, {name}: live data files", files, "files",
+                   baseline=("Delta's default", base_files), **details)
+        run.record(f"ledger compaction, {name}: a batch's append, median", append, "s",
+                   baseline=("Delta's default", base_append), **details)
+    print(os.linesep.join(f"{size}: {disk:,} bytes on disk, {live:,} live, {files} files, {append:.3f} s"
+                          for size, (disk, live, files, append) in measured.items()))
     spark.stop()
 
 

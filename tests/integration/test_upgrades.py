@@ -157,16 +157,24 @@ def release_source(version: str, destination: Path) -> Path:
 
 # Prints the settings (``section.key``) the configuration model on the path knows (-P: not the working tree's).
 KNOWN_KEYS = """
+import typing
 from pydantic import BaseModel
 try:  # a release whose settings' module was purger.core.config; tried first, since for a name the release lacks
     # the installation's own finder would hand it this checkout's module
     from purger.core.config import PurgerConfig
 except ImportError:
     from purger.core.settings import PurgerConfig
-def keys(model, at=""):
-    for name, field in model.model_fields.items():
+def model(kind):
+    return isinstance(kind, type) and issubclass(kind, BaseModel)
+def keys(section, at=""):
+    for name, field in section.model_fields.items():
         kind = field.annotation
-        yield from keys(kind, f"{at}{name}.") if isinstance(kind, type) and issubclass(kind, BaseModel) else [at + name]
+        if model(kind):
+            yield from keys(kind, f"{at}{name}.")
+        elif typing.get_origin(kind) is dict and model(typing.get_args(kind)[1]):  # the stores: stores.*.<key>
+            yield from keys(typing.get_args(kind)[1], f"{at}{name}.*.")
+        else:
+            yield at + name
 print("\\n".join(keys(PurgerConfig)))
 """
 

@@ -69,11 +69,16 @@ def write_config(config: PurgerConfig, path: Path, secrets: bool = True, leaving
                  ) -> Path:
     """The configuration as a TOML file, for a purger in another process; without ``secrets``, the file has
     no password or secret key (the process is to take them from its environment); ``leaving_out``: keys
-    (``section.key``) an earlier release does not know, at their defaults."""
+    (``section.key``; ``stores.*.key`` for a key of every store) an earlier release does not know, at their
+    defaults."""
+    def left_out(key: str) -> bool:
+        section, _, rest = key.partition(".")
+        return key in leaving_out or f"{section}.*.{rest.partition('.')[2]}" in leaving_out
+
     def plain(value, at=""):
         if isinstance(value, dict):
             return {k: plain(v, f"{at}{k}.") for k, v in value.items()
-                    if v is not None and (secrets or not isinstance(v, SecretStr)) and f"{at}{k}" not in leaving_out}
+                    if v is not None and (secrets or not isinstance(v, SecretStr)) and not left_out(f"{at}{k}")}
         if isinstance(value, timedelta):
             return value.total_seconds()
         if isinstance(value, SecretStr):
