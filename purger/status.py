@@ -106,13 +106,16 @@ class Alert:
 
 @dataclass
 class HeldScope:
-    """A legal hold in force (``purger.core.holds``) and how many objects it keeps now."""
+    """A legal hold in force (``purger.core.holds``) and how many objects it keeps now; or
+    (``release_cut_short``) a hold lifted by a release that stopped before the objects it kept were looked at
+    again, which ``purger release`` run again finishes."""
 
     scope: str
     reason: str
     placed_by: str
     placed_at: datetime | None
     held_objects: int
+    release_cut_short: bool = False
 
 
 @dataclass
@@ -236,15 +239,16 @@ def purger_alerts(answer: dict[str, Any]) -> list[Alert]:
 
 def read_holds(config: PurgerConfig) -> list[HeldScope]:
     """The legal holds in force, from the holds table (``cassandra.holds_table``)."""
-    from purger.holds import HoldRefused, holds_in_force
+    from purger.holds import HoldRefused, holds_in_force, releases_cut_short
 
     try:
-        found = holds_in_force(config)
+        found, cut_short = holds_in_force(config), releases_cut_short(config)
     except HoldRefused as refused:
         raise Unreadable(str(refused)) from None
     return [HeldScope(hold.scope, hold.reason, hold.placed_by,
                       from_epoch_ms(hold.placed_at_ms) if hold.placed_at_ms is not None else None, count)
-            for hold, count in found]
+            for hold, count in found] + [HeldScope(scope, "", "", None, count, release_cut_short=True)
+                                         for scope, count in cut_short]
 
 
 def read_stuck(config: PurgerConfig, at: datetime) -> list[Stuck]:
@@ -504,10 +508,16 @@ def _holds(status: Status) -> RenderableType:
         return Text("Legal holds: not read")
     if not status.holds:
         return Text("Legal holds: none in force")
-    held = sum(hold.held_objects for hold in status.holds)
-    return _titled(f"Legal holds: {len(status.holds)} in force, keeping {held} objects",
+    in_force = [hold for hold in status.holds if not hold.release_cut_short]
+    cut_short = len(status.holds) - len(in_force)
+    held = sum(hold.held_objects for hold in in_force)
+    return _titled(f"Legal holds: {len(in_force)} in force, keeping {held} objects"
+                   + (f"; {cut_short} releases cut short" if cut_short else ""),
                    ("scope", "held", "since", "by and why"),
-                   [(hold.scope, str(hold.held_objects), _moment(hold.placed_at, status.at) if hold.placed_at else "-",
+                   [(hold.scope, str(hold.held_objects), "-", f"released, but not looked at again: run `purger release "
+                                                              f"{hold.scope}` again")
+                    if hold.release_cut_short else
+                    (hold.scope, str(hold.held_objects), _moment(hold.placed_at, status.at) if hold.placed_at else "-",
                      f"{hold.placed_by}: {hold.reason}") for hold in status.holds])
 
 

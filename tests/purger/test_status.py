@@ -44,7 +44,8 @@ def status(**read) -> Status:
                                         "units_of_work": {"scanned": 300, "unknown_fed": 0, "overdue_fed": 0,
                                                           "orphans_found": 0}}),
         "holds": [HeldScope("mailbox:alice", "case 2026-117", "jdoe", AT - timedelta(days=3), 12),
-                  HeldScope("user:u7", "DSAR review", "legal-app", None, 0)],
+                  HeldScope("user:u7", "DSAR review", "legal-app", None, 0),
+                  HeldScope("user:u9", "", "", None, 4, release_cut_short=True)],
         "stuck": [Stuck("payload", "p-9", 30, int((AT - timedelta(hours=26)).timestamp() * 1000),
                         "no object store configured for data centre 'dc3'")],
         **read})
@@ -73,10 +74,12 @@ def test_the_screen_reads_at_80_columns_and_without_prometheus_shows_the_facts_o
     assert "would" not in text
     assert "finished 2026-11-26 02:15:03 UTC (8 h ago), took 12 min" in text
     assert reconciled == ["4000000", "7", "1", "2"], text
-    assert "Legal holds: 2 in force, keeping 12 objects" in lines
+    assert "Legal holds: 2 in force, keeping 12 objects; 1 releases cut short" in lines
     assert figures(lines, "mailbox:alice") == [["12", "2026-11-23", "10:15:03", "UTC", "(3", "d", "ago)", "jdoe:",
                                                 "case", "2026-117"]], text
     assert figures(lines, "user:u7") == [["0", "-", "legal-app:", "DSAR", "review"]], text
+    assert " ".join(" ".join(figures(lines, "user:u9")[0]).split()).startswith("4 - released, but not looked at"), text
+    assert "`purger release user:u9` again" in " ".join(text.split()), text
     assert "Legal holds: none in force" in at_80(render(status(holds=[])))
     assert "Failing for over an hour: 1 objects, still retried" in [line.rstrip() for line in lines]
     assert figures(lines, "payload") == [["p-9", "30", "2026-11-25", "08:15:03", "UTC", "(1.1", "d", "ago)", "no",
