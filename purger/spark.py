@@ -21,6 +21,8 @@ from purger.logs import log4j2_options
 
 # Spark's speculative execution: a second attempt of a slow task, run beside the first.
 SPECULATION = "spark.speculation"
+# The ledger's files that auto compaction takes as small, in bytes (Delta's default: 64 MiB).
+LEDGER_MIN_FILE_SIZE = 1 << 20
 
 
 def speculation_refusal(conf: SparkConf) -> str | None:
@@ -106,6 +108,10 @@ def spark_session(stream: StreamConfig, app_name: str = "purger", log_level: str
             # Each ledger commit rebuilds the table's snapshot in this many tasks: Delta's 50 made it a
             # 53-task job per batch; the ledger's log is small (BENCHMARKS.md, bench.ledger).
             .config("spark.databricks.delta.snapshotPartitions", "2")
+            # Auto compaction rewrites the files of a partition smaller than this with each round of new small
+            # files: with Delta's default (64 MiB) a day's file under it is rewritten every 50 commits, and every
+            # copy it replaces stays on disk until VACUUM, 7 days on (BENCHMARKS.md, "Auto compaction's leftovers").
+            .config("spark.databricks.delta.autoCompact.minFileSize", str(LEDGER_MIN_FILE_SIZE))
             # Python transformWithState refuses the default HDFS-backed provider.
             .config(
                 "spark.sql.streaming.stateStore.providerClass",
