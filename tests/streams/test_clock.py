@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from datetime import datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 from hypothesis import given, settings
@@ -241,6 +242,15 @@ def test_a_quiet_purger_ticks_when_the_timer_it_registered_comes_due_not_at_its_
         platform.close()
 
 
+def saved_timers(path: Path) -> list[int] | None:
+    """The timers saved in the clock's file; None before it is written, or while it is (a write replaces the
+    file's content in place: a reader may meet it empty)."""
+    try:
+        return json.loads(path.read_text())["timers_ms"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
 def test_a_restarted_quiet_purger_ticks_for_the_timer_its_state_held_not_at_its_quiet_interval(spark, config,
                                                                                               tmp_path):
     """SPEC 10: the timer a run registered is in the state the next start continues from, and that start's clock
@@ -259,8 +269,7 @@ def test_a_restarted_quiet_purger_ticks_for_the_timer_its_state_held_not_at_its_
         m, zero_at = inline_message_at_zero(platform, "restart")
         running = start_purger(spark, own)
         try:
-            wait_for(lambda: saved.exists() and json.loads(saved.read_text())["timers_ms"], 60,
-                     "the message's timer saved beside the checkpoint")
+            wait_for(lambda: saved_timers(saved), 60, "the message's timer saved beside the checkpoint")
         finally:
             running.stop()
         assert platform.row(m) is not None, "due only after the restart"
