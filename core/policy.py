@@ -20,7 +20,10 @@ A policy is one kind of purge (``mailbox``, ``rule_events``, ``users``,
   blobs and dependent rows (``purger.core.reconcile_descriptors``);
 - its configuration section (``settings_model``, a pydantic model built on
   ``Settings``) and the tables and columns it reads (for ``purger setup``):
-  ``Settings`` and ``Policy``, here.
+  ``Settings`` and ``Policy``, here;
+- where its objects of a data subject are, for an erasure on request
+  (``Policy.subjects``: ``SubjectRows``, ``purger.core.erasure``), and what
+  still keeps one whatever its subject asked (``ObjectPurge.erasable``).
 
 Beside them, ``__all__`` holds what a policy's own code and tests use of the
 rest of the core: ``Duration`` (``purger.core.settings``), the time helpers of
@@ -44,6 +47,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from purger.core.settings import Duration
+from purger.core.erasure import SubjectRows, erasure_rule, is_erasure
 from purger.core.events import Eligibility, EventField, EventType, Link, ObjectKind, Rule, earliest
 from purger.core.handles import Consistency, Control, Journal, Resources, Tables
 from purger.core.holds import Hold, Holds
@@ -64,6 +68,8 @@ from purger.core.vocabulary import (
 __all__ = [
     # defined here
     "Policy", "Settings",
+    # purger.core.erasure
+    "SubjectRows", "erasure_rule", "is_erasure",
     # purger.core.events
     "Eligibility", "EventField", "EventType", "Link", "ObjectKind", "Rule", "earliest",
     # purger.core.handles
@@ -118,6 +124,8 @@ class Policy(ABC):
     blobs: ClassVar[tuple[Blobs, ...]] = ()
     # Its tables of dependent rows, whose orphans (their parent row gone) reconciliation deletes.
     orphan_rows: ClassVar[tuple[OrphanRows, ...]] = ()
+    # Where its objects of a data subject are (``purger erase KIND:ID``): none, the default, takes no part.
+    subjects: ClassVar[tuple[SubjectRows, ...]] = ()
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -176,6 +184,8 @@ class Policy(ABC):
         read = {names[table]: set(columns) for table, columns in self.tables.items()}
         for scanned in self.scanned:
             read.setdefault(names[scanned.table], set()).update(scanned.columns)
+        for rows in self.subjects:
+            read.setdefault(names[rows.table], set()).update((rows.id_column, rows.subject_column))
         for orphans in self.orphan_rows:
             read.setdefault(names[orphans.table], set()).update(orphans.key + ((orphans.written,) if orphans.written else ()))
             read.setdefault(names[orphans.parent], set()).add(orphans.parent_key)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import json
 from typing import Any, Callable, ClassVar, Generator, Generic, Iterable, Iterator, TypeVar
 
+from purger.core.erasure import is_erasure
 from purger.core.events import Eligibility, Rule
 from purger.core.failpoints import failpoint
 from purger.core.handles import Resources, Tables
@@ -159,7 +160,8 @@ class ObjectPurge(Purge, Generic[R]):
     2. Not claimed yet (``claimed``): asks the row when it is due (``due``, the policy's rules applied to
        the row). Not due now: ``skipped`` with the policy's reason (``why_kept``) and, unless a dry run, a
        recheck when it will be (no sooner than ``stream.retry_interval`` under the candidate's own rule:
-       the stream found it due, so the clocks differ a little). Due, or claimed: a hold over any of its ``scopes``
+       the stream found it due, so the clocks differ a little). Under an erasure's rule (``purger.core.erasure``)
+       it is due now unless the row still keeps it (``erasable``). Due, or claimed: a hold over any of its ``scopes``
        (``purger.core.holds``, read at QUORUM) wins: ``skipped`` with reason ``held``, nothing
        claimed or deleted, and the candidate kept under the hold, for its release to look at it again. A dry
        run stops here: ``would_delete`` for
@@ -217,6 +219,12 @@ class ObjectPurge(Purge, Generic[R]):
     @abstractmethod
     def why_kept(self, candidate: Candidate, row: R, due: Eligibility | None) -> str:
         """The reason (``category: details``) the row keeps the object: ``due`` is in the future or None."""
+
+    def erasable(self, candidate: Candidate, row: R) -> str | None:
+        """Under an erasure's rule (``purger.core.erasure``), in place of ``due``: the reason the row still keeps
+        the object whatever its subject asked (a payload another message refers to), else None: due now. The claim
+        and the delete under that rule condition on the row being there (and unclaimed), not on a retention."""
+        return None
 
     def claim(self, candidate: Candidate, row: R) -> R | Kept:
         """Claim the row for this purge, a lightweight transaction conditioned on what ``read`` saw: the row
@@ -282,7 +290,13 @@ class ObjectPurge(Purge, Generic[R]):
         if claimed_before and dry_run:
             yield Outcome(SKIPPED, reason(BEING_DELETED, "by a real run"))
             return
-        if not claimed_before:
+        if not claimed_before and is_erasure(candidate.rule):
+            due = Eligibility(candidate.rule, now_ms())
+            kept_by = self.erasable(candidate, row)
+            if kept_by is not None:
+                yield self._kept(candidate, Kept(kept_by))
+                return
+        elif not claimed_before:
             due = self.due(candidate, row)
             if due is None or due.eligible_at_ms > now_ms():
                 yield self._kept(candidate, Kept(self.why_kept(candidate, row, due), due))
@@ -422,9 +436,12 @@ class ObjectPurge(Purge, Generic[R]):
         return Outcome(SKIPPED, kept.reason)
 
     def _recheck(self, candidate: Candidate, at: Eligibility) -> None:
-        """A recheck, never in a dry run; under the candidate's own rule, no sooner than ``retry_ms``."""
+        """A recheck, never in a dry run; under the candidate's own rule, no sooner than ``retry_ms``. An
+        erasure's candidate is looked at again under the erasure, whatever rule the row would be due by."""
         if self.resources.dry_run:
             return
+        if is_erasure(candidate.rule) and at.rule != candidate.rule:
+            at = Eligibility(candidate.rule, now_ms())
         soonest = now_ms() + (self.resources.retry_ms if at.rule == candidate.rule else 0)
         self.resources.control.recheck(candidate.kind, candidate.id, at.rule, max(at.eligible_at_ms, soonest))
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from purger.core.erasure import is_erasure
 from purger.core.events import Eligibility
 
 
@@ -86,8 +87,12 @@ def on_events(schedule: Schedule, own: Eligibility | None, watermark_ms: int, fo
 
 
 def recheck(schedule: Schedule, rule: str, at_ms: int) -> Schedule:
-    """Ask to look again at ``at_ms``. Of two pending rechecks the earlier stands."""
-    if schedule.recheck_at_ms is not None and schedule.recheck_at_ms <= at_ms:
+    """Ask to look again at ``at_ms``. Of two pending rechecks the earlier stands, but an erasure's
+    (``core.erasure``) stands over any other: it is what the purge of the object must be decided under."""
+    pending = schedule.recheck_at_ms is not None
+    if pending and is_erasure(schedule.recheck_rule) and not is_erasure(rule):
+        return schedule
+    if pending and schedule.recheck_at_ms <= at_ms and is_erasure(schedule.recheck_rule) >= is_erasure(rule):
         return schedule
     return replace(schedule, recheck_rule=rule, recheck_at_ms=at_ms)
 
@@ -99,8 +104,10 @@ def on_timer(
     (None: forget the object; ``never_fired`` on the schedule given says whether it ever was a candidate)."""
     when = due(schedule, own)
     if when is not None and when.eligible_at_ms <= watermark_ms:
-        recheck_due = schedule.recheck_at_ms is not None and schedule.recheck_at_ms <= watermark_ms
         own_due = own is not None and not _fired(schedule, own) and own.eligible_at_ms <= watermark_ms
+        # An erasure asked for is what the object is purged under, whatever else makes it due first.
+        recheck_due = schedule.recheck_at_ms is not None and (
+            schedule.recheck_at_ms <= watermark_ms or (own_due and is_erasure(schedule.recheck_rule)))
         # A recheck carries the row's rule, which is better informed than the stream's own.
         emitted = Eligibility(schedule.recheck_rule or "", schedule.recheck_at_ms) if recheck_due else own
         kept = replace(

@@ -45,6 +45,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from purger.core.settings import Duration
+from purger.core.erasure import SubjectRows, is_erasure
 from purger.core.events import Eligibility, EventField, EventType, ObjectKind, Rule, earliest
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings
@@ -171,6 +172,7 @@ class RuleEventPurge(ObjectPurge[Any]):
                         for rule in rules.values()}
         self.read_row = self.tables.prepare(
             f"SELECT {', '.join(RULE_EVENTS.selected)} FROM {{{TABLE}}} WHERE rule_event_id = ?")
+        self.erase_row = self.tables.prepare(f"DELETE FROM {{{TABLE}}} WHERE rule_event_id = ? IF EXISTS")
 
     def read(self, candidate: Candidate, serial: bool = False) -> dict[str, Any] | None:
         found = self.tables.one(self.read_row, candidate.id, serial=serial)
@@ -185,6 +187,8 @@ class RuleEventPurge(ObjectPurge[Any]):
         return reason(KEPT_BY_RULE, f"{candidate.rule} did not hold (status {row['status']})")
 
     def delete(self, candidate: Candidate, row: dict[str, Any]) -> bool:
+        if is_erasure(candidate.rule):
+            return self.tables.applied(self.erase_row, candidate.id)
         eligible_at = self.rules[candidate.rule].eligible_at(_row_state(row))
         return self.deletes[candidate.rule].applied((candidate.id,), row["updated_at"] is not None, eligible_at)
 
@@ -214,6 +218,8 @@ class RuleEventsPolicy(Policy):
     event_types = (EventType(RULE_EVENT_STATUS, KIND, "rule_event_id", required=("status",)),)
     tables = {TABLE: ("rule_event_id", "status", "updated_at")}
     scanned = (RULE_EVENTS,)
+    # A mailbox's rule events: those of its messages (the mailbox policy's subject rows), by their message_id.
+    subjects = (SubjectRows("mailbox", TABLE, KIND, "rule_event_id", "message_id", through="message"),)
     schema = f"""CREATE TABLE IF NOT EXISTS {{keyspace}}.{TABLE} (
   rule_event_id text PRIMARY KEY,
   message_id    text,

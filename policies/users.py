@@ -106,6 +106,7 @@ from typing import Any, NamedTuple
 from pydantic import field_validator
 
 from purger.core.settings import Duration
+from purger.core.erasure import SubjectRows, is_erasure
 from purger.core.events import Eligibility, EventField, EventType, ObjectKind, Rule, earliest
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings
@@ -227,6 +228,8 @@ class UsersPolicy(Policy):
         "mailbox_permissions": ("user_id", "mailbox"),
     }
     scanned = (USERS,)
+    # The user itself: its roots and permissions go with it, as in any purge of it.
+    subjects = (SubjectRows(USER, "users", USER, "user_id", "user_id"),)
     # A user's rows left behind when its users row went without them (a purge cut short, another purger).
     # A user id may be added again: a sweep claims the absent users row (its state) while it deletes them.
     orphan_rows = (OrphanRows("virtual_roots", ("user_id",), "users", "user_id", written="mailbox", claim="state"),
@@ -299,6 +302,8 @@ class UserPurge(ObjectPurge[Any]):
         self.read_user = prepare(f"SELECT {', '.join(USERS.selected)} FROM {{users}} WHERE user_id = ?")
         self.claim_user = RuleWrite(self.tables, f"UPDATE {{users}} SET state = '{PURGING}' WHERE user_id = ? "
                                                  f"IF state = '{LIVE}' AND", rule)
+        # An erasure's claim: present anywhere or not, as long as no other purge claimed it.
+        self.erase_claim = prepare(f"UPDATE {{users}} SET state = '{PURGING}' WHERE user_id = ? IF state = '{LIVE}'")
         self.delete_user = prepare(f"DELETE FROM {{users}} WHERE user_id = ? IF state = '{PURGING}'")
         self.read_permissions = prepare("SELECT mailbox FROM {mailbox_permissions} WHERE user_id = ?")
         self.delete_permission = prepare("DELETE FROM {mailbox_permissions} WHERE user_id = ? AND mailbox = ?")
@@ -326,7 +331,15 @@ class UserPurge(ObjectPurge[Any]):
             return reason(PRESENT, "in " + ", ".join(sorted(row.present_in)))
         return reason(NOT_YET_DUE, f"{USER_ABSENT} at {format_epoch_ms(due.eligible_at_ms)}")
 
+    def erasable(self, candidate: Candidate, row: Any) -> str | None:
+        # A row of no state of the contract is not the purger's to claim.
+        return None if row.state == LIVE else reason(LIVE_REASON, f"state {row.state!r}")
+
     def claim(self, candidate: Candidate, row: Any) -> Any | Kept:
+        if is_erasure(candidate.rule):
+            if self.tables.applied(self.erase_claim, candidate.id):
+                return row._replace(state=PURGING)
+            return Kept(reason(PRESENT, "changed while being erased"), Eligibility(candidate.rule, now_ms()))
         due = self.due(candidate, row)
         if self.claim_user.applied((candidate.id,), row.updated_at is not None, due and due.eligible_at_ms):
             return row._replace(state=PURGING)

@@ -594,6 +594,58 @@ def release(
     typer.echo(f"{found} released: {rechecked} held objects looked at again now")
 
 
+@app.command("erase")
+def erase(
+    subject: str = typer.Argument(..., help="Whose objects: KIND:ID, a user (user:u1) or a mailbox (mailbox:alice)."),
+    config_file: Optional[Path] = ConfigOption,
+    actor: Optional[str] = ActorOption,
+    reason: Optional[str] = ReasonOption,
+    request: Optional[str] = typer.Option(None, "--request", help="Finish an earlier run of the same erasure (its "
+                                                                  "request id, which it printed first)."),
+    wait: float = typer.Option(600, "--wait", help="Seconds to wait for the running purger to decide every object."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Erase a data subject's objects now in every enabled policy, whatever their retention (a hold still wins),
+    through the running purger; print the certificate: what was deleted, where, when, its ledger records, and
+    what was kept and why."""
+    from purger.erase import EraseRefused, find_objects, new_request, request_day, send_erasure, subject_rows, \
+        wait_for_certificate
+    from purger.output import output
+    from purger.sinks.ledger import Ledger
+    from purger.spark import spark_session
+
+    who, why = _who_and_why("erase", actor, reason, False)
+    found, config = _scope(subject), load_or_exit(config_file)
+    try:
+        policies = sorted({policy.name for policy, _ in subject_rows(config, found)})
+        request = request or new_request()
+        request_day(request)
+    except EraseRefused as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"request {request}: finish it with `purger erase {found} --request {request}` if this run stops",
+               err=True)
+    spark = spark_session(config.stream, app_name="purger-erase", log_level="ERROR", one_off=True)
+    try:
+        ledger = Ledger(spark, config.ledger)
+        ledger.record_command("erase", policies, who, f"{ledger.pseudonyms.scope(str(found))}: {why}", request)
+        asked = find_objects(spark, config, found)
+        typer.echo(f"{len(asked)} objects of {found} found: asking the running purger to erase them", err=True)
+        send_erasure(config, asked, request)
+        done = wait_for_certificate(spark, config, found, request, asked, wait,
+                                    say=lambda line: typer.echo(line, err=True))
+    except (EraseRefused, LookupError) as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    finally:
+        spark.stop()
+    output(as_json).certificate(done)
+    if not done.complete:
+        typer.echo(f"{len(done.pending)} objects not decided within {wait:.0f} s (is `purger run` running?): run "
+                   f"`purger erase {found} --request {request}` again", err=True)
+        raise typer.Exit(3)
+
+
 @app.command("holds")
 def holds(
     config_file: Optional[Path] = ConfigOption,

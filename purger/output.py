@@ -29,6 +29,7 @@ from rich.text import Text
 from purger.core.times import human_duration  # here too: what the command line prints
 
 if TYPE_CHECKING:
+    from purger.core.erasure import Certificate
     from purger.core.sizing import Sizing
     from purger.setup import Findings
     from purger.status import Status
@@ -232,6 +233,10 @@ class Output(ABC):
     def ledger_records(self, object_id: str, ledger_path: str, records: list[dict[str, Any]]) -> None:
         """``purger ledger find``: an object's records, oldest first."""
 
+    @abstractmethod
+    def certificate(self, found: Certificate) -> None:
+        """``purger erase``: the request's certificate (``purger.core.erasure.Certificate``)."""
+
 
 def output(as_json: bool) -> Output:
     return JsonOutput() if as_json else TextOutput()
@@ -302,6 +307,21 @@ class TextOutput(Output):
                        + (f"  {r['reason']}" if r["reason"] else "")
                        + f"  batch {r['batch_id']}  record {r['record_id'][:12]}")
 
+    def certificate(self, found: Certificate) -> None:
+        typer.echo(f"erasure {found.request} of {found.subject}: {len(found.deleted)} deleted, {len(found.kept)} "
+                   f"kept, {len(found.gone)} gone before it" + (f", {len(found.pending)} not decided yet"
+                                                                  if found.pending else ""))
+        for e in found.deleted:
+            typer.echo(f"  deleted  {e.kind} {e.id}" + (f" in {e.dc}" if e.dc else "")
+                       + f"  at {e.at}  policies.{e.policy}  record {e.record_id}")
+        for e in found.kept:
+            typer.echo(f"  kept     {e.kind} {e.id}  {e.reason}  (record {e.record_id}; erased at its release)")
+        for e in found.gone:
+            typer.echo(f"  gone     {e.kind} {e.id}  removed by another writer before the erasure  "
+                       f"(record {e.record_id})")
+        for kind, object_id in found.pending:
+            typer.echo(f"  pending  {kind} {object_id}")
+
 
 class JsonOutput(Output):
     """One JSON document on stdout: times in ISO 8601 (UTC), durations in seconds, ``null`` for what is not
@@ -342,6 +362,9 @@ class JsonOutput(Output):
 
     def ledger_records(self, object_id: str, ledger_path: str, records: list[dict[str, Any]]) -> None:
         self._print(records)
+
+    def certificate(self, found: Certificate) -> None:
+        self._print({**dataclasses.asdict(found), "complete": found.complete})
 
 
 def _row(row: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from purger.sinks.clients import executor_session
 from purger.sinks.throttle import Pacer, per_task_rate
 
 _IDS = StructType([StructField("id", StringType(), False)])
+_ID_AND_COLUMN = StructType([StructField("id", StringType(), False), StructField("column", StringType())])
 _DEPENDENTS = StructType([StructField("id", StringType(), False), StructField("parent", StringType(), False),
                           StructField("written_ms", LongType())])
 
@@ -64,6 +65,15 @@ def row_ids(spark: SparkSession, config: PurgerConfig, what: str, table: str, id
     """The ids of every row of a table keyed by ``id_column``, read by token range on the executors."""
     rows = _scanned(spark, config, what, table, [id_column], [id_column], lambda row: (str(row[id_column]),))
     return spark.createDataFrame(rows, _IDS)
+
+
+def id_and_column(spark: SparkSession, config: PurgerConfig, what: str, table: str, id_column: str, column: str
+                  ) -> DataFrame:
+    """Each row's ``id`` and ``column`` (as text, null kept) of a table keyed by ``id_column``, read by token
+    range on the executors: an erasure's scan for a subject's rows (``purger.erase``)."""
+    rows = _scanned(spark, config, what, table, [id_column, column], [id_column],
+                    lambda row: (str(row[id_column]), None if row[column] is None else str(row[column])))
+    return spark.createDataFrame(rows, _ID_AND_COLUMN)
 
 
 def _row_id(orphans: OrphanRows, row: dict[str, Any]) -> str:

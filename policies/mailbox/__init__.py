@@ -28,6 +28,7 @@ from pydantic import field_validator
 from purger.core.settings import Duration
 from purger.core.events import Eligibility, EventField, EventType, Link, ObjectKind
 from purger.core.handles import Resources
+from purger.core.erasure import SubjectRows
 from purger.core.policy import Policy, Settings
 from purger.core.purge_protocol import Purge
 from purger.core.reconcile_descriptors import REFERENCED_FIELD, Blobs, OrphanRows, PageVerdicts, row_event
@@ -191,6 +192,9 @@ class MailboxPolicy(Policy):
     }
     # Read as the purges read them, with the write times that date a row lacking its rule's timestamp.
     scanned = (MESSAGES, PAYLOADS)
+    # A mailbox's messages, found by a scan of the messages (the table is keyed by message); their payloads follow
+    # each message's erasure once no other message refers to them (``MessagePurge.released``).
+    subjects = (SubjectRows(MAILBOX, "messages", MESSAGE, "message_id", "mailbox"),)
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.messages (
   message_id text PRIMARY KEY, mailbox text, payload_id text, payload_size bigint, inline_payload blob,

@@ -45,6 +45,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from purger.core.erasure import is_erasure
 from purger.core.events import Eligibility
 from purger.core.handles import Resources
 from purger.core.purge_protocol import Candidate, Deleted, Dependent, Kept, ObjectPurge, RuleWrite, key_id
@@ -128,6 +129,8 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
         prepare = self.tables.prepare
         self.conditional_delete = {name: RuleWrite(self.tables, "DELETE FROM {messages} WHERE message_id = ? IF", rule)
                                    for name, rule in retention.message_rules.items()}
+        # An erasure's: whatever the row says, as long as it is there.
+        self.erase_row = prepare("DELETE FROM {messages} WHERE message_id = ? IF EXISTS")
         self.read_row = prepare(f"SELECT {', '.join(MESSAGES.selected)} FROM {{messages}} WHERE message_id = ?")
         self.delete_ref = prepare("DELETE FROM {payload_refs} WHERE payload_id = ? AND message_id = ?")
         self.read_ref = prepare("SELECT message_id FROM {payload_refs} WHERE payload_id = ? AND message_id = ?")
@@ -147,6 +150,8 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
         return [f"{MESSAGE}:{candidate.id}"] + ([f"{MAILBOX}:{row['mailbox']}"] if row["mailbox"] else [])
 
     def delete(self, candidate: Candidate, row: dict[str, Any]) -> bool:
+        if is_erasure(candidate.rule):
+            return self.tables.applied(self.erase_row, candidate.id)
         # This rule's period (``due`` checked the earliest rule's), for a row dated by its cells' write time.
         eligible_at = self.retention.message_rules[candidate.rule].eligible_at(row_state(row))
         return self.conditional_delete[candidate.rule].applied((candidate.id,), row["updated_at"] is not None,
@@ -184,6 +189,8 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
         if payload_id is not None and not inline and self.referrer(payload_id) is None:
             self.resources.control.report(RELEASED, payload_id, candidate.eligible_at_ms, message_id=candidate.id,
                                           observed_at_ms=now_ms(), dcs=list(candidate.hint.get("dcs") or ()))
+            if is_erasure(candidate.rule):  # the payload is erased with it, not after its grace
+                self.resources.control.recheck(PAYLOAD, payload_id, candidate.rule, now_ms())
 
     def referrer(self, payload_id: str, other_than: str | None = None) -> str | None:
         """A message referring to the payload (other than ``other_than``), or None."""
@@ -244,6 +251,10 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
     def scopes(self, candidate: Candidate, row: PayloadRow) -> list[str]:
         # Kept while a message refers to it, and a held message keeps its reference: no hold names a payload.
         return []
+
+    def erasable(self, candidate: Candidate, row: PayloadRow) -> str | None:
+        # Another message's too: kept for it (its claim, bound to the last_ref_at read, keeps a link since too).
+        return None if row.referrer is None else self.why_kept(candidate, row, None)
 
     def due(self, candidate: Candidate, row: PayloadRow) -> Eligibility | None:
         if row.referrer is not None:

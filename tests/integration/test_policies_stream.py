@@ -606,3 +606,71 @@ class TestOnePurgerForThreePolicies:
                 assert fields["archived_dependent_journey_types"] == ""
             else:
                 assert r["policy_fields"] == {}, r
+
+    def test_an_erasure_deletes_a_mailbox_and_a_user_now_but_what_a_hold_or_another_message_keeps(
+            self, spark, purger, platforms, policies_config):
+        """SPEC 11.3, after the ledger's test (its records are its own): a mailbox's messages, live for years,
+        their payloads, their rule events, and a user present in a data centre, erased now through the running
+        purger; a hold on one message keeps it (and its payload) until its release, which erases it with no new
+        command; a payload another mailbox's message refers to is kept, as that message and its rule event are.
+        Checked in Cassandra and both stores, then against the certificates."""
+        from purger.core.holds import Scope
+        from purger.erase import find_objects, new_request, send_erasure, wait_for_certificate
+        from purger.holds import place_hold, release_hold
+        from simulation.mailbox import Platform
+
+        cfg = policies_config
+        rules, users, _ = platforms
+        mail = Platform(cfg)
+        run = uuid.uuid4().hex[:8]
+        subject, other = Scope("mailbox", f"erased-{run}"), f"kept-{run}"
+        messages = [f"{run}-m{n}" for n in range(4)]
+        held, shared, neighbour = messages[3], f"p-{messages[0]}", f"{run}-other"
+        user, kept_user = f"{run}-u", f"{run}-u-kept"
+        try:
+            for m in messages:  # never dequeued: live for years; a stored payload each, in dc1 and dc2
+                mail.enqueue(m, f"p-{m}", mailbox=subject.id)
+            mail.enqueue(neighbour, shared, mailbox=other, shared=True)
+            rules.raise_event(f"{run}-re", messages[1], "route", PROCESSING)
+            rules.raise_event(f"{run}-re-kept", neighbour, "route", PROCESSING)
+            users.add_user(user, "dc1", mailboxes=(subject.id,))
+            users.add_user(kept_user, "dc1")
+            mail.flush()
+            assert place_hold(spark, cfg, Scope("message", held), "case 9", "test", wait_s=60).already is None
+
+            request = new_request()
+            asked = find_objects(spark, cfg, subject)
+            assert asked == sorted([("message", m) for m in messages] + [("rule_event", f"{run}-re")])
+            send_erasure(cfg, asked, request)
+            erased = wait_for_certificate(spark, cfg, subject, request, asked, wait_s=120)
+            assert [m for m in messages if mail.row(m) is not None] == [held]
+            assert all(mail.payload_gone(f"p-{m}") for m in messages[1:3])
+            assert mail.payload_intact(shared) and mail.references(shared) == {neighbour}
+            assert mail.payload_intact(f"p-{held}") and mail.row(neighbour) is not None
+            assert rules.row(f"{run}-re") is None and rules.row(f"{run}-re-kept") is not None
+            assert erased.complete and erased.gone == []
+            assert [(e.kind, e.id, e.reason.split(":")[0]) for e in erased.kept] == [("message", held, "held")]
+            deleted = {(e.kind, e.id, e.dc) for e in erased.deleted}
+            assert deleted == ({("message", m, None) for m in messages[:3]} | {("rule_event", f"{run}-re", None)}
+                               | {("payload_refs", json.dumps([f"p-{m}", m], separators=(",", ":")), None)
+                                  for m in messages[:3]}
+                               | {("payload", f"p-{m}", dc) for m in messages[1:3] for dc in ("dc1", "dc2", None)})
+            assert all(e.record_id and e.at for e in erased.deleted)
+
+            user_request = new_request()
+            asked = find_objects(spark, cfg, Scope("user", user))
+            assert asked == [("user", user)]
+            send_erasure(cfg, asked, user_request)
+            done = wait_for_certificate(spark, cfg, Scope("user", user), user_request, asked, wait_s=120)
+            assert users.rows(user) == {"user": None, "virtual_root": None, "permissions": {}}
+            assert users.rows(kept_user)["user"] is not None
+            assert {(e.kind, e.id) for e in done.deleted} == {
+                ("user", user), ("virtual_root", user), ("mailbox_permission", f"{user}/{subject.id}")}
+
+            assert release_hold(cfg, Scope("message", held)) == 1
+            wait_for(lambda: mail.row(held) is None and mail.payload_gone(f"p-{held}"), timeout_s=60,
+                     what="the held message erased at its release, with its payload")
+            again = wait_for_certificate(spark, cfg, subject, request, [], wait_s=60)
+            assert again.kept == [] and ("message", held, None) in {(e.kind, e.id, e.dc) for e in again.deleted}
+        finally:
+            mail.close()

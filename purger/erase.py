@@ -1,0 +1,201 @@
+"""``purger erase``: a data subject's objects purged now, through the running stream, and the certificate
+(docs/operations.md, "Erasure on request"; the protocol's side is ``purger.core.erasure``).
+
+The command finds the subject's objects in every enabled policy that names its kind (``Policy.subjects``): a
+user by its key, a mailbox's messages by a scan of the messages table on the executors, paced as a reconcile's
+scans are (``reconcile.max_rows_per_second``), their rule events by a scan of theirs. It sends, for each, a
+recheck under the request's rule on ``kafka.control_topic``: the stream decides each as any candidate (so one
+object is never purged by two hands at once), under the erasure's rule, which wins over retention but not over a
+hold. Then it reads the ledger until each object asked for is settled (deleted, found gone, or kept under a
+hold) and the payloads that follow have had their batches, and prints the certificate from the request's
+records: the request id (``<day>-<hex>``) names the day its records start, so a run cut short (a kill, a
+``--wait`` passed) is finished by running it again with ``--request``, and the certificate covers both runs.
+
+Example::
+
+    request = new_request()                                  # '20261206-7f3a9c21'
+    asked = find_objects(spark, config, Scope.parse("mailbox:alice"))
+    send_erasure(config, asked, request)
+    wait_for_certificate(spark, config, Scope.parse("mailbox:alice"), request, asked, wait_s=600)
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import date, datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable
+
+from purger.core.erasure import Certificate, SubjectRows, certificate, erasure_rule
+from purger.core.failpoints import failpoint
+from purger.core.holds import Scope
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from purger.core.policy import Policy
+    from purger.core.settings import PurgerConfig
+
+# How long after the request's last record what follows it may be asked for: a payload released by an erased
+# message is rechecked under the erasure at the moment of the release, just after the message's record.
+FOLLOWS_WITHIN_MS = 1_000
+
+
+class EraseRefused(Exception):
+    """An erasure that cannot go on: one line that says why and what to do."""
+
+
+def new_request(today: date | None = None) -> str:
+    """A request's id: the day its records start on, then random hex."""
+    return f"{(today or datetime.now(timezone.utc).date()):%Y%m%d}-{uuid.uuid4().hex[:8]}"
+
+
+def request_day(request: str) -> date:
+    """The day a request's records start on; ``EraseRefused`` for an id not made by ``new_request``."""
+    try:
+        return datetime.strptime(request.partition("-")[0], "%Y%m%d").date()
+    except ValueError:
+        raise EraseRefused(f"request {request!r}: give the id an earlier `purger erase` printed "
+                           "(e.g. 20261206-7f3a9c21)") from None
+
+
+def subject_rows(config: PurgerConfig, subject: Scope) -> list[tuple[Policy, SubjectRows]]:
+    """Every enabled policy's rows of ``subject``'s kind, those found through another kind after it; none: the
+    line that lists the kinds there are."""
+    found = [(policy, rows) for policy in config.policy_set.policies for rows in policy.subjects
+             if rows.subject == subject.kind]
+    if not found:
+        kinds = sorted({rows.subject for policy in config.policy_set.policies for rows in policy.subjects})
+        raise EraseRefused(f"subject {subject}: no enabled policy finds objects of a {subject.kind!r}; the kinds are "
+                           f"{', '.join(kinds) or 'none (enable the mailbox or users policy)'}")
+    return sorted(found, key=lambda found: found[1].through is not None)
+
+
+def find_objects(spark: SparkSession, config: PurgerConfig, subject: Scope) -> list[tuple[str, str]]:
+    """The (kind, id) of every object of ``subject`` there is now, in every enabled policy that names its kind."""
+    from pyspark.sql import functions as F
+
+    from purger.reconcile.orphan_scans import id_and_column
+
+    ids: dict[str, DataFrame] = {}
+    for policy, rows in subject_rows(config, subject):
+        table = policy.table_names()[rows.table]
+        what = f"the objects of {subject} in policies.{policy.name}"
+        if rows.by_key:
+            found = spark.createDataFrame([(object_id,) for object_id in _by_key(config, table, rows, subject.id)],
+                                          "id string")
+        elif rows.through is not None:
+            if rows.through not in ids:
+                continue  # the policy it goes through is not enabled
+            scanned = id_and_column(spark, config, what, table, rows.id_column, rows.subject_column)
+            found = scanned.join(ids[rows.through].withColumnRenamed("id", "column"), "column", "left_semi")
+        else:
+            scanned = id_and_column(spark, config, what, table, rows.id_column, rows.subject_column)
+            found = scanned.where(F.col("column") == subject.id)
+        ids[rows.kind] = found.select("id").distinct().cache()
+    return sorted((kind, row.id) for kind, frame in ids.items() for row in frame.collect())
+
+
+def _by_key(config: PurgerConfig, table: str, rows: SubjectRows, object_id: str) -> list[str]:
+    from purger.connectors import cassandra_session
+
+    session = cassandra_session(config.cassandra)
+    try:
+        found = session.execute(f"SELECT {rows.id_column} FROM {config.cassandra.keyspace}.{table} "
+                                f"WHERE {rows.id_column} = %s", (object_id,)).one()
+        return [] if found is None else [object_id]
+    finally:
+        session.cluster.shutdown()
+
+
+def send_erasure(config: PurgerConfig, objects: list[tuple[str, str]], request: str) -> None:
+    """A recheck under the request's rule for each object, on the control topic, all delivered on return."""
+    from purger.connectors import kafka_producer
+    from purger.core.times import now_ms
+    from purger.streams.control import ControlWriter
+
+    producer = kafka_producer(config.kafka, acks="all")
+    try:
+        control = ControlWriter(producer, config.kafka.control_topic, config.policy_set)
+        rule, at_ms = erasure_rule(request), now_ms()
+        for number, (kind, object_id) in enumerate(objects):
+            control.recheck(kind, object_id, rule, at_ms)
+            if number == len(objects) // 2:
+                failpoint("erase_half_sent")
+        producer.flush(f"run `purger erase` again with --request {request}: not every object was asked for")
+    finally:
+        producer.close()
+
+
+def erasure_records(spark: SparkSession, config: PurgerConfig, request: str) -> list[dict[str, Any]]:
+    """The ledger's records under the request's rule, from the day it started."""
+    from pyspark.sql import functions as F
+
+    from purger.sinks.ledger import Ledger
+
+    ledger = Ledger(spark, config.ledger)
+    if not ledger.exists():
+        return []
+    found = ledger.records().where((F.col("date") >= F.lit(request_day(request)))
+                                   & (F.col("rule") == erasure_rule(request)))
+    columns = ("policy", "kind", "id", "dc", "status", "reason", "deleted_at", "decided_at", "record_id", "batch_id")
+    return [row.asDict() for row in found.select(*columns).collect()]
+
+
+def wait_for_certificate(spark: SparkSession, config: PurgerConfig, subject: Scope, request: str,
+                         asked: list[tuple[str, str]], wait_s: float, say: Callable[[str], None] = print
+                         ) -> Certificate:
+    """Read the request's records until every object asked for (now or by an earlier run of it: its records' kinds
+    among the subject's) is settled and what follows them has been decided (``_followed``), or ``wait_s`` passed:
+    the certificate then, its ids in clear where the ledger hashes them and they are known here."""
+    from purger.sinks.ledger import Ledger
+
+    pseudonyms = Ledger(spark, config.ledger).pseudonyms
+    kinds = {rows.kind for _, rows in subject_rows(config, subject)}
+    clear = {pseudonyms.id(object_id): object_id for _, object_id in asked}
+    hashed = [(kind, pseudonyms.id(object_id)) for kind, object_id in asked]
+    location = config.stream.checkpoint_location
+    deadline = time.monotonic() + wait_s
+    said, marked = None, (None, None)
+    while True:
+        records = erasure_records(spark, config, request)
+        earlier = {(r["kind"], r["id"]) for r in records if r["kind"] in kinds}
+        found = certificate(str(subject), request, set(hashed) | earlier, records)
+        # What follows the records (a payload) is rechecked at its release, just after them: decided in the batch
+        # after the first one committed with a watermark past that.
+        last_ms = max((int(r["decided_at"].timestamp() * 1000) for r in records), default=None)
+        batch, watermark_ms = _last_commit(spark, location)
+        if marked[0] != last_ms:
+            marked = (last_ms, None)
+        if marked[1] is None and last_ms is not None and watermark_ms >= last_ms + FOLLOWS_WITHIN_MS:
+            marked = (last_ms, batch)
+        followed = last_ms is None or (marked[1] is not None and batch > marked[1])
+        if (found.complete and followed) or time.monotonic() > deadline:
+            return _in_clear(found, clear)
+        if said != len(found.pending):
+            said = len(found.pending)
+            say(f"waiting for {said} of {len(set(hashed) | earlier)} objects to be decided"
+                if said else "waiting for what follows them (payloads)")
+        time.sleep(1)
+
+
+def _last_commit(spark: SparkSession, location: str) -> tuple[int, int]:
+    """The stream's last committed batch and the watermark it set for the next (-1, 0: none yet)."""
+    import json
+
+    from purger.streams.checkpoint import CheckpointFiles
+
+    files = CheckpointFiles(spark, location)
+    commits = files.log("commits")
+    if not commits:
+        return -1, 0
+    last = max(commits)
+    return last, json.loads(files.text(commits[last]).splitlines()[-1]).get("nextBatchWatermarkMs", 0)
+
+
+def _in_clear(found: Certificate, clear: dict[str, str]) -> Certificate:
+    from dataclasses import replace
+
+    entries = lambda items: [replace(e, id=clear.get(e.id, e.id)) for e in items]  # noqa: E731
+    return replace(found, deleted=entries(found.deleted), kept=entries(found.kept), gone=entries(found.gone),
+                   pending=[(kind, clear.get(object_id, object_id)) for kind, object_id in found.pending])
