@@ -7,9 +7,12 @@ watermark delay 2s, clock every 1s, retry after 2s; this module's purger forgets
 
 import json
 import random
+import re
 import time
 import uuid
+from collections import Counter
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from kafka import KafkaConsumer
@@ -291,12 +294,9 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_causes_no_deletion(purger, 
     wait_for(lambda: observed(purger.query, "dead_lettered") >= 1, what="dead letters in the observed metrics")
 
 
-def test_hold_and_release_killed_midway_then_run_again_end_as_if_never_killed(purger, platform, config, tmp_path):
-    """SPEC 11: `purger hold` killed (SIGKILL) just after the hold is written, and `purger release` just after
-    it lifted the hold, before its rechecks: each run again. The hold is in force from the first (the due message
-    is kept under it), the release cut short is listed by `purger holds` with what to do, and once run again the
-    message goes with no new event: the end state of a hold and a release never killed. Checked against the
-    message's row and payload in Cassandra and the holds table."""
+def command_killed_at(config, tmp_path, *arguments: str, kill_at: str | None = None):
+    """``purger ARGUMENTS`` in a process of its own on ``config``: its ``CompletedProcess``; with ``kill_at``,
+    SIGKILLed at that failpoint (asserted), its stderr then in ``tmp_path/<kill_at>.stderr``."""
     import contextlib
     import os
     import signal
@@ -307,24 +307,31 @@ def test_hold_and_release_killed_midway_then_run_again_end_as_if_never_killed(pu
     from tests.support.configs import write_config
     from tests.support.faults import killed_at
 
-    r = mailbox(config)
-    run = uuid.uuid4().hex[:8]
-    scope = Scope("mailbox", f"killed-{run}")
-    config_file = write_config(config, tmp_path / "purger.toml")
-
-    def purger_command(*arguments: str, kill_at: str | None = None) -> subprocess.CompletedProcess | None:
-        command = [sys.executable, "-m", "purger", *arguments, "--config", str(config_file)]
-        if kill_at is None:
-            return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        marker = tmp_path / f"{kill_at}.fired"
+    command = [sys.executable, "-m", "purger", *arguments, "--config", str(write_config(config, tmp_path / "p.toml"))]
+    if kill_at is None:
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    marker = tmp_path / f"{kill_at}.fired"
+    with open(tmp_path / f"{kill_at}.stderr", "w") as stderr:
         process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **killed_at(kill_at, marker)},
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                   stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
         try:
             assert process.wait(timeout=300) == -signal.SIGKILL and marker.exists(), kill_at
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-        return None
+    return None
+
+
+def test_hold_and_release_killed_midway_then_run_again_end_as_if_never_killed(purger, platform, config, tmp_path):
+    """SPEC 11: `purger hold` killed (SIGKILL) just after the hold is written, and `purger release` just after
+    it lifted the hold, before its rechecks: each run again. The hold is in force from the first (the due message
+    is kept under it), the release cut short is listed by `purger holds` with what to do, and once run again the
+    message goes with no new event: the end state of a hold and a release never killed. Checked against the
+    message's row and payload in Cassandra and the holds table."""
+    r = mailbox(config)
+    run = uuid.uuid4().hex[:8]
+    scope = Scope("mailbox", f"killed-{run}")
+    purger_command = partial(command_killed_at, config, tmp_path)
 
     purger_command("hold", str(scope), "--reason", "case 44", "--actor", "test", kill_at="after_hold_placed")
     again = purger_command("hold", str(scope), "--reason", "case 44", "--actor", "test")
@@ -351,3 +358,31 @@ def test_hold_and_release_killed_midway_then_run_again_end_as_if_never_killed(pu
              what="the message released, then its payload, with no new event")
     listed = purger_command("holds", "--json")
     assert [h for h in json.loads(listed.stdout) if h["scope"] == str(scope)] == []
+
+
+def test_an_erasure_killed_midway_then_run_again_with_its_request_ends_as_if_never_killed(purger, platform, config,
+                                                                                        tmp_path):
+    """SPEC 11.3: `purger erase` SIGKILLed once half its objects were asked for, then run again with the request
+    id it printed first: every message of the mailbox and its payload gone (Cassandra, both stores), another
+    mailbox's kept, and the second run's certificate (`--json`) names every deletion of both runs once."""
+    run = uuid.uuid4().hex[:8]
+    subject = f"erase-{run}"
+    messages = [f"{run}-{n}" for n in range(6)]
+    for m in messages:  # never dequeued: live for years
+        platform.enqueue(m, f"p-{m}", mailbox=subject)
+    platform.enqueue(f"{run}-kept", f"p-{run}-kept", mailbox=f"other-{run}")
+    platform.flush()
+    erase = ["erase", f"mailbox:{subject}", "--reason", "GDPR request 12", "--actor", "test"]
+    command_killed_at(config, tmp_path, *erase, kill_at="erase_half_sent")
+    request = re.search(r"request (\S+):", (tmp_path / "erase_half_sent.stderr").read_text()).group(1)
+    finished = command_killed_at(config, tmp_path, *erase, "--request", request, "--json", "--wait", "120")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in messages)
+    assert platform.row(f"{run}-kept") is not None and platform.payload_intact(f"p-{run}-kept")
+    done = json.loads(finished.stdout)
+    assert done["complete"] and done["request"] == request and done["kept"] == done["gone"] == []
+    deleted = Counter((e["kind"], e["id"], e["dc"]) for e in done["deleted"])
+    assert deleted == Counter({("message", m, None) for m in messages}
+                              | {("payload_refs", json.dumps([f"p-{m}", m], separators=(",", ":")), None)
+                                 for m in messages}
+                              | {("payload", f"p-{m}", dc) for m in messages for dc in ("dc1", "dc2", None)})
