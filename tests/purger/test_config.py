@@ -234,6 +234,9 @@ def test_the_tables_setup_checks_are_the_configured_ones(name, section, renamed)
     # The column whose write time dates an orphan row.
     for orphans in policy.orphan_rows:
         scanned.setdefault(orphans.table, set()).update({orphans.written} - {None})
+    # The columns an erasure finds a subject's objects by.
+    for rows in policy.subjects:
+        scanned.setdefault(rows.table, set()).update({rows.id_column, rows.subject_column})
     assert policy.columns_read() == {renamed[table]: frozenset({*columns, *scanned.get(table, ())})
                                      for table, columns in policy.tables.items()}
     # What reconciliation scans is checked too, the orphan rows' keys and their parents' included.
