@@ -19,7 +19,8 @@ purger's first scheduled reconcile, at its start, finds them; the rest of the wo
 recorded, with events. The purger runs with short periods until every expected purge is seen in Cassandra
 and S3, then the report compares what should have gone with what went, existing objects included. Beside
 them, a mailbox under a legal hold (docs/operations.md, Legal holds): its due messages are kept while the
-hold stands, and purged once the demo releases it.
+hold stands, and purged once the demo releases it; and a mailbox of live messages erased on request
+(docs/operations.md, Erasure on request): its messages and payloads go at once, as its certificate says.
 
 The demo writes into a keyspace (``demo_<run>``), buckets (``demo-<run>-<dc>``), topics (``demo.<run>.*``)
 and a work directory (checkpoint, ledger, reports) of its own, and leaves them for a look afterwards
@@ -50,6 +51,7 @@ from purger.core.settings import PurgerConfig
 
 from purger.config import build_config
 from purger.core.holds import Scope
+from purger.erase import find_objects, new_request, send_erasure, wait_for_certificate
 from purger.holds import holds_in_force, place_hold, release_hold
 from purger.policies.mailbox.deletes import payload_key
 from simulation.mailbox import Platform
@@ -59,6 +61,7 @@ from purger.sinks.ledger import Report
 
 EXISTING_SHARE = 4  # one message in four exists before the purger starts
 HELD = 3  # due messages of a mailbox under a legal hold
+ERASED = 3  # live messages of a mailbox erased on request
 ORPHANS = 3  # orphan blobs in each data centre's bucket
 # A blob the platform keeps outside payloads/: no reconcile lists it.
 OUTSIDE_KEY = "exports/demo-{run}.csv"
@@ -80,6 +83,8 @@ class DemoReport:
     # A mailbox under a legal hold: "<what>" -> (expected, observed): its due messages kept while it stands,
     # then purged once it is released.
     held: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # A mailbox of live messages erased on request: "<what>" -> (expected, observed).
+    erased: dict[str, tuple[int, int]] = field(default_factory=dict)
     wrongly_deleted: set[str] = field(default_factory=set)
     left_behind: set[str] = field(default_factory=set)
     payloads_expected_gone: int = 0
@@ -109,6 +114,7 @@ class DemoReport:
             and bool(self.reconcile)
             and all(expected == observed for expected, observed in self.existing.values())
             and bool(self.held) and all(expected == observed for expected, observed in self.held.values())
+            and bool(self.erased) and all(expected == observed for expected, observed in self.erased.values())
             and all(written == deleted for written, deleted in self.orphans.values())
             and self.outside_kept[0] == self.outside_kept[1]
         )
@@ -209,6 +215,29 @@ def held_then_released(platform: Platform, config: PurgerConfig, scope: Scope, h
         bar.update(sum(platform.row(m) is None for m in held))
     found["legal hold released: those messages purged"] = (len(held), sum(platform.row(m) is None for m in held))
     return found
+
+
+def erased_on_request(spark: Any, platform: Platform, config: PurgerConfig, run: str, timeout_s: float
+                      ) -> dict[str, tuple[int, int]]:
+    """A mailbox of live messages (stored payloads) erased through the running purger: each message and payload
+    gone from Cassandra and both stores, and the certificate lists every one of those deletions."""
+    subject = Scope("mailbox", f"demo-{run}-erased")
+    messages = [f"{run}-erased-{i}" for i in range(ERASED)]
+    for m in messages:  # never dequeued: live for years
+        platform.enqueue(m, f"p-{m}", mailbox=subject.id)
+    platform.flush()
+    request = new_request()
+    asked = find_objects(spark, config, subject)
+    send_erasure(config, asked, request)
+    done = wait_for_certificate(spark, config, subject, request, asked, timeout_s, say=lambda line: None)
+    listed = {(e.kind, e.id) for e in done.deleted}
+    return {
+        "erased on request: live messages gone": (len(messages), sum(platform.row(m) is None for m in messages)),
+        "erased on request: their payloads gone": (len(messages), sum(platform.payload_gone(f"p-{m}")
+                                                                      for m in messages)),
+        "erased on request: in the certificate": (2 * len(messages), sum(
+            (kind, object_id) in listed for m in messages for kind, object_id in (("message", m), ("payload", f"p-{m}")))),
+    }
 
 
 def run_demo(prepare: Callable[..., None], messages: int = 200, timeout_s: float = 300,
@@ -351,6 +380,7 @@ def run_demo(prepare: Callable[..., None], messages: int = 200, timeout_s: float
         listing = platform.stores["dc1"].list_objects_v2(Bucket=config.stores["dc1"].bucket, Prefix=outside)
         report.outside_kept = (1, sum(item["Key"] == outside for item in listing.get("Contents", [])))
         report.held = held_then_released(platform, config, held_scope, held, timeout_s)
+        report.erased = erased_on_request(spark, platform, config, run, timeout_s)
     finally:
         running.stop()
         platform.close()
