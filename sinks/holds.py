@@ -44,6 +44,8 @@ CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
 )
 """
 
+# How many times ``place`` meets a hold another writer lifts before it reads it, before it gives up.
+PLACE_ATTEMPTS = 5
 HOLDS_COLUMNS = frozenset({"scope", "kind", "object_id", "rule", "reason", "placed_by", "placed_at"})
 
 
@@ -99,11 +101,16 @@ class CassandraHolds(Holds):
 
     def place(self, scope: str, reason: str, placed_by: str) -> Hold | None:
         """Place a hold on ``scope``: None once placed, or the hold already in force there (left as it is)."""
-        if self.session.execute(self.add, (reason, placed_by, from_epoch_ms(now_ms()), scope)).was_applied:
-            return None
-        # Not applied: the answer holds only the column of the condition (``reason``); the rest is read. A hold
-        # lifted in between is placed again.
-        return self.held([scope]) or self.place(scope, reason, placed_by)
+        for _ in range(PLACE_ATTEMPTS):
+            if self.session.execute(self.add, (reason, placed_by, from_epoch_ms(now_ms()), scope)).was_applied:
+                return None
+            # Not applied: the answer holds only the column of the condition (``reason``); the rest is read. A hold
+            # lifted in between is placed again.
+            there = self.held([scope])
+            if there is not None:
+                return there
+        raise RuntimeError(f"hold on {scope}: placed and lifted by others {PLACE_ATTEMPTS} times while this one was "
+                           "placed; run `purger hold` again")
 
     def release(self, scope: str) -> list[tuple[str, str, str]] | None:
         """Lift the hold on ``scope``: the candidates kept under it (kind, id, rule), to recheck, then ``forget``;
