@@ -84,8 +84,9 @@ class CertificateEntry:
 class Certificate:
     """What an erasure request did, from its ledger records: ``deleted`` (every deletion under its rule: the
     objects, their dependents and what followed them), ``kept`` (under a hold, with the hold: its release erases
-    them), ``gone`` (removed by another writer before the erasure reached them), and ``pending``: objects asked
-    for with no such decision yet."""
+    them; or what followed an object and its row keeps, with why: a payload another message refers to), ``gone``
+    (removed by another writer before the erasure reached them), and ``pending``: objects asked for with no such
+    decision yet."""
 
     subject: str
     request: str
@@ -112,24 +113,36 @@ def certificate(subject: str, request: str, asked: Iterable[tuple[str, str]], re
     named (over all its runs); ``records``, the ledger's records under the request's rule (``policy``, ``kind``,
     ``id``, ``dc``, ``status``, ``reason``, ``deleted_at``, ``decided_at``, ``record_id``), in any order. An object
     asked for that has a deletion is deleted (one held, then released and erased; one found gone by a retry after
-    its deletion); any other is what its last settling decision says."""
-    settled: dict[tuple[str, str], dict[str, Any]] = {}
+    its deletion); any other is what its last settling decision says. One not asked for that followed (a
+    payload) and was last skipped, with no deletion, is kept, with the skip's reason."""
+    in_order = sorted(records, key=lambda r: (str(r["decided_at"]), r["record_id"] or ""))
     deleted: dict[tuple[str, str, str | None], CertificateEntry] = {}
-    for record in sorted(records, key=lambda r: (str(r["decided_at"]), r["record_id"] or "")):
+    settled: dict[tuple[str, str], dict[str, Any]] = {}
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in in_order:
+        key = (record["kind"], record["id"])
         if record["status"] == PURGED:
-            deleted.setdefault((record["kind"], record["id"], record["dc"]), CertificateEntry(
+            deleted.setdefault((*key, record["dc"]), CertificateEntry(
                 record["kind"], record["id"], record["policy"], record["dc"], str(record["deleted_at"]),
                 record["record_id"]))
         if _settles(record):
-            settled[(record["kind"], record["id"])] = record
+            settled[key] = record
+        last[key] = record
+    went = {key[:2] for key in deleted}
+    asked = set(asked)
+
+    def entry(key: tuple[str, str], record: dict[str, Any]) -> CertificateEntry:
+        return CertificateEntry(*key, record["policy"], record["dc"], str(record["decided_at"]), record["record_id"],
+                                record["reason"])
+
     kept, gone, pending = [], [], []
-    for kind, object_id in sorted(set(asked)):
-        record = settled.get((kind, object_id))
+    for key in sorted(asked):
+        record = settled.get(key)
         if record is None:
-            pending.append((kind, object_id))
-        elif record["status"] != PURGED and not any(key[:2] == (kind, object_id) for key in deleted):
-            entry = CertificateEntry(kind, object_id, record["policy"], record["dc"], str(record["decided_at"]),
-                                     record["record_id"], record["reason"])
-            (gone if record["status"] == ALREADY_GONE else kept).append(entry)
+            pending.append(key)
+        elif key not in went:
+            (gone if record["status"] == ALREADY_GONE else kept).append(entry(key, record))
+    kept += [entry(key, record) for key, record in sorted(last.items())
+             if key not in asked and key not in went and record["status"] == SKIPPED]
     return Certificate(subject, request, sorted(deleted.values(), key=lambda e: (e.kind, e.id, e.dc or "")),
                        kept, gone, pending)

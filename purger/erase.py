@@ -158,13 +158,14 @@ def wait_for_certificate(spark: SparkSession, config: PurgerConfig, subject: Sco
     deadline = time.monotonic() + wait_s
     said, marked = None, (None, None)
     while True:
+        # The commit first: the records read after it hold every record of the batches it says have ended.
+        batch, watermark_ms = _last_commit(spark, location)
         records = erasure_records(spark, config, request)
         earlier = {(r["kind"], r["id"]) for r in records if r["kind"] in kinds}
         found = certificate(str(subject), request, set(hashed) | earlier, records)
         # What follows the records (a payload) is rechecked at its release, just after them: decided in the batch
         # after the first one committed with a watermark past that.
         last_ms = max((int(r["decided_at"].timestamp() * 1000) for r in records), default=None)
-        batch, watermark_ms = _last_commit(spark, location)
         if marked[0] != last_ms:
             marked = (last_ms, None)
         if marked[1] is None and last_ms is not None and watermark_ms >= last_ms + FOLLOWS_WITHIN_MS:

@@ -186,11 +186,15 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
     def released(self, candidate: Candidate, row: dict[str, Any] | None) -> None:
         payload_id, inline = _payload_of(candidate, row)
         # An inline payload goes with its row; only a stored one is released, when no reference is left.
-        if payload_id is not None and not inline and self.referrer(payload_id) is None:
+        if payload_id is None or inline:
+            return
+        if self.referrer(payload_id) is None:
             self.resources.control.report(RELEASED, payload_id, candidate.eligible_at_ms, message_id=candidate.id,
                                           observed_at_ms=now_ms(), dcs=list(candidate.hint.get("dcs") or ()))
-            if is_erasure(candidate.rule):  # the payload is erased with it, not after its grace
-                self.resources.control.recheck(PAYLOAD, payload_id, candidate.rule, now_ms())
+        if is_erasure(candidate.rule):
+            # Erased with it, not after its grace; or, another message referring to it, kept for that one, in a
+            # record of the erasure's own (its certificate says why).
+            self.resources.control.recheck(PAYLOAD, payload_id, candidate.rule, now_ms())
 
     def referrer(self, payload_id: str, other_than: str | None = None) -> str | None:
         """A message referring to the payload (other than ``other_than``), or None."""

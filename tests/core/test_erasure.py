@@ -93,12 +93,15 @@ def test_the_certificate_lists_deletions_with_their_dependents_and_what_was_kept
         record("message", "m4", ALREADY_GONE, 1),
         record("message", "m5", SKIPPED, 1, reason="being deleted: by another attempt"),
         record("message", "m6", ERROR, 1, reason="dc2: connection refused"),
+        record("message", "m8", PURGED, 1), record("payload", "p8", SKIPPED, 2, reason="referenced: by message n1"),
     ]
-    found = certificate("mailbox:alice", "r", [("message", f"m{n}") for n in range(1, 8)], records)
+    found = certificate("mailbox:alice", "r", [("message", f"m{n}") for n in range(1, 9)], records)
     assert [(e.kind, e.id, e.dc) for e in found.deleted] == [
-        ("message", "m1", None), ("message", "m3", None), ("payload", "p1", "dc1"), ("payload", "p1", "dc2"),
+        ("message", "m1", None), ("message", "m3", None), ("message", "m8", None), ("payload", "p1", "dc1"),
+        ("payload", "p1", "dc2"),
         ("payload_refs", '["p1","m1"]', None)]
-    assert [(e.id, e.reason) for e in found.kept] == [("m2", "held: mailbox:alice since ...: case 42")]
+    assert [(e.id, e.reason) for e in found.kept] == [("m2", "held: mailbox:alice since ...: case 42"),
+                                                      ("p8", "referenced: by message n1")]
     assert [e.id for e in found.gone] == ["m4"]
     assert found.pending == [("message", "m5"), ("message", "m6"), ("message", "m7")] and not found.complete
 
