@@ -173,7 +173,8 @@ def test_schema_with_replication_prints_the_keyspaces_create_keyspace_first(tmp_
         "--replication takes DC:REPLICAS,... (e.g. dc1:3,dc2:3); 'dc1:three' is not one")
 
 
-@pytest.mark.parametrize("command", ["reconcile", "replay", "hold message:m1", "release message:m1"])
+@pytest.mark.parametrize("command", ["reconcile", "replay", "hold message:m1", "release message:m1",
+                                     "erase mailbox:alice"])
 def test_a_command_that_changes_what_is_deleted_without_a_reason_exits_2_in_one_line(tmp_path, command):
     from typer.testing import CliRunner
 
@@ -198,6 +199,21 @@ def test_a_hold_on_a_scope_no_enabled_policy_names_exits_2_in_one_line_before_an
     from purger.cli import app
 
     result = CliRunner().invoke(app, ["hold", scope, "--reason", "case 42"])
+    assert result.exit_code == 2
+    assert line in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("arguments, line", [
+    (["user:u1"], "subject user:u1: no enabled policy finds objects of a 'user'; the kinds are mailbox"),
+    (["mailbox:alice", "--request", "yesterday"],
+     "request 'yesterday': give the id an earlier `purger erase` printed (e.g. 20261206-7f3a9c21)"),
+])
+def test_an_erasure_of_a_subject_no_enabled_policy_finds_exits_2_in_one_line_before_anything_starts(arguments, line):
+    from typer.testing import CliRunner
+
+    from purger.cli import app
+
+    result = CliRunner().invoke(app, ["erase", *arguments, "--reason", "GDPR request 12"])
     assert result.exit_code == 2
     assert line in result.output and "Traceback" not in result.output
 
