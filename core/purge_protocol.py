@@ -220,10 +220,11 @@ class ObjectPurge(Purge, Generic[R]):
     def why_kept(self, candidate: Candidate, row: R, due: Eligibility | None) -> str:
         """The reason (``category: details``) the row keeps the object: ``due`` is in the future or None."""
 
-    def erasable(self, candidate: Candidate, row: R) -> str | None:
-        """Under an erasure's rule (``purger.core.erasure``), in place of ``due``: the reason the row still keeps
-        the object whatever its subject asked (a payload another message refers to), else None: due now. The claim
-        and the delete under that rule condition on the row being there (and unclaimed), not on a retention."""
+    def erasable(self, candidate: Candidate, row: R) -> Kept | None:
+        """Under an erasure's rule (``purger.core.erasure``), in place of ``due``: why the row still keeps the
+        object whatever its subject asked (a payload another message refers to; one linked within its grace, with a
+        recheck under the erasure's rule when that ends), else None: due now. The claim and the delete under that
+        rule condition on the row being there (and unclaimed), not on a retention."""
         return None
 
     def claim(self, candidate: Candidate, row: R) -> R | Kept:
@@ -292,9 +293,9 @@ class ObjectPurge(Purge, Generic[R]):
             return
         if not claimed_before and is_erasure(candidate.rule):
             due = Eligibility(candidate.rule, now_ms())
-            kept_by = self.erasable(candidate, row)
-            if kept_by is not None:
-                yield self._kept(candidate, Kept(kept_by))
+            kept = self.erasable(candidate, row)
+            if kept is not None:
+                yield self._kept(candidate, kept)
                 return
         elif not claimed_before:
             due = self.due(candidate, row)
@@ -437,7 +438,8 @@ class ObjectPurge(Purge, Generic[R]):
 
     def _recheck(self, candidate: Candidate, at: Eligibility) -> None:
         """A recheck, never in a dry run; under the candidate's own rule, no sooner than ``retry_ms``. An
-        erasure's candidate is looked at again under the erasure, whatever rule the row would be due by."""
+        erasure's candidate is looked at again under the erasure, and soon, whatever rule the row would be due by
+        and when (a policy's own recheck under the erasure keeps its time)."""
         if self.resources.dry_run:
             return
         if is_erasure(candidate.rule) and at.rule != candidate.rule:

@@ -331,9 +331,9 @@ class UserPurge(ObjectPurge[Any]):
             return reason(PRESENT, "in " + ", ".join(sorted(row.present_in)))
         return reason(NOT_YET_DUE, f"{USER_ABSENT} at {format_epoch_ms(due.eligible_at_ms)}")
 
-    def erasable(self, candidate: Candidate, row: Any) -> str | None:
+    def erasable(self, candidate: Candidate, row: Any) -> Kept | None:
         # A row of no state of the contract is not the purger's to claim.
-        return None if row.state == LIVE else reason(LIVE_REASON, f"state {row.state!r}")
+        return None if row.state == LIVE else Kept(reason(LIVE_REASON, f"state {row.state!r}"))
 
     def claim(self, candidate: Candidate, row: Any) -> Any | Kept:
         if is_erasure(candidate.rule):

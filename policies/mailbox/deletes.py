@@ -256,9 +256,16 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         # Kept while a message refers to it, and a held message keeps its reference: no hold names a payload.
         return []
 
-    def erasable(self, candidate: Candidate, row: PayloadRow) -> str | None:
-        # Another message's too: kept for it (its claim, bound to the last_ref_at read, keeps a link since too).
-        return None if row.referrer is None else self.why_kept(candidate, row, None)
+    def erasable(self, candidate: Candidate, row: PayloadRow) -> Kept | None:
+        # Another message's too: kept for it. Linked within its grace (a writer's link whose reference row is not
+        # written yet): erased once the grace ends, as any purge of it waits.
+        if row.referrer is not None:
+            return Kept(self.why_kept(candidate, row, None))
+        due = self.due(candidate, row)
+        if due is None or due.eligible_at_ms > now_ms():
+            return Kept(self.why_kept(candidate, row, due),
+                        None if due is None else Eligibility(candidate.rule, due.eligible_at_ms))
+        return None
 
     def due(self, candidate: Candidate, row: PayloadRow) -> Eligibility | None:
         if row.referrer is not None:

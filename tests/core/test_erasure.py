@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from purger.core.erasure import Certificate, certificate, erasure_rule, is_erasure, request_of
-from purger.core.policy import Attempt, Candidate
+from purger.core.policy import Attempt, Candidate, Eligibility, Kept
 from purger.core.schedule import Schedule, recheck
 from purger.core.times import now_ms
 from purger.core.vocabulary import ALREADY_GONE, ERROR, HELD, PURGED, SKIPPED, category
@@ -19,10 +19,10 @@ RULE = erasure_rule("20261206-0a1b2c3d")
 YEARS_MS = 3 * 365 * 86_400_000
 
 
-def erase(thing: Thing, holds: MemoryHolds | None = None, kept_by: str | None = None) -> tuple[ThingPurge, list]:
+def erase(thing: Thing, holds: MemoryHolds | None = None, kept: Kept | None = None) -> tuple[ThingPurge, list]:
     purge = ThingPurge(thing, MemoryJournal(), holds=holds)
-    if kept_by is not None:
-        purge.erasable = lambda candidate, row: kept_by
+    if kept is not None:
+        purge.erasable = lambda candidate, row: kept
     return purge, list(purge.purge(Candidate("thing", "t1", RULE, now_ms()), Attempt(batch="q/9")))
 
 
@@ -49,11 +49,15 @@ def test_a_hold_wins_over_an_erasure_and_keeps_it_for_the_release():
     assert holds.release("thing:t1") == {("thing", "t1", RULE)}
 
 
-def test_what_the_row_still_keeps_is_kept_without_a_recheck():
+def test_what_the_row_still_keeps_is_kept_and_looked_at_again_only_when_the_policy_says():
     thing = Thing(1)
-    purge, outcomes = erase(thing, kept_by="referenced: by message m2")
+    purge, outcomes = erase(thing, kept=Kept("referenced: by message m2"))
     assert thing.present and [(o.status, o.reason) for o in outcomes] == [(SKIPPED, "referenced: by message m2")]
     assert purge.control.rechecks == []
+    # A payload linked within its grace: erased when the grace ends, under the erasure, at that time.
+    later = now_ms() + 60_000
+    purge, outcomes = erase(thing, kept=Kept("recently linked: within payload_grace", Eligibility(RULE, later)))
+    assert thing.present and purge.control.rechecks == [("thing", "t1", RULE, later)]
 
 
 def test_a_row_changed_under_the_erasure_is_looked_at_again_under_it_not_under_its_own_rule():
@@ -138,7 +142,6 @@ def test_each_object_asked_for_is_in_one_place_of_the_certificate_as_its_last_se
 def test_an_object_due_by_its_own_rule_before_its_erasure_is_emitted_under_the_erasure():
     """A payload released by an erased message: its own eligibility (the release and its grace) may come before the
     erasure's recheck; the candidate is the erasure's all the same, so its records are the request's."""
-    from purger.core.events import Eligibility
     from purger.core.schedule import on_timer
 
     pending = recheck(Schedule(), RULE, 5_000)
