@@ -146,8 +146,8 @@ def wait_for_certificate(spark: SparkSession, config: PurgerConfig, subject: Sco
                          asked: list[tuple[str, str]], wait_s: float, say: Callable[[str], None] = print
                          ) -> Certificate:
     """Read the request's records until every object asked for (now or by an earlier run of it: its records' kinds
-    among the subject's) is settled and what follows them has been decided (``_followed``), or ``wait_s`` passed:
-    the certificate then, its ids in clear where the ledger hashes them and they are known here."""
+    among the subject's) is settled and what follows them has had its batch, or ``wait_s`` passed: the certificate
+    then, its ids in clear where the ledger hashes them and they are known here."""
     from purger.sinks.ledger import Ledger
 
     pseudonyms = Ledger(spark, config.ledger).pseudonyms
