@@ -127,19 +127,26 @@ def send_erasure(config: PurgerConfig, objects: list[tuple[str, str]], request: 
         producer.close()
 
 
-def erasure_records(spark: SparkSession, config: PurgerConfig, request: str) -> list[dict[str, Any]]:
-    """The ledger's records under the request's rule, from the day it started."""
+_RECORD_COLUMNS = ("policy", "kind", "id", "dc", "status", "reason", "deleted_at", "decided_at", "record_id",
+                   "batch_id")
+
+
+def erasure_records(spark: SparkSession, config: PurgerConfig, request: str, after: int | None = None,
+                    up_to: int | None = None) -> list[dict[str, Any]]:
+    """The ledger's records under the request's rule: from the day it started, as of version ``up_to``; with
+    ``after``, only those written since that version (its change feed: what a version added, however large the
+    day is)."""
     from pyspark.sql import functions as F
 
     from purger.sinks.ledger import Ledger
 
     ledger = Ledger(spark, config.ledger)
-    if not ledger.exists():
-        return []
-    found = ledger.records().where((F.col("date") >= F.lit(request_day(request)))
-                                   & (F.col("rule") == erasure_rule(request)))
-    columns = ("policy", "kind", "id", "dc", "status", "reason", "deleted_at", "decided_at", "record_id", "batch_id")
-    return [row.asDict() for row in found.select(*columns).collect()]
+    if after is None:
+        found = ledger.records(as_of=up_to).where(F.col("date") >= F.lit(request_day(request)))
+    else:
+        found = ledger.inserted(after, up_to)
+    found = found.where(F.col("rule") == erasure_rule(request))
+    return [row.asDict() for row in found.select(*_RECORD_COLUMNS).collect()]
 
 
 def wait_for_certificate(spark: SparkSession, config: PurgerConfig, subject: Scope, request: str,
@@ -150,17 +157,24 @@ def wait_for_certificate(spark: SparkSession, config: PurgerConfig, subject: Sco
     then, its ids in clear where the ledger hashes them and they are known here."""
     from purger.sinks.ledger import Ledger
 
-    pseudonyms = Ledger(spark, config.ledger).pseudonyms
+    ledger = Ledger(spark, config.ledger)
+    pseudonyms = ledger.pseudonyms
     kinds = {rows.kind for _, rows in subject_rows(config, subject)}
     clear = {pseudonyms.id(object_id): object_id for _, object_id in asked}
     hashed = [(kind, pseudonyms.id(object_id)) for kind, object_id in asked]
     location = config.stream.checkpoint_location
     deadline = time.monotonic() + wait_s
     said, marked = None, (None, None)
+    records: list[dict[str, Any]] = []
+    read_up_to: int | None = None
     while True:
-        # The commit first: the records read after it hold every record of the batches it says have ended.
+        # The commit first: the records read after it hold every record of the batches it says have ended. The
+        # day's records are read once; then what each new version of the ledger added.
         batch, watermark_ms = _last_commit(spark, location)
-        records = erasure_records(spark, config, request)
+        version = ledger.version() if ledger.exists() else None
+        if version is not None and version != read_up_to:
+            records += erasure_records(spark, config, request, read_up_to, version)
+            read_up_to = version
         earlier = {(r["kind"], r["id"]) for r in records if r["kind"] in kinds}
         found = certificate(str(subject), request, set(hashed) | earlier, records)
         # What follows the records (a payload) is rechecked at its release, just after them: decided in the batch
