@@ -127,6 +127,10 @@ class OrphanRows:
     claim: str | None = None
 
 
+# A sweep's claim on an absent parent: its claim column's value, then the sweep's name.
+CLAIMED_BY = "orphan sweep "
+
+
 def row_event(table: str, object_id: str, event_type: str, at: datetime, **fields: Any) -> dict[str, Any]:
     """One event of a row's re-expression (``Policy.row_events``), as a record of the topics, at the row's
     own timestamp ``at``. Its id is the same at every scan of an unchanged row, so a second feed is a

@@ -111,7 +111,7 @@ from purger.core.events import Eligibility, EventField, EventType, ObjectKind, R
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings
 from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, Purge, RuleWrite
-from purger.core.reconcile_descriptors import OrphanRows, Scanned, dated, row_event
+from purger.core.reconcile_descriptors import CLAIMED_BY, OrphanRows, Scanned, dated, row_event
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, PRESENT, reason
 
@@ -332,8 +332,13 @@ class UserPurge(ObjectPurge[Any]):
         return reason(NOT_YET_DUE, f"{USER_ABSENT} at {format_epoch_ms(due.eligible_at_ms)}")
 
     def erasable(self, candidate: Candidate, row: Any) -> Kept | None:
+        if row.state == LIVE:
+            return None
+        if isinstance(row.state, str) and row.state.startswith(CLAIMED_BY):
+            # An orphan sweep's placeholder for an absent user, removed at the sweep's end: looked at again then.
+            return Kept(reason(PRESENT, f"claimed by the {row.state}"), Eligibility(candidate.rule, now_ms()))
         # A row of no state of the contract is not the purger's to claim.
-        return None if row.state == LIVE else Kept(reason(LIVE_REASON, f"state {row.state!r}"))
+        return Kept(reason(LIVE_REASON, f"state {row.state!r}"))
 
     def claim(self, candidate: Candidate, row: Any) -> Any | Kept:
         if is_erasure(candidate.rule):

@@ -73,11 +73,20 @@ def subject_rows(config: PurgerConfig, subject: Scope) -> list[tuple[Policy, Sub
 
 def find_objects(spark: SparkSession, config: PurgerConfig, subject: Scope) -> list[tuple[str, str]]:
     """The (kind, id) of every object of ``subject`` there is now, in every enabled policy that names its kind."""
+    ids: dict[str, DataFrame] = {}  # cached: a policy that goes through another's objects joins them
+    try:
+        return _found(spark, config, subject, ids)
+    finally:
+        for frame in ids.values():
+            frame.unpersist()
+
+
+def _found(spark: SparkSession, config: PurgerConfig, subject: Scope,
+           ids: dict[str, DataFrame]) -> list[tuple[str, str]]:
     from pyspark.sql import functions as F
 
     from purger.reconcile.orphan_scans import id_and_column
 
-    ids: dict[str, DataFrame] = {}
     for policy, rows in subject_rows(config, subject):
         table = policy.table_names()[rows.table]
         what = f"the objects of {subject} in policies.{policy.name}"

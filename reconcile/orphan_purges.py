@@ -28,7 +28,7 @@ from purger.core.events import Eligibility
 from purger.core.failpoints import failpoint
 from purger.core.handles import Control, Resources
 from purger.core.purge_protocol import Attempt, Candidate, Deleted, Kept, ObjectPurge, Outcome
-from purger.core.reconcile_descriptors import Blobs, OrphanRows
+from purger.core.reconcile_descriptors import CLAIMED_BY, Blobs, OrphanRows
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import ALL_DCS, ERROR, NOT_YET_DUE, ORPHAN, PRESENT, reason
 from purger.sinks.clients import executor_session, executor_store
@@ -189,8 +189,6 @@ FIRST_FOUND = "(orphan row found)"
 # The journal's notes of the parents a sweep claimed (``OrphanRows.claim``), per sweep: removed at its end, or by
 # the next sweep of the table when it stopped before.
 SWEEP_CLAIMS = "(orphan sweep claims)"
-# A sweep's claim on an absent parent: its claim column's value, then the sweep's name.
-CLAIMED_BY = "orphan sweep "
 
 
 @dataclass(frozen=True)

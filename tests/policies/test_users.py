@@ -317,6 +317,39 @@ def test_a_gone_user_is_already_gone_unless_the_purger_meant_to_delete_it(platfo
     assert all(o.deleted_at_ms >= before for o in again) and rechecks == []
 
 
+@pytest.mark.integration
+def test_an_erasure_of_a_user_an_orphan_sweep_claims_is_rechecked_then_gone_once_the_sweep_ends(
+        platform, keyspace):
+    """SPEC 11.3: an orphan sweep's placeholder for an absent user (``OrphanRows.claim``) is not the user's row:
+    under an erasure it is kept with a recheck under the erasure (not a ``kept`` the certificate would end on), and
+    once the sweep removed it, the recheck finds the user gone. A live user present in both data centres is
+    erased at once, with its rows."""
+    from purger.core.erasure import erasure_rule
+    from purger.core.reconcile_descriptors import CLAIMED_BY
+
+    session, name = keyspace
+    rule = erasure_rule("20261206-abc")
+    swept = new_user()
+    session.execute(f"INSERT INTO {name}.users (user_id, state) VALUES (%s, %s) IF NOT EXISTS",
+                    (swept, CLAIMED_BY + "q-sweep"))
+    users, control = purger(keyspace)
+    before = now_ms()
+    (outcome,) = users.purge(Candidate(USER, swept, rule, eligible_at_ms=0), Attempt(batch="q/1"))
+    assert (outcome.status, outcome.reason) == (SKIPPED, f"present: claimed by the {CLAIMED_BY}q-sweep")
+    [(kind, object_id, recheck_rule, at_ms)] = control.rechecks
+    assert (kind, object_id, recheck_rule) == (USER, swept, rule) and at_ms >= before
+    session.execute(f"DELETE FROM {name}.users WHERE user_id = %s IF state = %s", (swept, CLAIMED_BY + "q-sweep"))
+    users, control = purger(keyspace)
+    (outcome,) = users.purge(Candidate(USER, swept, rule, eligible_at_ms=0), Attempt(batch="q/2"))
+    assert outcome.status == ALREADY_GONE and control.rechecks == []
+
+    live = new_user()
+    for dc in DCS:
+        platform.add_user(live, dc, MAILBOXES, at=ago(HOUR))
+    outcomes = list(users.purge(Candidate(USER, live, rule, eligible_at_ms=0), Attempt(batch="q/3")))
+    assert [o.status for o in outcomes] == [PURGED] * 4 and platform.rows(live) == GONE
+
+
 class Crash(Exception):
     pass
 
