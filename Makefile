@@ -29,6 +29,7 @@ FAULT_TESTS = tests/integration/test_faults.py tests/integration/two_nodes/test_
 	tests/integration/test_purge_stream.py::test_a_failing_data_centre_is_retried_until_done \
 	tests/integration/test_purge_stream.py::test_hold_and_release_killed_midway_then_run_again_end_as_if_never_killed \
 	tests/integration/test_purge_stream.py::test_an_erasure_killed_midway_then_run_again_with_its_request_ends_as_if_never_killed \
+	tests/integration/test_purge_stream.py::test_a_restore_killed_midway_then_run_again_with_its_run_ends_as_if_never_killed \
 	tests/sinks/test_purge.py::test_one_data_centre_failing_does_not_hold_the_others_back \
 	tests/reconcile/test_run.py::test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing \
 	tests/reconcile/test_reconcile_replay.py \

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from purger.core.holds import Holds
+
+if TYPE_CHECKING:
+    from purger.core.restorations import Aside
 
 __all__ = ["Consistency", "Control", "Failures", "Journal", "Resources", "Retry", "Tables"]
 
@@ -124,3 +127,4 @@ class Resources:
     failures: Failures  # when a failed purge is tried again
     retry_ms: int  # the soonest a candidate found not due under its own rule is looked at again
     dry_run: bool  # decide and record would_delete; delete nothing
+    aside: "Aside | None" = None  # with an undo window, where images go before each delete (core.restorations)

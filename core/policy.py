@@ -54,6 +54,7 @@ from purger.core.holds import Hold, Holds
 from purger.core.purge_protocol import (
     Attempt, Candidate, Deleted, Dependent, Kept, ObjectPurge, Outcome, Purge, RuleWrite, key_id,
 )
+from purger.core.restorations import BlobImage, RowImage
 from purger.core.reconcile_descriptors import (
     REFERENCED_FIELD, Blobs, OrphanRows, PageVerdicts, Scanned, dated, latest_write, row_event,
 )
@@ -78,6 +79,8 @@ __all__ = [
     "Hold", "Holds",
     # purger.core.purge_protocol
     "Attempt", "Candidate", "Deleted", "Dependent", "Kept", "ObjectPurge", "Outcome", "Purge", "RuleWrite", "key_id",
+    # purger.core.restorations
+    "BlobImage", "RowImage",
     # purger.core.reconcile_descriptors
     "REFERENCED_FIELD", "Blobs", "OrphanRows", "PageVerdicts", "Scanned", "dated", "latest_write", "row_event",
     # purger.core.settings

@@ -24,6 +24,7 @@ from purger.core.events import Eligibility, Rule
 from purger.core.failpoints import failpoint
 from purger.core.handles import Resources, Tables
 from purger.core.holds import Hold
+from purger.core.restorations import BLOB, DEPENDENT, FOLLOWER, ROW, BlobImage, RowImage
 from purger.core.times import now_ms
 from purger.core.vocabulary import (
     ALREADY_GONE, BEING_DELETED, EARLIER_ATTEMPT, ERROR, HELD, PURGED, REMOVED_MEANWHILE, SKIPPED, WOULD_DELETE, reason,
@@ -116,6 +117,8 @@ class Dependent:
     # Whether it is still there, for what another writer's removal of the row may have left (``leftovers``); None:
     # the purger leaves that to reconciliation's orphan sweeps, which record what they delete.
     present: Callable[[], bool] | None = None
+    # What the undo window keeps of it before it goes (``purger.core.restorations``): its row or its blob.
+    image: "RowImage | BlobImage | None" = None
 
     @property
     def key(self) -> str:
@@ -272,6 +275,11 @@ class ObjectPurge(Purge, Generic[R]):
         None at all: no hold can name it (a payload, kept by the messages that refer to it)."""
         return [f"{candidate.kind}:{candidate.id}"]
 
+    def image(self, candidate: Candidate) -> RowImage | None:
+        """The object's own row as the undo window keeps it (``purger.core.restorations``): its table and key. None
+        (the default): nothing of it is kept, and `purger restore` cannot put it back."""
+        return None
+
     def journalled_as(self, candidate: Candidate) -> tuple[str, str]:
         """The (kind, id) its intent is kept under in the journal: the candidate's, unless another purge could
         meet the same pair (an orphan blob of a data centre, beside its payload's own purge)."""
@@ -313,6 +321,12 @@ class ObjectPurge(Purge, Generic[R]):
             yield from (Outcome(WOULD_DELETE, kind=d.kind, id=d.id, dc=d.dc)
                         for d in self.followers(candidate, row))
             return
+        if not claimed_before:
+            # Its row as the double-check read it, before a claim changes it (a crashed attempt's kept it then).
+            kept = self._aside(candidate, [(candidate.kind, candidate.id, None, self.image(candidate), ROW)])
+            if kept is not None:
+                yield from kept
+                return
         if not claimed_before and not self.deletes_first:
             failpoint(f"before_{candidate.kind}_claim")
             claimed = self.claim(candidate, row)
@@ -322,6 +336,11 @@ class ObjectPurge(Purge, Generic[R]):
             row = claimed
         found = self.dependents(candidate, row)
         following = self.followers(candidate, row)
+        kept = self._aside(candidate, [(d.kind, d.id, d.dc, d.image, BLOB if isinstance(d.image, BlobImage) else role)
+                                       for role, listed in ((DEPENDENT, found), (FOLLOWER, following)) for d in listed])
+        if kept is not None:
+            yield from kept
+            return
         intent = yield from self._intend(candidate, found + following, claimed_before, attempt)
         # What an earlier attempt named may be gone already and listed still (its row's progress is kept only when
         # a store fails, not when the row's own delete does): deleted again, it is recorded under that attempt's
@@ -366,6 +385,17 @@ class ObjectPurge(Purge, Generic[R]):
                           dc=dependent.dc, deleted_at_ms=now_ms(), intent=(meant or {}).get(dependent.key))
         yield from self._failed(candidate, errors)
         return went
+
+    def _aside(self, candidate: Candidate, images: list[tuple[str, str, str | None, Any, int]]
+               ) -> list[Outcome] | None:
+        """With an undo window, ``images`` kept aside (those that are not None; none under an erasure) before
+        anything of them goes: None once kept; else the outcomes of a store or table that failed, the candidate looked at again as when a store
+        fails to delete (nothing of it deleted meanwhile)."""
+        aside, wanted = self.resources.aside, [entry for entry in images if entry[3] is not None]
+        if aside is None or not wanted or is_erasure(candidate.rule):
+            return None  # an erasure is not to be undone: it keeps no copy
+        error = aside.keep(self.tables, candidate.kind, candidate.id, candidate.rule, wanted)
+        return None if error is None else list(self._failed(candidate, [Outcome(ERROR, error)]))
 
     def _intend(self, candidate: Candidate, found: list[Dependent], claimed_before: bool, attempt: Attempt
                 ) -> Generator[Outcome, None, dict[str, str]]:

@@ -171,6 +171,8 @@ class CassandraConfig(_Section):
     holds_table: str = "purger_holds"
     # The objects whose purge fails, each failure's retry backed off (stream.retry_cap), a table of its own.
     failures_table: str = "purger_failures"
+    # What `purger restore` puts back (undo.window): each deleted row's image, each blob's copy, kept for the window.
+    restorations_table: str = "purger_restorations"
     # PasswordAuthenticator's login.
     username: str | None = None
     password: SecretStr | None = None
@@ -393,6 +395,31 @@ def _default_stores() -> dict[str, ObjectStoreConfig]:
     return {dc: ObjectStoreConfig(bucket=dc) for dc in ("dc1", "dc2")}
 
 
+class UndoConfig(_Section):
+    """The undo window (docs/operations.md, "Undo"): before each delete, the row's image goes to the restorations
+    table and the blob is copied aside in its own bucket, kept ``window`` long, so `purger restore` can put them back.
+    Off by default: a deletion is then final."""
+
+    # How long a deletion can be undone; None (the default): not at all.
+    window: Duration | None = None
+    # Where a blob's copy is kept in its own bucket: under this prefix, then its key.
+    prefix: str = "purger-restore/"
+
+    @field_validator("window")
+    @classmethod
+    def _window_is_whole_seconds(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value < timedelta(seconds=1):
+            raise ValueError("at least 1s, or leave it out to have no undo; write e.g. '7d'")
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_is_a_folder(cls, value: str) -> str:
+        if not value.endswith("/") or value.startswith("/"):
+            raise ValueError("a folder of the bucket: a name ending in '/', e.g. 'purger-restore/'")
+        return value
+
+
 class PurgerConfig(_Section):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     cassandra: CassandraConfig = Field(default_factory=CassandraConfig)
@@ -405,6 +432,7 @@ class PurgerConfig(_Section):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
+    undo: UndoConfig = Field(default_factory=UndoConfig)
     # Set once by the loader: the enabled policies built from ``policies``.
     _policy_set: "PolicySet | None" = PrivateAttr(default=None)
     # Names this configuration, as loaded or copied, in an executor's cache of clients (``sinks.clients``).

@@ -20,6 +20,10 @@ STATUSES = (PURGED, WOULD_DELETE, ALREADY_GONE, SKIPPED, ERROR, DEAD_LETTERED)
 # Not an outcome: a command that changes what is deleted (a reconcile or a replay started by hand), with who ran
 # it (``actor``) and why (``reason``), recorded in the ledger beside what it did.
 COMMAND = "command"
+# Not outcomes of the stream either: `purger restore`'s records of a deletion put back, or not (with why: past
+# the undo window, written again since), kept out of the daily report's counts of decisions.
+RESTORED = "restored"
+NOT_RESTORED = "not_restored"
 
 # Rows of the stateful stage that are not objects of a policy.
 DEAD_LETTER = "dead_letter"  # a bad record, passed through to the sink

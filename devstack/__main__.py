@@ -137,7 +137,7 @@ def demo_table(report: "DemoReport", messages: int) -> "Table":
         table.add_row(f"{name}: messages {outcome}", str(expected), str(observed))
     for name, (expected, observed) in report.objects.items():
         table.add_row(name, str(expected), str(observed))
-    for name, (expected, observed) in (report.existing | report.held | report.erased).items():
+    for name, (expected, observed) in (report.existing | report.held | report.erased | report.undone).items():
         table.add_row(name, str(expected), str(observed))
     table.add_row("payloads purged (row and every blob)", str(report.payloads_expected_gone), str(report.payloads_gone))
     table.add_row("payloads kept (still referred to)", str(report.payloads_expected_kept), str(report.payloads_kept))

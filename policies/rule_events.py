@@ -50,6 +50,7 @@ from purger.core.events import Eligibility, EventField, EventType, ObjectKind, R
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings
 from purger.core.purge_protocol import Candidate, ObjectPurge, Purge, RuleWrite
+from purger.core.restorations import RowImage
 from purger.core.reconcile_descriptors import Scanned, dated, row_event
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
@@ -185,6 +186,9 @@ class RuleEventPurge(ObjectPurge[Any]):
         if due is not None and due.eligible_at_ms > now_ms():
             return reason(NOT_YET_DUE, f"{due.rule} at {format_epoch_ms(due.eligible_at_ms)}")
         return reason(KEPT_BY_RULE, f"{candidate.rule} did not hold (status {row['status']})")
+
+    def image(self, candidate: Candidate) -> RowImage:
+        return RowImage(TABLE, (("rule_event_id", candidate.id),))
 
     def delete(self, candidate: Candidate, row: dict[str, Any]) -> bool:
         if is_erasure(candidate.rule):

@@ -82,6 +82,7 @@ from purger.core.events import Eligibility, EventField, EventType, ObjectKind, R
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings
 from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, Purge
+from purger.core.restorations import RowImage
 from purger.core.reconcile_descriptors import OrphanRows, Scanned, row_event
 from purger.core.times import epoch_ms, format_timestamp, from_epoch_ms, now_ms
 from purger.core.vocabulary import KEPT_BY_RULE, NOT_YET_DUE, reason
@@ -363,8 +364,13 @@ class UnitOfWorkPurge(ObjectPurge[Any]):
     def dependents(self, candidate: Candidate, row: Any) -> list[Dependent]:
         uow = candidate.id
         return [Dependent(UOW_OBJECT, f"{uow}/{found.collection}/{found.object_id}",
-                          partial(self.tables.execute, self.delete_object, uow, found.collection, found.object_id))
+                          partial(self.tables.execute, self.delete_object, uow, found.collection, found.object_id),
+                          image=RowImage("uow_objects", (("unit_of_work_id", uow), ("collection", found.collection),
+                                                         ("object_id", found.object_id))))
                 for found in self.tables.all(self.read_objects, uow)]
+
+    def image(self, candidate: Candidate) -> RowImage:
+        return RowImage("units_of_work", (("unit_of_work_id", candidate.id),))
 
     def delete(self, candidate: Candidate, row: Any) -> bool:
         # On the claim: this attempt's, or the crashed attempt's it finishes.

@@ -111,6 +111,7 @@ from purger.core.events import Eligibility, EventField, EventType, ObjectKind, R
 from purger.core.handles import Resources
 from purger.core.policy import Policy, Settings
 from purger.core.purge_protocol import Candidate, Dependent, Kept, ObjectPurge, Purge, RuleWrite
+from purger.core.restorations import RowImage
 from purger.core.reconcile_descriptors import CLAIMED_BY, OrphanRows, Scanned, dated, row_event
 from purger.core.times import duration_ms, epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, PRESENT, reason
@@ -356,11 +357,16 @@ class UserPurge(ObjectPurge[Any]):
         until the row is gone, so these are the old user's."""
         user_id, tables = candidate.id, self.tables
         found = [Dependent(MAILBOX_PERMISSION, f"{user_id}/{r.mailbox}",
-                           partial(tables.execute, self.delete_permission, user_id, r.mailbox))
+                           partial(tables.execute, self.delete_permission, user_id, r.mailbox),
+                           image=RowImage("mailbox_permissions", (("user_id", user_id), ("mailbox", r.mailbox))))
                  for r in tables.all(self.read_permissions, user_id)]
         if tables.one(self.read_root, user_id) is not None:
-            found.append(Dependent(VIRTUAL_ROOT, user_id, partial(tables.execute, self.delete_root, user_id)))
+            found.append(Dependent(VIRTUAL_ROOT, user_id, partial(tables.execute, self.delete_root, user_id),
+                                   image=RowImage("virtual_roots", (("user_id", user_id),))))
         return found
+
+    def image(self, candidate: Candidate) -> RowImage:
+        return RowImage("users", (("user_id", candidate.id),))
 
     def delete(self, candidate: Candidate, row: Any) -> bool:
         return self.tables.applied(self.delete_user, candidate.id)

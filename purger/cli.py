@@ -646,6 +646,57 @@ def erase(
         raise typer.Exit(3)
 
 
+@app.command("restore")
+def restore(
+    policy: str = typer.Option(..., "--policy", help="The policy whose deletions to put back (its [policies.NAME])."),
+    since: datetime = typer.Option(..., "--since", formats=["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"],
+                                   metavar="TIME", help="The deletions from this time on (UTC, YYYY-MM-DDTHH:MM:SS)."),
+    until: Optional[datetime] = typer.Option(None, "--until", formats=["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S",
+                                                                        "%Y-%m-%d"],
+                                             metavar="TIME", help="Up to this time (UTC; default: now)."),
+    rule: Optional[str] = typer.Option(None, "--rule", help="Only the deletions of this rule (as the ledger names it)."),
+    ids: list[str] = typer.Option([], "--id", help="Only this object and what went with it (repeat for more)."),
+    run: Optional[str] = typer.Option(None, "--run", help="Finish an earlier run (its id, which it printed first)."),
+    config_file: Optional[Path] = ConfigOption,
+    actor: Optional[str] = ActorOption,
+    reason: Optional[str] = ReasonOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Put back what a policy deleted within the undo window (undo.window): rows and blobs, each recorded as
+    restored; what it puts back is held until someone releases it, so the policy does not delete it again."""
+    from purger.core.times import now_ms
+    from purger.output import output
+    from purger.restore import RestoreRefused, enabled_policy, new_run, plan_restore, restore as restore_deletions
+    from purger.sinks.ledger import Ledger
+    from purger.spark import spark_session
+
+    who, why = _who_and_why("restore", actor, reason, False)
+    config = load_or_exit(config_file)
+    try:
+        enabled_policy(config, policy)
+    except RestoreRefused as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    since_ms = int(since.replace(tzinfo=timezone.utc).timestamp() * 1000)
+    until_ms = int(until.replace(tzinfo=timezone.utc).timestamp() * 1000) if until else now_ms()
+    run = run or new_run()
+    typer.echo(f"run {run}: finish it with `purger restore ... --run {run}` if this run stops", err=True)
+    spark = spark_session(config.stream, app_name="purger-restore", log_level="ERROR", one_off=True)
+    try:
+        ledger = Ledger(spark, config.ledger)
+        ledger.record_command("restore", [policy], who, why, run)
+        plan = plan_restore(spark, config, policy, since_ms, until_ms, rule, ids)
+        typer.echo(f"{len(plan)} deletions of policies.{policy} in that time; putting them back", err=True)
+        done = restore_deletions(spark, config, policy, plan, run, who, why,
+                                 say=lambda line: typer.echo(line, err=True))
+    except RestoreRefused as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    finally:
+        spark.stop()
+    output(as_json).restored(done)
+
+
 @app.command("holds")
 def holds(
     config_file: Optional[Path] = ConfigOption,

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from purger.core.erasure import Certificate
     from purger.core.sizing import Sizing
     from purger.setup import Findings
+    from purger.restore import Restored
     from purger.status import Status
 
 
@@ -237,6 +238,10 @@ class Output(ABC):
     def certificate(self, found: Certificate) -> None:
         """``purger erase``: the request's certificate (``purger.core.erasure.Certificate``)."""
 
+    @abstractmethod
+    def restored(self, done: Restored) -> None:
+        """``purger restore``: each deletion put back or not, and the holds placed (``purger.restore.Restored``)."""
+
 
 def output(as_json: bool) -> Output:
     return JsonOutput() if as_json else TextOutput()
@@ -322,6 +327,14 @@ class TextOutput(Output):
         for kind, object_id in found.pending:
             typer.echo(f"  pending  {kind} {object_id}")
 
+    def restored(self, done: Restored) -> None:
+        typer.echo(f"restore {done.run}: {len(done.restored)} restored, {len(done.not_restored)} not, "
+                   f"{len(done.held)} objects held until released (`purger release KIND:ID`)")
+        for entry in restored_entries(done):
+            typer.echo(f"  {entry['status']:<12} {entry['kind']} {entry['id']}"
+                       + (f" in {entry['dc']}" if entry["dc"] else "") + f"  deleted at {entry['deleted_at']}"
+                       + (f"  {entry['why']}" if entry["why"] else ""))
+
 
 class JsonOutput(Output):
     """One JSON document on stdout: times in ISO 8601 (UTC), durations in seconds, ``null`` for what is not
@@ -365,6 +378,21 @@ class JsonOutput(Output):
 
     def certificate(self, found: Certificate) -> None:
         self._print({**dataclasses.asdict(found), "complete": found.complete})
+
+    def restored(self, done: Restored) -> None:
+        self._print({"run": done.run, "held": done.held, "deletions": restored_entries(done)})
+
+
+def restored_entries(done: Restored) -> list[dict[str, Any]]:
+    """Each deletion a restore looked at: its id in clear where its image has it (the ledger's, else), never the
+    image's contents."""
+    from purger.core.times import format_epoch_ms
+    from purger.core.vocabulary import NOT_RESTORED, RESTORED
+
+    looked_at = [(d, RESTORED, None) for d in done.restored] + [(d, NOT_RESTORED, why) for d, why in done.not_restored]
+    return [{"status": status, "kind": d.kind, "id": d.image.id if d.image is not None else d.id, "dc": d.dc,
+             "rule": d.rule, "deleted_at": format_epoch_ms(d.deleted_at_ms), "why": why}
+            for d, status, why in looked_at]
 
 
 def _row(row: Any) -> dict[str, Any]:

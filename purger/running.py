@@ -150,7 +150,7 @@ def start_purger(spark: SparkSession, config: PurgerConfig, starting_offsets: st
     reporting = Every(config.ledger.report_interval.total_seconds(), report.refresh, "purger-report",
                       lambda: set_up_thread(spark, REPORT_JOB_GROUP, "daily report"),
                       lambda: spark.sparkContext.cancelJobGroup(REPORT_JOB_GROUP))
-    upkeeping = Every(UPKEEP_INTERVAL_S, lambda: _upkeep(ledger), UPKEEP_JOB_GROUP,
+    upkeeping = Every(UPKEEP_INTERVAL_S, lambda: _upkeep(ledger, config), UPKEEP_JOB_GROUP,
                       lambda: set_up_thread(spark, UPKEEP_JOB_GROUP, "ledger upkeep", pool=REPORT_JOB_GROUP),
                       lambda: spark.sparkContext.cancelJobGroup(UPKEEP_JOB_GROUP), first_in=lambda: UPKEEP_FIRST_IN_S)
     reconciling = None
@@ -188,9 +188,19 @@ def set_up_thread(spark: SparkSession, group: str, description: str, pool: str |
     spark.sparkContext.setJobGroup(group, description)
 
 
-def _upkeep(ledger: Ledger) -> None:
-    """A round of the ledger's upkeep; a failure is one line (the next round, a day later, tries again)."""
+def _upkeep(ledger: Ledger, config: PurgerConfig) -> None:
+    """A round of the ledger's upkeep, and of the undo window's copies (``expire_copies``); a failure is one line
+    (the next round, a day later, tries again)."""
+    from purger.sinks.restorations import expire_copies
+
     started = time.monotonic()
+    try:
+        gone = expire_copies(config, datetime.now(timezone.utc).date())
+        if gone:
+            log.info("undo window: %d copies of blobs past it deleted", gone)
+    except Exception as error:
+        log.warning("undo window: expiring the copies of blobs failed, tried again at the next round: %s: %s",
+                    type(error).__name__, (str(error).strip().splitlines() or [""])[0])
     try:
         if ledger.upkeep(datetime.now(timezone.utc).date()):
             log.info("ledger %s: upkeep done in %.0f s", ledger.path, time.monotonic() - started)

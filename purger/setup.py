@@ -52,6 +52,7 @@ from purger.output import human_duration
 from purger.sinks.failures import FAILURES_COLUMNS, failures_schema
 from purger.sinks.holds import HOLDS_COLUMNS, holds_schema
 from purger.sinks.journal import JOURNAL_COLUMNS, journal_schema
+from purger.sinks.restorations import RESTORATIONS_COLUMNS, restorations_schema
 from purger.sinks.objects import bucket_versioning
 
 if TYPE_CHECKING:
@@ -485,6 +486,8 @@ OWN_TABLES = (
              "add it as the holds table's schema in docs/operations.md has it (the holds in it stand meanwhile)"),
     OwnTable("failures_table", "the failing purges", FAILURES_COLUMNS, failures_schema,
              "drop the table and run `purger setup` again (a failing purge is then tried again at once)"),
+    OwnTable("restorations_table", "the undo window's images", RESTORATIONS_COLUMNS, restorations_schema,
+             "drop the table and run `purger setup` again (the deletions it kept can then no longer be restored)"),
 )
 
 

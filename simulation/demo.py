@@ -19,8 +19,9 @@ purger's first scheduled reconcile, at its start, finds them; the rest of the wo
 recorded, with events. The purger runs with short periods until every expected purge is seen in Cassandra
 and S3, then the report compares what should have gone with what went, existing objects included. Beside
 them, a mailbox under a legal hold (docs/operations.md, Legal holds): its due messages are kept while the
-hold stands, and purged once the demo releases it; and a mailbox of live messages erased on request
-(docs/operations.md, Erasure on request): its messages and payloads go at once, as its certificate says.
+hold stands, and purged once the demo releases it; a mailbox of live messages erased on request
+(docs/operations.md, Erasure on request): its messages and payloads go at once, as its certificate says; and
+an undo (docs/operations.md, Undo): due messages purged, then put back by a restore with their payloads, held.
 
 The demo writes into a keyspace (``demo_<run>``), buckets (``demo-<run>-<dc>``), topics (``demo.<run>.*``)
 and a work directory (checkpoint, ledger, reports) of its own, and leaves them for a look afterwards
@@ -62,6 +63,7 @@ from purger.sinks.ledger import Report
 EXISTING_SHARE = 4  # one message in four exists before the purger starts
 HELD = 3  # due messages of a mailbox under a legal hold
 ERASED = 3  # live messages of a mailbox erased on request
+UNDONE = 3  # due messages purged, then restored (the demo's purger keeps an undo window)
 ORPHANS = 3  # orphan blobs in each data centre's bucket
 # A blob the platform keeps outside payloads/: no reconcile lists it.
 OUTSIDE_KEY = "exports/demo-{run}.csv"
@@ -85,6 +87,8 @@ class DemoReport:
     held: dict[str, tuple[int, int]] = field(default_factory=dict)
     # A mailbox of live messages erased on request: "<what>" -> (expected, observed).
     erased: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Due messages purged, then restored: "<what>" -> (expected, observed).
+    undone: dict[str, tuple[int, int]] = field(default_factory=dict)
     wrongly_deleted: set[str] = field(default_factory=set)
     left_behind: set[str] = field(default_factory=set)
     payloads_expected_gone: int = 0
@@ -115,6 +119,7 @@ class DemoReport:
             and all(expected == observed for expected, observed in self.existing.values())
             and bool(self.held) and all(expected == observed for expected, observed in self.held.values())
             and bool(self.erased) and all(expected == observed for expected, observed in self.erased.values())
+            and bool(self.undone) and all(expected == observed for expected, observed in self.undone.values())
             and all(written == deleted for written, deleted in self.orphans.values())
             and self.outside_kept[0] == self.outside_kept[1]
         )
@@ -144,6 +149,8 @@ def demo_config(run: str) -> PurgerConfig:
             },
             "ledger": {"path": str(work / "ledger" / "records"), "report_path": str(work / "ledger" / "report"),
                        "reconcile_path": str(work / "ledger" / "reconcile_report")},
+            # Each deletion restorable for an hour (docs/operations.md, Undo): the demo restores some.
+            "undo": {"window": "1h"},
             "reconcile": {
                 # No run is recorded in the demo's new ledger, so the running purger reconciles at its
                 # start; the next would come an hour later, after the demo.
@@ -237,6 +244,39 @@ def erased_on_request(spark: Any, platform: Platform, config: PurgerConfig, run:
                                                                       for m in messages)),
         "erased on request: in the certificate": (2 * len(messages), sum(
             (kind, object_id) in listed for m in messages for kind, object_id in (("message", m), ("payload", f"p-{m}")))),
+    }
+
+
+def undone(spark: Any, platform: Platform, config: PurgerConfig, run: str, timeout_s: float
+           ) -> dict[str, tuple[int, int]]:
+    """Due messages (stored payloads) purged, then restored as `purger restore` does: each row and payload back in
+    Cassandra and both stores, each message held so that the purger does not delete it again."""
+    from purger.core.times import now_ms
+    from purger.restore import new_run, plan_restore, restore
+
+    began = now_ms()
+    messages = [f"{run}-undone-{i}" for i in range(UNDONE)]
+    for m in messages:
+        platform.enqueue(m, f"p-{m}", mailbox=f"demo-{run}-undone")
+        platform.dequeue(m, 0)
+    platform.flush()
+    with tqdm(total=len(messages), desc="purged, to undo", unit="msg") as bar:
+        deadline = time.monotonic() + timeout_s
+        while (not all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in messages)
+               and time.monotonic() < deadline):
+            time.sleep(1)
+        bar.update(sum(platform.row(m) is None for m in messages))
+    ids = messages + [f"p-{m}" for m in messages]
+    done = restore(spark, config, "mailbox", plan_restore(spark, config, "mailbox", began, now_ms(), ids=ids),
+                   new_run(), "demo", "demo: a policy wrong by a unit")
+    held = {hold.scope for hold, _ in holds_in_force(config)}
+    return {
+        "undo: purged messages restored": (len(messages), sum(platform.row(m) is not None for m in messages)),
+        "undo: their payloads restored, blobs in each store": (len(messages), sum(platform.payload_intact(f"p-{m}")
+                                                                                  for m in messages)),
+        "undo: restored messages held": (len(messages), sum(f"message:{m}" in held for m in messages)),
+        # Each message's row and reference, its payload's row and its blob in each of the two stores.
+        "undo: deletions recorded restored": (5 * len(messages), len(done.restored)),
     }
 
 
@@ -381,6 +421,7 @@ def run_demo(prepare: Callable[..., None], messages: int = 200, timeout_s: float
         report.outside_kept = (1, sum(item["Key"] == outside for item in listing.get("Contents", [])))
         report.held = held_then_released(platform, config, held_scope, held, timeout_s)
         report.erased = erased_on_request(spark, platform, config, run, timeout_s)
+        report.undone = undone(spark, platform, config, run, timeout_s)
     finally:
         running.stop()
         platform.close()

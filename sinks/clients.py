@@ -25,6 +25,7 @@ from purger.sinks.failures import CassandraFailures
 from purger.sinks.holds import CassandraHolds
 from purger.sinks.journal import CassandraJournal
 from purger.sinks.objects import ObjectStores
+from purger.sinks.restorations import CassandraRestorations
 from purger.streams.control import ControlWriter
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def executor_clients(config: PurgerConfig) -> Clients:
             failures = CassandraFailures.of(session, config)
             resources = Resources(partial(CassandraTables, session, config.cassandra.keyspace), stores, control,
                                   journal, CassandraHolds.of(session, config.cassandra), failures, retry_ms,
-                                  config.stream.dry_run)
+                                  config.stream.dry_run, CassandraRestorations.of(session, config, stores))
             purges = {kind: purge for policy in policy_set.policies for kind, purge in policy.purges(resources).items()}
             _made[key] = Clients(control, DeadLetters(producer, config.kafka.dead_letter_topic), purges, failures,
                                  journal, stores)

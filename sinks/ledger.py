@@ -76,7 +76,7 @@ from purger.core.settings import LedgerConfig
 from purger.core.lags import LAG_RANK_ERROR, LAG_SKETCH_K
 from purger.core.policy_set import PolicySet
 from purger.core.pseudonyms import Pseudonyms
-from purger.core.vocabulary import ALL_DCS, COMMAND, PURGED, SKIPPED, STATUSES
+from purger.core.vocabulary import ALL_DCS, COMMAND, NOT_RESTORED, PURGED, RESTORED, SKIPPED, STATUSES
 from purger.sinks.journal import JOURNAL_TTL_S
 
 # Delta's optimistic concurrency: two writers of the report (or the first two creating it) conflict.
@@ -128,14 +128,17 @@ def _record_id(query_id: str, batch_id: int) -> Column:
     return F.sha2(F.to_json(F.array("policy", "kind", "id", F.coalesce("dc", F.lit("")), "status", batch)), 256)
 
 
-def _as_written(outcomes: DataFrame, pseudonyms: Pseudonyms) -> DataFrame:
+def _as_written(outcomes: DataFrame, pseudonyms: Pseudonyms, ids_written: bool = False) -> DataFrame:
     """The outcomes' ids and reasons as the ledger writes them (``core.pseudonyms``): a keyed hash of each id (in
-    a Python function: the key stays out of the query's plan and the Spark UI) and each reason's category."""
+    a Python function: the key stays out of the query's plan and the Spark UI; not again where ``ids_written``:
+    ids read from the ledger) and each reason's category."""
     if not pseudonyms.on:
         return outcomes
+    category = {"reason": F.substring_index("reason", ":", 1)}
+    if ids_written:
+        return outcomes.withColumns(category)
     keyed_hash = F.udf(pseudonyms.id, "string")
-    return outcomes.withColumns({"id": keyed_hash("id"),
-                                 "reason": F.substring_index("reason", ":", 1)})
+    return outcomes.withColumns({"id": keyed_hash("id"), **category})
 
 
 def use_s3a(spark: SparkSession, ledger: LedgerConfig) -> None:
@@ -205,7 +208,7 @@ class Ledger:
         use_s3a(spark, ledger)
 
     def append(self, outcomes: DataFrame, query_id: str, batch_id: int, may_hold: bool = True,
-               began_ms: int | None = None) -> None:
+               began_ms: int | None = None, ids_written: bool = False) -> None:
         """Add a batch's outcomes (``sinks.purge.OUTCOME_SCHEMA``), each record once by its ``record_id``;
         ``may_hold``: some may be there already (a retry, records from an intent), so only the new go in,
         reading only the days those can be in: since the batch began (``began_ms``, its first attempt), or,
@@ -214,7 +217,7 @@ class Ledger:
 
         >>> Ledger(spark, config.ledger).append(outcomes, query.id, 7)   # a second call adds nothing
         """
-        outcomes = _as_written(outcomes, self.pseudonyms)
+        outcomes = _as_written(outcomes, self.pseudonyms, ids_written)
         records = outcomes.select(
             _record_id(query_id, batch_id).alias("record_id"),
             "policy", "kind", "id", "rule", "dc", "status", "reason",
@@ -266,10 +269,12 @@ class Ledger:
     def _written_by_others(self, earliest: datetime, query_id: str) -> bool:
         """Whether a query other than ``query_id`` recorded a decision since ``earliest`` (after a replay, the
         checkpoint it set aside put back): its batches' ids say nothing of this query's. Reads two columns of
-        the files Delta's statistics of ``decided_at`` do not skip; commands' records never meet a batch's."""
+        the files Delta's statistics of ``decided_at`` do not skip; commands' and restores' records never meet a
+        batch's."""
         others = self.records().where(
             (F.col("date") >= F.lit(earliest.date())) & (F.col("decided_at") >= F.lit(earliest))
-            & ~F.col("query_id").eqNullSafe(query_id) & (F.col("status") != COMMAND))
+            & ~F.col("query_id").eqNullSafe(query_id)
+            & ~F.col("status").isin(COMMAND, RESTORED, NOT_RESTORED))
         return bool(others.limit(1).count())
 
     def record_command(self, command: str, policies: list[str], actor: str, reason: str, run: str) -> None:
@@ -433,7 +438,7 @@ class Report:
         skips by reason, the lag's sketch, the first and last decision), finished into a report's rows
         (``_finished``)."""
         records = (
-            records.where(F.col("status") != COMMAND)
+            records.where(~F.col("status").isin(COMMAND, RESTORED, NOT_RESTORED))
             .withColumn("dc", F.coalesce("dc", F.lit(ALL_DCS)))
             # Records written before there were policies are all the mailbox's.
             .withColumn("policy", F.coalesce("policy", F.lit("mailbox")))

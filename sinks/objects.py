@@ -55,6 +55,26 @@ class ObjectStores:
         return errors
 
 
+    def copy(self, dc: str, key: str, to_key: str) -> bool | str:
+        """Copy ``key`` to ``to_key`` in the data centre's bucket, on the server (no bytes through the purger): True
+        once copied, False when there is no ``key`` to copy, else the error."""
+        if dc not in self.stores:
+            return f"no object store configured for data centre {dc!r}"
+        bucket = self.stores[dc].bucket
+        try:
+            self._client(dc).copy_object(Bucket=bucket, Key=to_key, CopySource={"Bucket": bucket, "Key": key})
+            return True
+        except Exception as error:  # botocore raises many kinds; each is this DC's failure
+            if _no_such_key(error):
+                return False
+            return f"{self.stores[dc].endpoint}: {error}"
+
+
+def _no_such_key(error: Exception) -> bool:
+    response = getattr(error, "response", None) or {}
+    return response.get("Error", {}).get("Code") in ("NoSuchKey", "404")
+
+
 def bucket_versioning(client: Any, bucket: str) -> str | None:
     """Whether ``bucket`` keeps versions: ``Enabled``, ``Suspended`` (it keeps those it has), or None (never
     enabled, or a store without versioning, such as S3Proxy's filesystem backend)."""

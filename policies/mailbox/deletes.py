@@ -50,6 +50,7 @@ from purger.core.events import Eligibility
 from purger.core.handles import Resources
 from purger.core.purge_protocol import Candidate, Deleted, Dependent, Kept, ObjectPurge, RuleWrite, key_id
 from purger.core.reconcile_descriptors import Scanned, dated, latest_write
+from purger.core.restorations import BlobImage, RowImage
 from purger.core.times import epoch_ms, format_epoch_ms, now_ms
 from purger.core.vocabulary import LIVE_REASON, NOT_YET_DUE, RECENTLY_LINKED, REFERENCED, RELINKED, reason
 from purger.policies.mailbox.rules import PAYLOAD as PAYLOAD_RULE
@@ -149,6 +150,9 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
     def scopes(self, candidate: Candidate, row: dict[str, Any]) -> list[str]:
         return [f"{MESSAGE}:{candidate.id}"] + ([f"{MAILBOX}:{row['mailbox']}"] if row["mailbox"] else [])
 
+    def image(self, candidate: Candidate) -> RowImage:
+        return RowImage("messages", (("message_id", candidate.id),))
+
     def delete(self, candidate: Candidate, row: dict[str, Any]) -> bool:
         if is_erasure(candidate.rule):
             return self.tables.applied(self.erase_row, candidate.id)
@@ -181,7 +185,8 @@ class MessagePurge(ObjectPurge[dict[str, Any]]):
         return Dependent(
             "payload_refs", key_id([payload_id, message_id]),
             lambda: self.tables.execute(self.delete_ref, payload_id, message_id),
-            present=lambda: self.tables.one(self.read_ref, payload_id, message_id) is not None)
+            present=lambda: self.tables.one(self.read_ref, payload_id, message_id) is not None,
+            image=RowImage("payload_refs", (("payload_id", payload_id), ("message_id", message_id))))
 
     def released(self, candidate: Candidate, row: dict[str, Any] | None) -> None:
         payload_id, inline = _payload_of(candidate, row)
@@ -256,6 +261,9 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         # Kept while a message refers to it, and a held message keeps its reference: no hold names a payload.
         return []
 
+    def image(self, candidate: Candidate) -> RowImage:
+        return RowImage("payloads", (("payload_id", candidate.id),))
+
     def erasable(self, candidate: Candidate, row: PayloadRow) -> Kept | None:
         # Another message's too: kept for it. Linked within its grace (a writer's link whose reference row is not
         # written yet): erased once the grace ends, as any purge of it waits.
@@ -290,7 +298,8 @@ class PayloadPurge(ObjectPurge[PayloadRow]):
         return Kept(reason(RELINKED, "while being purged"), Eligibility(PAYLOAD_RULE, now_ms() + self.grace_ms))
 
     def dependents(self, candidate: Candidate, row: PayloadRow) -> list[Dependent]:
-        return [Dependent(PAYLOAD, candidate.id, partial(self._delete_blob, candidate.id, dc), dc=dc)
+        return [Dependent(PAYLOAD, candidate.id, partial(self._delete_blob, candidate.id, dc), dc=dc,
+                          image=BlobImage(dc, payload_key(candidate.id)))
                 for dc in sorted(row.dcs)]
 
     def keep_progress(self, candidate: Candidate, row: PayloadRow, went: list[Dependent]) -> None:

@@ -11,13 +11,14 @@ import re
 import time
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from functools import partial
 
 import pytest
 from kafka import KafkaConsumer
 
 from purger.core.holds import Scope
+from purger.core.times import now_ms
 from purger.holds import holds_in_force, place_hold, release_hold
 from purger.running import start_purger
 from tests.support.configs import mailbox
@@ -30,10 +31,15 @@ pytestmark = pytest.mark.integration
 FORGET_AFTER = timedelta(seconds=15)
 
 
+# The module's purger keeps what it deletes restorable this long (docs/operations.md, "Undo").
+UNDO_WINDOW = timedelta(hours=1)
+
+
 @pytest.fixture(scope="module")
 def purger(spark, config):
     running = start_purger(spark, config.model_copy(update={
-        "stream": config.stream.model_copy(update={"forget_after": FORGET_AFTER})}))
+        "stream": config.stream.model_copy(update={"forget_after": FORGET_AFTER}),
+        "undo": config.undo.model_copy(update={"window": UNDO_WINDOW})}))
     yield running
     running.stop()
     assert running.failure is None
@@ -169,6 +175,78 @@ def test_a_held_mailbox_keeps_its_due_message_until_the_release_then_it_goes_wit
     wait_for(lambda: platform.row(held) is None and platform.payload_gone(f"p-{held}"), timeout_s=60,
              what="the message released, then its payload, with no new event")
     assert held_objects(config, scope) == 0
+
+
+def as_stored(platform, config, m: str) -> tuple:
+    """Message ``m``'s rows as Cassandra returns them (``SELECT JSON *``: its row, its payload's, its reference) and
+    its payload's blob's bytes in each data centre; None for each one not there."""
+    from purger.policies.mailbox.deletes import payload_key
+
+    def json_of(table: str, where: str, *key: str) -> str | None:
+        found = platform.session.execute(f"SELECT JSON * FROM {table} WHERE {where}", key).one()
+        return found[0] if found else None
+
+    blobs = tuple(platform.stores[dc].get_object(Bucket=store.bucket, Key=payload_key(f"p-{m}"))["Body"].read()
+                  if platform.blob_exists(f"p-{m}", dc) else None for dc, store in sorted(config.stores.items()))
+    return (json_of("messages", "message_id = %s", m), json_of("payloads", "payload_id = %s", f"p-{m}"),
+            json_of("payload_refs", "payload_id = %s AND message_id = %s", f"p-{m}", m), blobs)
+
+
+def purged_due(platform, config, run: str, n: int) -> tuple[list[str], dict[str, tuple]]:
+    """``n`` messages due at once, with stored payloads, as stored before, once purged with their payloads."""
+    r = mailbox(config)
+    messages = [f"{run}-undo-{i}" for i in range(n)]
+    for m in messages:
+        platform.enqueue(m, f"p-{m}", at=ago(r.expired_ttl))
+        platform.dequeue(m, 0, at=ago(r.expired_ttl))
+    platform.flush()
+    before = {m: as_stored(platform, config, m) for m in messages}
+    assert all(None not in (rows[:3] + rows[3]) for rows in before.values())
+    wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in messages), timeout_s=60,
+             what="the messages and their payloads purged")
+    return messages, before
+
+
+def test_an_undo_after_a_wrong_period_puts_every_row_and_blob_back_held_until_released(purger, platform, config,
+                                                                                     spark):
+    """SPEC 11.2: messages due by the tests' periods in seconds (a policy wrong by a unit) are purged, with their
+    references, payload rows and blobs in both data centres. A restore of the policy since the test began puts back
+    every row as it was (each ``SELECT JSON *`` equal) and every blob's bytes, records each ``restored`` in the
+    ledger, and holds each message: an event that makes one due again finds it held, not deleted; released, it goes
+    again with no new event. Checked against what the test read in Cassandra and both stores before the purge."""
+    from purger.restore import new_run, plan_restore, restore
+    from purger.sinks.ledger import Ledger
+
+    began = now_ms() - 1_000
+    messages, before = purged_due(platform, config, uuid.uuid4().hex[:8], 3)
+    snapshot = partial(as_stored, platform, config)
+
+    restore_run = new_run()
+    # Its ids: the module's other tests' deletions in the same minutes are not this test's to restore.
+    plan = plan_restore(spark, config, "mailbox", began, now_ms(), ids=messages + [f"p-{m}" for m in messages])
+    done = restore(spark, config, "mailbox", plan, restore_run, "test", "expired_ttl set in seconds")
+    assert done.not_restored == [] and done.held == sorted(f"message:{m}" for m in messages)
+    restored = Counter((d.kind, d.image.id, d.dc) for d in done.restored)
+    assert restored == Counter({("message", m, None) for m in messages}
+                               | {("payload_refs", json.dumps([f"p-{m}", m], separators=(",", ":")), None)
+                                  for m in messages}
+                               | {("payload", f"p-{m}", dc) for m in messages for dc in ("dc1", "dc2", None)})
+    assert {m: snapshot(m) for m in messages} == before
+    records = Ledger(spark, config.ledger).records().where(f"query_id = 'restore/{restore_run}'").collect()
+    assert Counter((rec.kind, rec.id, rec.dc, rec.status) for rec in records) == Counter(
+        {(kind, object_id, dc, "restored") for kind, object_id, dc in restored})
+
+    # The policy, still wrong, finds one due again: held, not deleted; released, it goes with no new event.
+    again = messages[0]
+    platform.dequeue(again, 0)
+    platform.flush()
+    scope = Scope("message", again)
+    wait_for(lambda: held_objects(config, scope) == 1, timeout_s=60, what="the restored message kept under its hold")
+    assert platform.row(again) is not None and platform.payload_intact(f"p-{again}")
+    assert release_hold(config, scope) == 1
+    wait_for(lambda: platform.row(again) is None and platform.payload_gone(f"p-{again}"), timeout_s=60,
+             what="the restored message, released, purged again with its payload")
+    assert all(snapshot(m) == before[m] for m in messages[1:])
 
 
 def test_a_hold_placed_while_its_scope_is_being_purged_is_in_force_when_the_command_returns(
@@ -323,9 +401,9 @@ def command_killed_at(config, tmp_path, *arguments: str, kill_at: str | None = N
     return None
 
 
-# The commands' kills, a matrix of three: each a `purger` process or two of a Spark session each (about 20 s
+# The commands' kills, a matrix of four: each a `purger` process or two of a Spark session each (about 20 s
 # apiece here). Bounded, a run kills one of them, the next on the next day; `make faults-full`, each.
-COMMAND_KILLS = ("after_hold_placed", "after_hold_lifted", "erase_half_sent")
+COMMAND_KILLS = ("after_hold_placed", "after_hold_lifted", "erase_half_sent", "restore_half_done")
 KILLED_COMMANDS = FAULTS.cases(COMMAND_KILLS, COMMAND_KILLS, per_run=1)
 
 
@@ -407,3 +485,29 @@ def test_an_erasure_killed_midway_then_run_again_with_its_request_ends_as_if_nev
                               | {("payload_refs", json.dumps([f"p-{m}", m], separators=(",", ":")), None)
                                  for m in messages}
                               | {("payload", f"p-{m}", dc) for m in messages for dc in ("dc1", "dc2", None)})
+
+
+def test_a_restore_killed_midway_then_run_again_with_its_run_ends_as_if_never_killed(purger, platform, config,
+                                                                                     tmp_path, spark):
+    """SPEC 11.2: `purger restore` SIGKILLed once half of what it puts back is back (its holds placed, no ledger
+    record yet), then run again with the run id it printed first: every row and blob as the test read them before
+    the purge, and the ledger's records of the run each once, `restored`."""
+    from purger.sinks.ledger import Ledger
+
+    skip_unless_killed("restore_half_done")
+    began = datetime.now(timezone.utc) - timedelta(seconds=2)
+    messages, before = purged_due(platform, config, uuid.uuid4().hex[:8], 2)
+    restore = ["restore", "--policy", "mailbox", "--since", f"{began:%Y-%m-%dT%H:%M:%S}", "--reason",
+               "expired_ttl set in seconds", "--actor", "test"]
+    for m in messages:
+        restore += ["--id", m, "--id", f"p-{m}"]
+    command_killed_at(config, tmp_path, *restore, kill_at="restore_half_done")
+    run = re.search(r"run (\S+):", (tmp_path / "restore_half_done.stderr").read_text()).group(1)
+    finished = command_killed_at(config, tmp_path, *restore, "--run", run, "--json")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    done = json.loads(finished.stdout)
+    assert {e["status"] for e in done["deletions"]} == {"restored"} and len(done["deletions"]) == 5 * len(messages)
+    assert {m: as_stored(platform, config, m) for m in messages} == before
+    records = Ledger(spark, config.ledger).records().where(f"query_id = 'restore/{run}'").collect()
+    assert Counter((rec.kind, rec.id, rec.dc, rec.status) for rec in records) == Counter(
+        {(e["kind"], e["id"], e["dc"], "restored") for e in done["deletions"]})

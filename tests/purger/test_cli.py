@@ -32,19 +32,20 @@ def test_schema_prints_each_enabled_policys_reference_cql_under_the_configured_n
 
     config_file = tmp_path / "purger.toml"
     config_file.write_text('[cassandra]\nkeyspace = "platform"\njournal_table = "own_journal"\n'
-                           'holds_table = "own_holds"\nfailures_table = "own_failures"\n\n'
+                           'holds_table = "own_holds"\nfailures_table = "own_failures"\n'
+                           'restorations_table = "own_restorations"\n\n'
                            '[policies.mailbox]\npayloads_table = "blobs"\n\n'
                            '[policies.rule_events]\nenabled = true\n')
     result = CliRunner().invoke(app, ["schema", "--config", str(config_file)])
     assert result.exit_code == 0, result.output
     cql = result.stdout
     for table in ("messages", "payload_refs", "blobs", "rule_events", "own_journal", "own_holds",
-                  "own_failures"):
+                  "own_failures", "own_restorations"):
         assert f"CREATE TABLE IF NOT EXISTS platform.{table} (" in cql
     # Renamed, and no placeholder left unrendered (the journal's compaction map is CQL's own braces).
     assert "platform.payloads " not in cql and not re.search(r"\{\w*\}", cql)
     assert "platform.users" not in cql  # a policy not enabled
-    assert cql.count("CREATE TABLE") == cql.count(";") == 7  # one statement each, ready for cqlsh
+    assert cql.count("CREATE TABLE") == cql.count(";") == 8  # one statement each, ready for cqlsh
 
 
 def test_schema_with_a_bad_configuration_exits_2_naming_the_key(tmp_path):
@@ -174,7 +175,7 @@ def test_schema_with_replication_prints_the_keyspaces_create_keyspace_first(tmp_
 
 
 @pytest.mark.parametrize("command", ["reconcile", "replay", "hold message:m1", "release message:m1",
-                                     "erase mailbox:alice"])
+                                     "erase mailbox:alice", "restore --policy mailbox --since 2026-12-06"])
 def test_a_command_that_changes_what_is_deleted_without_a_reason_exits_2_in_one_line(tmp_path, command):
     from typer.testing import CliRunner
 
@@ -216,6 +217,18 @@ def test_an_erasure_of_a_subject_no_enabled_policy_finds_exits_2_in_one_line_bef
     result = CliRunner().invoke(app, ["erase", *arguments, "--reason", "GDPR request 12"])
     assert result.exit_code == 2
     assert line in result.output and "Traceback" not in result.output
+
+
+def test_a_restore_of_a_policy_not_enabled_exits_2_in_one_line_before_anything_starts():
+    from typer.testing import CliRunner
+
+    from purger.cli import app
+
+    result = CliRunner().invoke(app, ["restore", "--policy", "users", "--since", "2026-12-06T09:00:00",
+                                      "--reason", "period in seconds"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert ("policy 'users' is not enabled in this configuration: restore one of mailbox (--policy)"
+            in result.output)
 
 
 def test_who_runs_a_command_is_the_actor_given_or_the_os_user_and_a_dry_run_needs_no_reason():

@@ -188,11 +188,12 @@ def test_a_deletion_another_query_recorded_from_a_batchs_intent_is_not_recorded_
 
 
 def test_a_failed_upkeep_is_one_line_and_the_purger_goes_on(config_for_ledger, tmp_path, caplog):
+    from purger.config import build_config
     from purger.running import _upkeep
 
     ledger = Ledger(None, config_for_ledger(tmp_path / "ledger"))  # type: ignore[arg-type]  # no session: it fails
     with caplog.at_level("WARNING", logger="purger.running"):
-        _upkeep(ledger)
+        _upkeep(ledger, build_config({}))  # no undo window: no copies to expire
     [line] = [r.getMessage() for r in caplog.records if r.name == "purger.running"]
     assert line.startswith(f"ledger {ledger.path}: upkeep failed, tried again at the next round: ")
     assert "\n" not in line and not any(r.exc_info for r in caplog.records)

@@ -1,0 +1,110 @@
+"""The undo window (docs/operations.md, "Undo"; SPEC 11.2): with ``undo.window`` set, every deletion keeps what it
+deleted restorable for that long. Before the purge protocol claims a row (or, for a kind that deletes first,
+deletes it), the row's image goes aside; before its dependents and followers go, theirs do: a row's image is the
+whole row as Cassandra returns it (``SELECT JSON *``) with its cells' write times, a blob's is a copy in its own
+bucket under ``undo.prefix``. Each image is named as the ledger names the deletion it precedes (kind, id, data
+centre), so `purger restore` finds the image of each ``purged`` record: the last one kept at or before it.
+
+A policy says what to keep of each object: ``ObjectPurge.image`` for its row, ``Dependent.image`` for each
+dependent and follower. The engine's ``Aside`` is ``purger.sinks.restorations.CassandraRestorations``.
+
+Example::
+
+    RowImage("messages", (("message_id", "m1"),))        # the row of {messages} keyed m1
+    BlobImage("dc1", "payloads/p1")                        # the blob in dc1's bucket
+    latest_images(images, deleted)                          # each deletion's image, or None: past the window
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from purger.core.handles import Tables
+
+__all__ = ["BLOB", "DEPENDENT", "FOLLOWER", "ROW", "Aside", "BlobImage", "Kept", "RowImage", "latest_images",
+           "restore_order"]
+
+
+@dataclass(frozen=True)
+class RowImage:
+    """A row to keep aside before it is deleted: its table, by the policy's reference name, and its primary key as
+    (column, value) pairs."""
+
+    table: str
+    key: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class BlobImage:
+    """A blob to copy aside before it is deleted: its data centre and key in that data centre's bucket."""
+
+    dc: str
+    key: str
+
+
+Image = RowImage | BlobImage
+
+
+@dataclass(frozen=True)
+class Kept:
+    """An image kept aside, as the restorations table holds it: the deletion it precedes as the ledger names it
+    (``kind``, ``id``, ``dc``: None for a row), the object whose purge kept it (``root_kind``, ``root_id``, under
+    ``rule``), when (``kept_at_ms``), and what to put back: a row's ``table`` (keyspace.table), its ``row``
+    (``SELECT JSON *``) and ``write_times`` (JSON, column -> microseconds), or a blob's ``copy_key`` in the
+    bucket of ``dc`` and its own ``blob_key``."""
+
+    root_kind: str
+    root_id: str
+    rule: str
+    kind: str
+    id: str
+    dc: str | None
+    kept_at_ms: int
+    rank: int  # BLOB, FOLLOWER, ROW or DEPENDENT
+    table: str | None = None
+    row: str | None = None
+    write_times: str | None = None
+    blob_key: str | None = None
+    copy_key: str | None = None
+
+
+class Aside(ABC):
+    """Where the purge protocol keeps its images (``purger.core.purge_protocol.ObjectPurge``)."""
+
+    @abstractmethod
+    def keep(self, tables: Tables, root_kind: str, root_id: str, rule: str,
+             images: list[tuple[str, str, str | None, Image, int]]) -> str | None:
+        """Keep each (kind, id, dc, image, rank) aside, read through ``tables`` (the policy's); None once all are kept,
+        else the error of the store or table that failed: the protocol then deletes nothing of the object and
+        looks at it again, as when a store fails to delete."""
+
+
+def latest_images(images: Iterable[Kept], deletions: Iterable[tuple[str, str, str | None, int]]
+                  ) -> dict[tuple[str, str, str | None, int], Kept | None]:
+    """For each deletion (kind, id, dc, deleted_at_ms) of the ledger, the image kept last at or before it, or None
+    (kept before the window began, or never). An image kept by a purge whose claim or delete did not apply is
+    followed by the one of the purge that deleted it, which is later."""
+    by_object: dict[tuple[str, str, str | None], list[Kept]] = {}
+    for image in images:
+        by_object.setdefault((image.kind, image.id, image.dc), []).append(image)
+    for kept in by_object.values():
+        kept.sort(key=lambda image: image.kept_at_ms)
+    found: dict[tuple[str, str, str | None, int], Kept | None] = {}
+    for kind, object_id, dc, deleted_at_ms in deletions:
+        earlier = [image for image in by_object.get((kind, object_id, dc), ()) if image.kept_at_ms <= deleted_at_ms]
+        found[kind, object_id, dc, deleted_at_ms] = earlier[-1] if earlier else None
+    return found
+
+
+# Where an image goes in a restore's order (``Kept.rank``), the reverse of the deletions' but blobs first: a
+# blob before the row that names it; what follows an object (a message's reference to its payload) before its
+# row, so the payload is never without a referrer; then the object's row, then the rows that lead from it (a
+# user's root and permissions), as the writers of the contracts add them.
+BLOB, FOLLOWER, ROW, DEPENDENT = 0, 1, 2, 3
+
+
+def restore_order(images: Iterable[Kept]) -> list[Kept]:
+    """The images in the order to put them back: by rank, then as they were kept."""
+    return sorted(images, key=lambda image: (image.rank, image.kept_at_ms))

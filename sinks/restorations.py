@@ -1,0 +1,204 @@
+"""The undo window's images (``core.restorations``) in Cassandra and the object stores: a row's image in the
+restorations table, a blob's copy in its own bucket under ``undo.prefix``, both kept ``undo.window`` long (the
+table's rows by their TTL, the copies by the bucket's lifecycle rule that `purger setup` adds, or by the running
+purger's daily upkeep where the store has none: ``expire_copies``).
+
+The table is the purger's own, in the configured keyspace (``cassandra.restorations_table``). Its partitions are an
+hour of images and one of ``BUCKETS`` buckets of their objects' ids, so that no partition grows with the volume of a
+day, and a restore reads the hours of its time range, each bucket a partition; time-window compaction drops whole
+SSTables once their TTL passed.
+
+Example::
+
+    aside = CassandraRestorations.of(session, config)     # None when undo.window is not set
+    aside.keep(tables, "message", "m1", "expired_by_date", [("message", "m1", None, RowImage(...), ROW)])
+    read_images(session, config, since_ms, until_ms)       # every image kept in that time
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from datetime import date, datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Iterator
+
+from cassandra.query import BatchStatement, BatchType
+
+from purger.core.restorations import Aside, BlobImage, Image, Kept, RowImage
+from purger.core.times import duration_ms, from_epoch_ms, now_ms
+
+if TYPE_CHECKING:
+    from purger.core.handles import Tables
+    from purger.core.settings import PurgerConfig
+    from purger.sinks.objects import ObjectStores
+
+BUCKETS = 64
+HOUR_MS = 3_600_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
+  hour        timestamp,        -- the hour the image was kept in
+  bucket      int,              -- of its object's id, 0 to 63
+  root_kind   text,             -- the candidate whose purge kept it
+  root_id     text,
+  kind        text,             -- the deletion it precedes, as the ledger names it
+  id          text,
+  dc          text,             -- '' for a row
+  kept_at     timestamp,
+  rule        text,
+  rank        int,              -- its place in a restore (core.restorations.restore_order)
+  table_name  text,             -- a row's keyspace.table, its JSON and its cells' write times
+  row_json    text,
+  write_times text,
+  blob_key    text,             -- a blob's key, and its copy's in the same bucket
+  copy_key    text,
+  PRIMARY KEY ((hour, bucket), root_kind, root_id, kind, id, dc, kept_at)
+) WITH compaction = {{'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'HOURS',
+                     'compaction_window_size': 24}}
+"""
+RESTORATIONS_COLUMNS = frozenset({"hour", "bucket", "root_kind", "root_id", "kind", "id", "dc", "kept_at", "rule",
+                                  "rank", "table_name", "row_json", "write_times", "blob_key", "copy_key"})
+_FIELDS = ("root_kind", "root_id", "kind", "id", "dc", "kept_at", "rule", "rank", "table_name", "row_json",
+           "write_times", "blob_key", "copy_key")
+
+
+def restorations_schema(keyspace: str, table: str) -> str:
+    """The CQL that creates the restorations table ``keyspace.table`` if it does not exist."""
+    return _SCHEMA.format(keyspace=keyspace, table=table).strip()
+
+
+def copy_key_of(prefix: str, kept_at_ms: int, key: str) -> str:
+    """Where a blob's copy is kept: under the prefix, the day it was kept in (so a day's copies expire together),
+    then its own key."""
+    return f"{prefix}{from_epoch_ms(kept_at_ms).date().isoformat()}/{key}"
+
+
+def expire_copies(config: PurgerConfig, today: date) -> int:
+    """The blobs' copies kept for longer than the window, deleted a day at a time, in each data centre's bucket:
+    the day folders under ``undo.prefix`` (one listing) before the window's first day; how many copies went. A
+    store's own lifecycle rule (docs/operations.md, "Undo") usually took them first."""
+    from purger.connectors import s3_client
+    from purger.sinks.objects import DELETE_BATCH
+
+    window = config.undo.window
+    if window is None:
+        return 0
+    first_kept = today - timedelta(days=-(-window // timedelta(days=1)))
+    prefix, gone = config.undo.prefix, 0
+    for store in config.stores.values():
+        client = s3_client(store)
+        folders = client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=prefix, Delimiter="/")
+        days = [found["Prefix"] for page in folders for found in page.get("CommonPrefixes", [])]
+        for day in days:
+            try:
+                expired = date.fromisoformat(day[len(prefix):].rstrip("/")) < first_kept
+            except ValueError:
+                continue  # not a day's folder: not the purger's
+            if not expired:
+                continue
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=day):
+                keys = [found["Key"] for found in page.get("Contents", [])]
+                for start in range(0, len(keys), DELETE_BATCH):
+                    client.delete_objects(Bucket=store.bucket, Delete={
+                        "Objects": [{"Key": key} for key in keys[start:start + DELETE_BATCH]], "Quiet": True})
+                gone += len(keys)
+    return gone
+
+
+def bucket_of(object_id: str) -> int:
+    return zlib.crc32(object_id.encode()) % BUCKETS
+
+
+class CassandraRestorations(Aside):
+    """Images kept before each delete, for ``ttl_s`` seconds."""
+
+    @classmethod
+    def of(cls, session: Any, config: PurgerConfig, stores: ObjectStores) -> CassandraRestorations | None:
+        window = config.undo.window
+        if window is None:
+            return None
+        return cls(session, f"{config.cassandra.keyspace}.{config.cassandra.restorations_table}", stores,
+                   config.undo.prefix, duration_ms(window) // 1000)
+
+    def __init__(self, session: Any, name: str, stores: ObjectStores, prefix: str, ttl_s: int) -> None:
+        self.session, self.name, self.stores, self.prefix, self.ttl_s = session, name, stores, prefix, ttl_s
+        self.insert = session.prepare(
+            f"INSERT INTO {name} (hour, bucket, {', '.join(_FIELDS)}) VALUES (?, ?, {', '.join('?' * len(_FIELDS))}) "
+            "USING TTL ?")
+        self._reads: dict[tuple[int, str], tuple[Any, str]] = {}
+
+    def keep(self, tables: Tables, root_kind: str, root_id: str, rule: str,
+             images: list[tuple[str, str, str | None, Image, int]]) -> str | None:
+        kept_at = now_ms()
+        hour, bucket = from_epoch_ms(kept_at - kept_at % HOUR_MS), bucket_of(root_id)
+        rows = []
+        for kind, object_id, dc, image, rank in images:
+            if isinstance(image, BlobImage):
+                copy_key = copy_key_of(self.prefix, kept_at, image.key)
+                copied = self.stores.copy(image.dc, image.key, copy_key)
+                if isinstance(copied, str):
+                    return f"keeping {image.key} aside in {image.dc}: {copied}"
+                if copied:
+                    rows.append((kind, object_id, dc, rank, None, None, None, image.key, copy_key))
+            else:
+                statement, table_name = self._read(tables, image)
+                found = tables.one(statement, *(value for _, value in image.key))
+                if found is not None:
+                    row, write_times = _split(json.loads(found[0]))
+                    rows.append((kind, object_id, dc, rank, table_name, json.dumps(row), json.dumps(write_times),
+                                 None, None))
+        # One partition (the hour and the root's bucket): one unlogged batch, one request, however many images.
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for kind, object_id, dc, rank, table_name, row_json, write_times, blob_key, copy_key in rows:
+            batch.add(self.insert, (hour, bucket, root_kind, root_id, kind, object_id, dc or "", from_epoch_ms(kept_at),
+                                    rule, rank, table_name, row_json, write_times, blob_key, copy_key, self.ttl_s))
+        if rows:
+            self.session.execute(batch)
+        return None
+
+    def _read(self, tables: Tables, image: RowImage) -> tuple[Any, str]:
+        """The read of a row's image: every column as JSON with the write time of each regular one that has one.
+        Prepared once per policy's tables and table."""
+        cached = (id(tables), image.table)
+        if cached not in self._reads:
+            table_name = tables.qualified[image.table]
+            keyspace, table = table_name.split(".", 1)
+            metadata = self.session.cluster.metadata.keyspaces[keyspace].tables[table]
+            keys = {column.name for column in metadata.primary_key}
+            timed = [name for name, column in metadata.columns.items()
+                     if name not in keys and not _is_collection(column.cql_type)]
+            selected = [f'"{name}"' for name in metadata.columns] + [
+                f'writetime("{name}") AS "{_WRITETIME}{name}"' for name in timed]
+            where = " AND ".join(f'"{column}" = ?' for column, _ in image.key)
+            self._reads[cached] = (tables.prepare(f"SELECT JSON {', '.join(selected)} FROM {{{image.table}}} "
+                                                  f"WHERE {where}"), table_name)
+        return self._reads[cached]
+
+
+_WRITETIME = "writetime:"
+
+
+def _is_collection(cql_type: str) -> bool:
+    # writetime() takes no collection that is not frozen, nor a counter.
+    return cql_type.startswith(("list<", "set<", "map<")) or cql_type == "counter"
+
+
+def _split(selected: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A row's JSON as read with its write times: the row, and the write time of each column (microseconds)."""
+    row = {name: value for name, value in selected.items() if not name.startswith(_WRITETIME)}
+    return row, {name[len(_WRITETIME):]: value for name, value in selected.items()
+                 if name.startswith(_WRITETIME) and value is not None}
+
+
+def read_images(session: Any, config: PurgerConfig, since_ms: int, until_ms: int) -> Iterator[Kept]:
+    """Every image kept from ``since_ms`` to ``until_ms``: each hour's partitions, every bucket."""
+    name = f"{config.cassandra.keyspace}.{config.cassandra.restorations_table}"
+    select = session.prepare(f"SELECT {', '.join(_FIELDS)} FROM {name} WHERE hour = ? AND bucket = ?")
+    for hour_ms in range(since_ms - since_ms % HOUR_MS, until_ms + 1, HOUR_MS):
+        for bucket in range(BUCKETS):
+            for row in session.execute(select, (from_epoch_ms(hour_ms), bucket)):
+                kept_at_ms = int(row.kept_at.replace(tzinfo=timezone.utc).timestamp() * 1000) \
+                    if isinstance(row.kept_at, datetime) else int(row.kept_at)
+                if since_ms <= kept_at_ms <= until_ms:
+                    yield Kept(row.root_kind, row.root_id, row.rule, row.kind, row.id, row.dc or None, kept_at_ms,
+                               row.rank, row.table_name, row.row_json, row.write_times, row.blob_key, row.copy_key)
