@@ -537,7 +537,8 @@ def _stores(config: PurgerConfig, findings: Findings) -> None:
         try:
             client = s3_client(store, attempts=1, read_timeout_s=ANSWER_TIMEOUT_S)
             client.head_bucket(Bucket=store.bucket)
-            checked[where].append(f"{store.bucket} (stores.{dc}, {_versioning(client, config, dc, findings)})")
+            checked[where].append(f"{store.bucket} (stores.{dc}, {_versioning(client, config, dc, findings)}"
+                                  f"{_undo_copies(client, config, dc, findings)})")
         except (ConnectionError, HTTPClientError):
             silent[store.endpoint].append(dc)
         except ClientError as error:
@@ -587,6 +588,45 @@ def _versioning(client: Any, config: PurgerConfig, dc: str, findings: Findings) 
     covering = sorted({rule.get("ID", "") for rule in rules for prefix in prefixes
                        if expires_noncurrent_versions(rule, prefix)})
     return f"{versioning}: noncurrent versions left to lifecycle rule {', '.join(covering) or '(none)'}"
+
+
+UNDO_RULE = "purger-undo-window"
+
+
+def _undo_copies(client: Any, config: PurgerConfig, dc: str, findings: Findings) -> str:
+    """With an undo window, the bucket's lifecycle rule that expires the blobs' copies under ``undo.prefix`` a day
+    after the window (docs/operations.md, "Undo"), added beside the bucket's other rules where missing or different;
+    a store without lifecycle rules leaves them to the purger's daily upkeep (``expire_copies``), and says so."""
+    from botocore.exceptions import ClientError
+
+    window = config.undo.window
+    if window is None:
+        return ""
+    store, days = config.stores[dc], -(-window // timedelta(days=1)) + 1
+    wanted = {"ID": UNDO_RULE, "Filter": {"Prefix": config.undo.prefix}, "Status": "Enabled",
+              "Expiration": {"Days": days}}
+    try:
+        try:
+            rules = client.get_bucket_lifecycle_configuration(Bucket=store.bucket).get("Rules", [])
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "NoSuchLifecycleConfiguration":
+                raise
+            rules = []
+        if any(rule.get("ID") == UNDO_RULE and rule.get("Filter") == wanted["Filter"]
+               and rule.get("Expiration", {}).get("Days") == days and rule.get("Status") == "Enabled"
+               for rule in rules):
+            return f"; undo copies expired by lifecycle rule {UNDO_RULE}"
+        others = [rule for rule in rules if rule.get("ID") != UNDO_RULE]
+        client.put_bucket_lifecycle_configuration(Bucket=store.bucket,
+                                                  LifecycleConfiguration={"Rules": [*others, wanted]})
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") not in ("NotImplemented", "501", "MethodNotAllowed",
+                                                                 "UnsupportedOperation"):
+            raise
+        return "; no lifecycle rules: the purger's daily upkeep expires the undo copies"
+    findings.created.append(f"lifecycle rule {UNDO_RULE} on bucket {store.bucket} (stores.{dc}): expires "
+                            f"{config.undo.prefix} after {days} days (undo.window)")
+    return f"; undo copies expired by lifecycle rule {UNDO_RULE}"
 
 
 def expires_noncurrent_versions(rule: dict[str, Any], prefix: str) -> bool:
