@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Iterator
 
 from cassandra.query import BatchStatement, BatchType
@@ -141,10 +141,10 @@ class CassandraRestorations(Aside):
                 if copied:
                     rows.append((kind, object_id, dc, rank, None, None, None, image.key, copy_key))
             else:
-                statement, table_name = self._read(tables, image)
+                statement, table_name, timed = self._read(tables, image)
                 found = tables.one(statement, *(value for _, value in image.key))
                 if found is not None:
-                    row, write_times = _split(json.loads(found[0]))
+                    row, write_times = _split(json.loads(found[0]), timed)
                     rows.append((kind, object_id, dc, rank, table_name, json.dumps(row), json.dumps(write_times),
                                  None, None))
         # One partition (the hour and the root's bucket): one unlogged batch, one request, however many images.
@@ -156,9 +156,9 @@ class CassandraRestorations(Aside):
             self.session.execute(batch)
         return None
 
-    def _read(self, tables: Tables, image: RowImage) -> tuple[Any, str]:
-        """The read of a row's image: every column as JSON with the write time of each regular one that has one.
-        Prepared once per policy's tables and table."""
+    def _read(self, tables: Tables, image: RowImage) -> tuple[Any, str, list[str]]:
+        """The read of a row's image: every column as JSON with the write time of each regular one that has one
+        (those columns, in the order of their aliases). Prepared once per policy's tables and table."""
         cached = (id(tables), image.table)
         if cached not in self._reads:
             table_name = tables.qualified[image.table]
@@ -168,14 +168,15 @@ class CassandraRestorations(Aside):
             timed = [name for name, column in metadata.columns.items()
                      if name not in keys and not _is_collection(column.cql_type)]
             selected = [f'"{name}"' for name in metadata.columns] + [
-                f'writetime("{name}") AS "{_WRITETIME}{name}"' for name in timed]
+                f'writetime("{name}") AS {_WRITETIME}{number}' for number, name in enumerate(timed)]
             where = " AND ".join(f'"{column}" = ?' for column, _ in image.key)
             self._reads[cached] = (tables.prepare(f"SELECT JSON {', '.join(selected)} FROM {{{image.table}}} "
-                                                  f"WHERE {where}"), table_name)
+                                                  f"WHERE {where}"), table_name, timed)
         return self._reads[cached]
 
 
-_WRITETIME = "writetime:"
+# The write times' aliases: plain identifiers (a name to quote would come back quoted in the JSON), numbered.
+_WRITETIME = "purger_writetime_"
 
 
 def _is_collection(cql_type: str) -> bool:
@@ -183,22 +184,26 @@ def _is_collection(cql_type: str) -> bool:
     return cql_type.startswith(("list<", "set<", "map<")) or cql_type == "counter"
 
 
-def _split(selected: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split(selected: dict[str, Any], timed: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A row's JSON as read with its write times: the row, and the write time of each column (microseconds)."""
-    row = {name: value for name, value in selected.items() if not name.startswith(_WRITETIME)}
-    return row, {name[len(_WRITETIME):]: value for name, value in selected.items()
-                 if name.startswith(_WRITETIME) and value is not None}
+    times = {f"{_WRITETIME}{number}": name for number, name in enumerate(timed)}
+    row = {name: value for name, value in selected.items() if name not in times}
+    return row, {times[alias]: value for alias, value in selected.items() if alias in times and value is not None}
 
 
 def read_images(session: Any, config: PurgerConfig, since_ms: int, until_ms: int) -> Iterator[Kept]:
     """Every image kept from ``since_ms`` to ``until_ms``: each hour's partitions, every bucket."""
+    from cassandra.concurrent import execute_concurrent_with_args
+
     name = f"{config.cassandra.keyspace}.{config.cassandra.restorations_table}"
     select = session.prepare(f"SELECT {', '.join(_FIELDS)} FROM {name} WHERE hour = ? AND bucket = ?")
-    for hour_ms in range(since_ms - since_ms % HOUR_MS, until_ms + 1, HOUR_MS):
-        for bucket in range(BUCKETS):
-            for row in session.execute(select, (from_epoch_ms(hour_ms), bucket)):
-                kept_at_ms = int(row.kept_at.replace(tzinfo=timezone.utc).timestamp() * 1000) \
-                    if isinstance(row.kept_at, datetime) else int(row.kept_at)
-                if since_ms <= kept_at_ms <= until_ms:
-                    yield Kept(row.root_kind, row.root_id, row.rule, row.kind, row.id, row.dc or None, kept_at_ms,
-                               row.rank, row.table_name, row.row_json, row.write_times, row.blob_key, row.copy_key)
+    partitions = [(from_epoch_ms(hour_ms), bucket) for hour_ms in range(since_ms - since_ms % HOUR_MS, until_ms + 1,
+                                                                        HOUR_MS) for bucket in range(BUCKETS)]
+    # A partition a request, many in flight: a week is 10,752 of them.
+    for read in execute_concurrent_with_args(session, select, partitions, concurrency=64, raise_on_first_error=True,
+                                             results_generator=True):
+        for row in read.result_or_exc:
+            kept_at_ms = int(row.kept_at.replace(tzinfo=timezone.utc).timestamp() * 1000)
+            if since_ms <= kept_at_ms <= until_ms:
+                yield Kept(row.root_kind, row.root_id, row.rule, row.kind, row.id, row.dc or None, kept_at_ms,
+                           row.rank, row.table_name, row.row_json, row.write_times, row.blob_key, row.copy_key)
