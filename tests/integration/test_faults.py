@@ -169,8 +169,8 @@ def test_a_payload_relinked_while_being_purged_is_never_lost(race_platform, conf
 
 # --- kill -9 anywhere, then restart ---------------------------------------------------------------
 
-# Every failpoint the kill test can kill at; bounded, two a run of one per step of the purge protocol (a claim, a
-# dependent's delete, the object's own row, the ledger), taken in turn by the seed: two days' runs kill at all four.
+# Every failpoint the kill test can kill at; bounded, one a run of one per step of the purge protocol (a claim, a
+# dependent's delete, the object's own row, the ledger), taken in turn by the seed: four days' runs kill at all four.
 # The others are the same steps of other kinds. The protocol's property tests
 # (tests/core/test_purge_protocol.py) crash a purge after each of its deletes, whatever its dependents, each run.
 FAILPOINTS = ("after_message_delete", "after_payload_dependent_delete", "before_ledger_write", "after_ledger_write",
@@ -182,7 +182,7 @@ ONE_PER_STEP = ("before_unit_of_work_claim", "after_payload_dependent_delete", "
 def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, config, tmp_path_factory):
     """The purger runs as its own process (`python -m purger.job`). It is killed with SIGKILL at failpoints
     (right after a row's delete, between one data centre's blob and the next, before and after the ledger
-    write: each in full, two of one per step in a bounded run) and at random moments, and restarted from its
+    write: each in full, one of one per step in a bounded run) and at random moments, and restarted from its
     checkpoint each time. The end state
     must be that of a run without kills: eligible rows, payload rows and blobs gone, live ones intact, and
     exactly one `purged` ledger record per deletion. Every built-in policy runs, each with objects to
@@ -211,7 +211,7 @@ def test_kill_9_anywhere_then_a_restart_ends_as_a_run_without_kills(spark, confi
 
     kills = Counter()
     try:
-        for point in FAULTS.cases(FAILPOINTS, ONE_PER_STEP, per_run=2):
+        for point in FAULTS.cases(FAILPOINTS, ONE_PER_STEP, per_run=1):
             more_work()
             marker = tmp / f"{point}.fired"
             process = start(**killed_at(point, marker))

@@ -192,8 +192,13 @@ def as_stored(platform, config, m: str) -> tuple:
             json_of("payload_refs", "payload_id = %s AND message_id = %s", f"p-{m}", m), blobs)
 
 
-def purged_due(platform, config, run: str, n: int) -> tuple[list[str], dict[str, tuple]]:
-    """``n`` messages due at once, with stored payloads, as stored before, once purged with their payloads."""
+def purged_due(spark, platform, config, run: str, n: int) -> tuple[list[str], dict[str, tuple]]:
+    """``n`` messages due at once, with stored payloads, as stored before, once purged with their payloads and
+    recorded."""
+    from pyspark.sql import functions as F
+
+    from purger.sinks.ledger import Ledger
+
     r = mailbox(config)
     messages = [f"{run}-undo-{i}" for i in range(n)]
     for m in messages:
@@ -204,6 +209,12 @@ def purged_due(platform, config, run: str, n: int) -> tuple[list[str], dict[str,
     assert all(None not in (rows[:3] + rows[3]) for rows in before.values())
     wait_for(lambda: all(platform.row(m) is None and platform.payload_gone(f"p-{m}") for m in messages), timeout_s=60,
              what="the messages and their payloads purged")
+    # And recorded (the row, the payload's and its blob in each store): a batch writes its records once its deletes
+    # are done, and a restore reads the ledger.
+    ids = messages + [f"p-{m}" for m in messages]
+    wait_for(lambda: Ledger(spark, config.ledger).records().where(
+        (F.col("status") == "purged") & F.col("id").isin(ids)).count() == 4 * n, timeout_s=60,
+        what="the messages' and payloads' deletions in the ledger")
     return messages, before
 
 
@@ -218,7 +229,7 @@ def test_an_undo_after_a_wrong_period_puts_every_row_and_blob_back_held_until_re
     from purger.sinks.ledger import Ledger
 
     began = now_ms() - 1_000
-    messages, before = purged_due(platform, config, uuid.uuid4().hex[:8], 3)
+    messages, before = purged_due(spark, platform, config, uuid.uuid4().hex[:8], 3)
     snapshot = partial(as_stored, platform, config)
 
     restore_run = new_run()
@@ -496,7 +507,7 @@ def test_a_restore_killed_midway_then_run_again_with_its_run_ends_as_if_never_ki
 
     skip_unless_killed("restore_half_done")
     began = datetime.now(timezone.utc) - timedelta(seconds=2)
-    messages, before = purged_due(platform, config, uuid.uuid4().hex[:8], 2)
+    messages, before = purged_due(spark, platform, config, uuid.uuid4().hex[:8], 2)
     restore = ["restore", "--policy", "mailbox", "--since", f"{began:%Y-%m-%dT%H:%M:%S}", "--reason",
                "expired_ttl set in seconds", "--actor", "test"]
     for m in messages:
