@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
+from functools import partial
 import json
 from typing import Any, Callable, ClassVar, Generator, Generic, Iterable, Iterator, TypeVar
 
@@ -323,10 +324,7 @@ class ObjectPurge(Purge, Generic[R]):
             return
         if not claimed_before:
             # Its row as the double-check read it, before a claim changes it (a crashed attempt's kept it then).
-            kept = self._aside(candidate, [(candidate.kind, candidate.id, None, self.image(candidate), ROW)])
-            if kept is not None:
-                yield from kept
-                return
+            self._aside(candidate, [(candidate.kind, candidate.id, None, self.image(candidate), ROW)])
         if not claimed_before and not self.deletes_first:
             failpoint(f"before_{candidate.kind}_claim")
             claimed = self.claim(candidate, row)
@@ -336,11 +334,10 @@ class ObjectPurge(Purge, Generic[R]):
             row = claimed
         found = self.dependents(candidate, row)
         following = self.followers(candidate, row)
-        kept = self._aside(candidate, [(d.kind, d.id, d.dc, d.image, BLOB if isinstance(d.image, BlobImage) else role)
-                                       for role, listed in ((DEPENDENT, found), (FOLLOWER, following)) for d in listed])
-        if kept is not None:
-            yield from kept
-            return
+        self._aside(candidate, [(d.kind, d.id, d.dc, d.image, role)
+                                for role, listed in ((DEPENDENT, found), (FOLLOWER, following)) for d in listed
+                                if isinstance(d.image, RowImage)])
+        found, following = self._copied_first(candidate, found), self._copied_first(candidate, following)
         intent = yield from self._intend(candidate, found + following, claimed_before, attempt)
         # What an earlier attempt named may be gone already and listed still (its row's progress is kept only when
         # a store fails, not when the row's own delete does): deleted again, it is recorded under that attempt's
@@ -386,16 +383,27 @@ class ObjectPurge(Purge, Generic[R]):
         yield from self._failed(candidate, errors)
         return went
 
-    def _aside(self, candidate: Candidate, images: list[tuple[str, str, str | None, Any, int]]
-               ) -> list[Outcome] | None:
-        """With an undo window, ``images`` kept aside (those that are not None; none under an erasure) before
-        anything of them goes: None once kept; else the outcomes of a store or table that failed, the candidate looked at again as when a store
-        fails to delete (nothing of it deleted meanwhile)."""
+    def _aside(self, candidate: Candidate, images: list[tuple[str, str, str | None, Any, int]]) -> None:
+        """With an undo window, the rows of ``images`` (those not None) kept aside before any of them goes; none
+        under an erasure, which is not to be undone. A table that fails raises: the candidate is tried again."""
         aside, wanted = self.resources.aside, [entry for entry in images if entry[3] is not None]
-        if aside is None or not wanted or is_erasure(candidate.rule):
-            return None  # an erasure is not to be undone: it keeps no copy
-        error = aside.keep(self.tables, candidate.kind, candidate.id, candidate.rule, wanted)
-        return None if error is None else list(self._failed(candidate, [Outcome(ERROR, error)]))
+        if aside is not None and wanted and not is_erasure(candidate.rule):
+            aside.keep(self.tables, candidate.kind, candidate.id, candidate.rule, wanted)
+
+    def _copied_first(self, candidate: Candidate, found: list[Dependent]) -> list[Dependent]:
+        """With an undo window, each blob of ``found`` copied aside just before its own delete: a store that fails
+        to copy fails that blob's delete alone, as a store that fails to delete does, and holds no other back."""
+        aside = self.resources.aside
+        if aside is None or is_erasure(candidate.rule):
+            return found
+
+        def copy_then_delete(dependent: Dependent) -> str | Deleted | None:
+            error = aside.keep(self.tables, candidate.kind, candidate.id, candidate.rule,
+                               [(dependent.kind, dependent.id, dependent.dc, dependent.image, BLOB)])
+            return error if error is not None else dependent.delete()
+
+        return [replace(d, delete=partial(copy_then_delete, d)) if isinstance(d.image, BlobImage) else d
+                for d in found]
 
     def _intend(self, candidate: Candidate, found: list[Dependent], claimed_before: bool, attempt: Attempt
                 ) -> Generator[Outcome, None, dict[str, str]]:

@@ -77,8 +77,8 @@ class Aside(ABC):
     def keep(self, tables: Tables, root_kind: str, root_id: str, rule: str,
              images: list[tuple[str, str, str | None, Image, int]]) -> str | None:
         """Keep each (kind, id, dc, image, rank) aside, read through ``tables`` (the policy's); None once all are kept,
-        else the error of the store or table that failed: the protocol then deletes nothing of the object and
-        looks at it again, as when a store fails to delete."""
+        else the error of the store whose copy failed: the protocol then fails that blob's delete with it, and looks
+        at the object again as when a store fails to delete. A table that fails raises."""
 
 
 def latest_images(images: Iterable[Kept], deletions: Iterable[tuple[str, str, str | None, int]]
