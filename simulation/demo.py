@@ -266,9 +266,13 @@ def undone(spark: Any, platform: Platform, config: PurgerConfig, run: str, timeo
                and time.monotonic() < deadline):
             time.sleep(1)
         bar.update(sum(platform.row(m) is None for m in messages))
+    # What a restore finds is what the ledger recorded: a batch records its deletions once they are done.
     ids = messages + [f"p-{m}" for m in messages]
-    done = restore(spark, config, "mailbox", plan_restore(spark, config, "mailbox", began, now_ms(), ids=ids),
-                   new_run(), "demo", "demo: a policy wrong by a unit")
+    deadline = time.monotonic() + timeout_s
+    while (len(plan := plan_restore(spark, config, "mailbox", began, now_ms(), ids=ids)) < 5 * len(messages)
+           and time.monotonic() < deadline):
+        time.sleep(1)
+    done = restore(spark, config, "mailbox", plan, new_run(), "demo", "demo: a policy wrong by a unit")
     held = {hold.scope for hold, _ in holds_in_force(config)}
     return {
         "undo: purged messages restored": (len(messages), sum(platform.row(m) is not None for m in messages)),
