@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from purger.core.failpoints import failpoint
 from purger.core.restorations import ROW, Kept, latest_images, restore_order
 from purger.core.times import now_ms
-from purger.core.vocabulary import NOT_RESTORED, PURGED, RESTORED, reason
+from purger.core.vocabulary import NOT_RESTORED, PURGED, RESTORED
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 # Images are kept just before their deletion: read from this long before a restore's range begins.
 KEPT_BEFORE_MS = 3_600_000
+# Why a deletion is not put back: the reason of its not_restored record.
 PAST_WINDOW = "past the undo window"
 WRITTEN_AGAIN = "written again"
 
@@ -174,9 +175,9 @@ def _put_back(session: Any, stores: Any, image: Kept) -> str | None:
         assert image.dc is not None and image.blob_key is not None
         client, bucket = stores._client(image.dc), stores.stores[image.dc].bucket
         if _exists(client, bucket, image.blob_key):
-            return None if _same_blob(client, bucket, image) else reason(NOT_RESTORED, WRITTEN_AGAIN)
+            return None if _same_blob(client, bucket, image) else WRITTEN_AGAIN
         if not _exists(client, bucket, image.copy_key):
-            return reason(NOT_RESTORED, PAST_WINDOW)
+            return PAST_WINDOW
         client.copy_object(Bucket=bucket, Key=image.blob_key, CopySource={"Bucket": bucket, "Key": image.copy_key})
         return None
     assert image.table is not None and image.row is not None
@@ -186,7 +187,7 @@ def _put_back(session: Any, stores: Any, image: Kept) -> str | None:
     keys = [column.name for column in _table(session, image.table).primary_key]
     present = session.execute(f"SELECT JSON * FROM {image.table} WHERE "
                               + " AND ".join(f'"{k}" = %s' for k in keys), [row[k] for k in keys]).one()
-    return None if present is not None and json.loads(present[0]) == row else reason(NOT_RESTORED, WRITTEN_AGAIN)
+    return None if present is not None and json.loads(present[0]) == row else WRITTEN_AGAIN
 
 
 def _table(session: Any, table: str) -> Any:
