@@ -50,7 +50,7 @@ def test_setup_says_how_each_buckets_copies_expire_and_a_rule_it_adds_is_there(c
     for dc, store in undo.stores.items():
         client, findings = s3_client(store), Findings()
         said = _undo_copies(client, undo, dc, findings)
-        if "lifecycle rule" in said:
+        if said == f"; undo copies expired by lifecycle rule {UNDO_RULE}":
             rules = client.get_bucket_lifecycle_configuration(Bucket=store.bucket)["Rules"]
             [rule] = [rule for rule in rules if rule["ID"] == UNDO_RULE]
             assert rule["Expiration"]["Days"] == 2 and rule["Filter"] == {"Prefix": undo.undo.prefix}
