@@ -412,6 +412,11 @@ class UndoConfig(_Section):
             raise ValueError("at least 1s, or leave it out to have no undo; write e.g. '7d'")
         return value
 
+    @property
+    def window_days(self) -> int | None:
+        """The window in whole days, rounded up: the copies' day folders it keeps."""
+        return None if self.window is None else -(-self.window // timedelta(days=1))
+
     @field_validator("prefix")
     @classmethod
     def _prefix_is_a_folder(cls, value: str) -> str:

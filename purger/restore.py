@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from purger.core.failpoints import failpoint
@@ -98,26 +98,25 @@ def plan_restore(spark: SparkSession, config: PurgerConfig, policy: str, since_m
         images = list(read_images(session, config, since_ms - KEPT_BEFORE_MS, until_ms))
     finally:
         session.cluster.shutdown()
-    wanted = {pseudonyms.id(object_id) for object_id in ids}
-    roots = {pseudonyms.id(image.id): (image.root_kind, image.root_id) for image in images}
+    # Each image's id as the ledger wrote it (a keyed hash, in a pseudonymised ledger), hashed once.
+    written = {image: pseudonyms.id(image.id) for image in images}
     records = (ledger.records()
                .where((F.col("status") == PURGED) & (F.col("policy") == policy)
                       & F.col("date").between(from_epoch_ms(since_ms).date(), from_epoch_ms(until_ms).date())
                       & F.col("deleted_at").between(from_epoch_ms(since_ms), from_epoch_ms(until_ms))))
     if rule is not None:
         records = records.where(F.col("rule") == rule)
+    if ids:
+        # The objects asked for, and what went with them (their images name them as their root).
+        asked = {pseudonyms.id(object_id) for object_id in ids}
+        roots = {(image.root_kind, image.root_id) for image, written_id in written.items() if written_id in asked}
+        images = [image for image in images if written[image] in asked or (image.root_kind, image.root_id) in roots]
+        records = records.where(F.col("id").isin(sorted(asked | {written[image] for image in images})))
     found = [(r.kind, r.id, r.dc, r.rule, int(r.deleted_at.timestamp() * 1000))
              for r in records.select("kind", "id", "dc", "rule", "deleted_at").collect()]
-    by_written_id = {(pseudonyms.id(image.id), image.kind, image.dc): image for image in images}
-    if wanted:
-        # An object asked for, and what went with it (its images name it as their root).
-        wanted_roots = {roots[w] for w in wanted if w in roots}
-        found = [f for f in found if f[1] in wanted or (f[1], f[0], f[2]) in by_written_id
-                 and (by_written_id[f[1], f[0], f[2]].root_kind, by_written_id[f[1], f[0], f[2]].root_id) in wanted_roots]
-    # Images named as the ledger names them (a hash, in a pseudonymised ledger).
-    written = [Kept(**{**image.__dict__, "id": pseudonyms.id(image.id)}) for image in images]
-    clear = {(pseudonyms.id(image.id), image.kind, image.dc, image.kept_at_ms): image for image in images}
-    matched = latest_images(written, [(kind, object_id, dc, at) for kind, object_id, dc, _, at in found])
+    matched = latest_images([replace(image, id=written[image]) for image in images],
+                            [(kind, object_id, dc, at) for kind, object_id, dc, _, at in found])
+    clear = {(written[image], image.kind, image.dc, image.kept_at_ms): image for image in images}
     plan = []
     for kind, object_id, dc, rule_of, at in found:
         image = matched[kind, object_id, dc, at]

@@ -562,8 +562,6 @@ def _versioning(client: Any, config: PurgerConfig, dc: str, findings: Findings) 
     """Whether ``dc``'s bucket keeps versions, and what a blob's purge does there (``stores.<dc>.
     noncurrent_versions``, docs/operations.md "Versioned buckets"); with ``lifecycle``, a problem when no
     enabled rule expires the noncurrent versions under every prefix the enabled policies keep blobs at."""
-    from botocore.exceptions import ClientError
-
     store = config.stores[dc]
     status = bucket_versioning(client, store.bucket)
     if status is None:
@@ -571,12 +569,7 @@ def _versioning(client: Any, config: PurgerConfig, dc: str, findings: Findings) 
     versioning = "versioning on" if status == "Enabled" else "versioning suspended"
     if store.noncurrent_versions == "delete":
         return f"{versioning}: a purge deletes every version of a blob"
-    try:
-        rules = client.get_bucket_lifecycle_configuration(Bucket=store.bucket).get("Rules", [])
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") != "NoSuchLifecycleConfiguration":
-            raise
-        rules = []
+    rules = _lifecycle_rules(client, store.bucket)
     prefixes = sorted({blobs.prefix for policy in config.policy_set.policies for blobs in policy.blobs})
     uncovered = [prefix for prefix in prefixes if not any(expires_noncurrent_versions(rule, prefix) for rule in rules)]
     if uncovered:
@@ -590,6 +583,19 @@ def _versioning(client: Any, config: PurgerConfig, dc: str, findings: Findings) 
     return f"{versioning}: noncurrent versions left to lifecycle rule {', '.join(covering) or '(none)'}"
 
 
+def _lifecycle_rules(client: Any, bucket: str) -> list[dict[str, Any]]:
+    """The bucket's lifecycle rules as ``GetBucketLifecycleConfiguration`` gives them; none when it has no
+    configuration. Any other refusal is raised (a store without lifecycle rules answers ``NotImplemented``)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return client.get_bucket_lifecycle_configuration(Bucket=bucket).get("Rules", [])
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "NoSuchLifecycleConfiguration":
+            raise
+        return []
+
+
 UNDO_RULE = "purger-undo-window"
 
 
@@ -599,19 +605,13 @@ def _undo_copies(client: Any, config: PurgerConfig, dc: str, findings: Findings)
     a store without lifecycle rules leaves them to the purger's daily upkeep (``expire_copies``), and says so."""
     from botocore.exceptions import ClientError
 
-    window = config.undo.window
-    if window is None:
+    if config.undo.window_days is None:
         return ""
-    store, days = config.stores[dc], -(-window // timedelta(days=1)) + 1
+    store, days = config.stores[dc], config.undo.window_days + 1
     wanted = {"ID": UNDO_RULE, "Filter": {"Prefix": config.undo.prefix}, "Status": "Enabled",
               "Expiration": {"Days": days}}
     try:
-        try:
-            rules = client.get_bucket_lifecycle_configuration(Bucket=store.bucket).get("Rules", [])
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") != "NoSuchLifecycleConfiguration":
-                raise
-            rules = []
+        rules = _lifecycle_rules(client, store.bucket)
         if any(rule.get("ID") == UNDO_RULE and rule.get("Filter") == wanted["Filter"]
                and rule.get("Expiration", {}).get("Days") == days and rule.get("Status") == "Enabled"
                for rule in rules):

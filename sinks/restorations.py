@@ -80,10 +80,10 @@ def expire_copies(config: PurgerConfig, today: date) -> int:
     from purger.connectors import s3_client
     from purger.sinks.objects import DELETE_BATCH
 
-    window = config.undo.window
-    if window is None:
+    window_days = config.undo.window_days
+    if window_days is None:
         return 0
-    first_kept = today - timedelta(days=-(-window // timedelta(days=1)))
+    first_kept = today - timedelta(days=window_days)
     prefix, gone = config.undo.prefix, 0
     for store in config.stores.values():
         client = s3_client(store)
