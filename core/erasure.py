@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from purger.core.vocabulary import ALREADY_GONE, HELD, PURGED, SKIPPED, category
 
-__all__ = ["ERASURE", "Certificate", "CertificateEntry", "SubjectRows", "certificate", "erasure_rule", "is_erasure",
+__all__ = ["ERASURE", "Certificate", "CertificateEntry", "Follows", "SubjectRows", "certificate", "erasure_rule", "is_erasure",
            "request_of"]
 
 ERASURE = "erasure"
@@ -67,6 +67,17 @@ class SubjectRows:
 
 
 @dataclass(frozen=True)
+class Follows:
+    """What an erasure takes with an object besides its own rows, in the undo window's images too: an image of
+    ``table`` (its reference name) names in ``column`` an object of ``kind`` (a message's payload) whose images go
+    with it. The payload itself is taken, live, by the policy's own erasure of the message (``released``)."""
+
+    table: str
+    column: str
+    kind: str
+
+
+@dataclass(frozen=True)
 class CertificateEntry:
     """One line of a certificate: a deletion (with its data centre, when, and its ledger record) or an object
     kept (and why)."""
@@ -94,6 +105,10 @@ class Certificate:
     kept: list[CertificateEntry] = field(default_factory=list)
     gone: list[CertificateEntry] = field(default_factory=list)
     pending: list[tuple[str, str]] = field(default_factory=list)
+    # The undo window's images of the subject this run removed (rows and blob copies), and the objects whose
+    # images a hold keeps (docs/operations.md, "Undo").
+    images_removed: int = 0
+    images_kept: list[CertificateEntry] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from purger.core.settings import Duration
-from purger.core.erasure import SubjectRows, erasure_rule, is_erasure
+from purger.core.erasure import Follows, SubjectRows, erasure_rule, is_erasure
 from purger.core.events import Eligibility, EventField, EventType, Link, ObjectKind, Rule, earliest
 from purger.core.handles import Consistency, Control, Journal, Resources, Tables
 from purger.core.holds import Hold, Holds
@@ -70,7 +70,7 @@ __all__ = [
     # defined here
     "Policy", "Settings",
     # purger.core.erasure
-    "SubjectRows", "erasure_rule", "is_erasure",
+    "Follows", "SubjectRows", "erasure_rule", "is_erasure",
     # purger.core.events
     "Eligibility", "EventField", "EventType", "Link", "ObjectKind", "Rule", "earliest",
     # purger.core.handles
@@ -129,6 +129,8 @@ class Policy(ABC):
     orphan_rows: ClassVar[tuple[OrphanRows, ...]] = ()
     # Where its objects of a data subject are (``purger erase KIND:ID``): none, the default, takes no part.
     subjects: ClassVar[tuple[SubjectRows, ...]] = ()
+    # What an erasure of those objects takes with them in the undo window's images (a message's payload).
+    follows: ClassVar[tuple[Follows, ...]] = ()
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -17,14 +17,15 @@ Example::
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from purger.core.handles import Tables
 
-__all__ = ["BLOB", "DEPENDENT", "FOLLOWER", "ROW", "Aside", "BlobImage", "Kept", "RowImage", "latest_images",
-           "restore_order"]
+__all__ = ["BLOB", "DEPENDENT", "FOLLOWER", "ROW", "Aside", "BlobImage", "Kept", "Root", "RowImage", "SubjectImages",
+           "latest_images", "names_of", "restore_order", "subject_images"]
 
 
 @dataclass(frozen=True)
@@ -108,3 +109,71 @@ BLOB, FOLLOWER, ROW, DEPENDENT = 0, 1, 2, 3
 def restore_order(images: Iterable[Kept]) -> list[Kept]:
     """The images in the order to put them back: by rank, then as they were kept."""
     return sorted(images, key=lambda image: (image.rank, image.kept_at_ms))
+
+
+# The names (``KIND:ID``) an erasure finds images by (``purger erase``, docs/operations.md "Undo"): per table
+# (keyspace.table), the columns of its images whose value is the id of an object of a kind (a message's
+# ``mailbox``, a rule event's ``message_id``).
+Naming = Mapping[str, Sequence[tuple[str, str]]]
+
+
+def names_of(root_kind: str, root_id: str, rows: Iterable[tuple[str, Mapping[str, Any]]], naming: Naming) -> set[str]:
+    """The names a root's images are found by: its own, and each that its rows (table, row) name by ``naming``."""
+    names = {f"{root_kind}:{root_id}"}
+    for table, row in rows:
+        names.update(f"{kind}:{row[column]}" for column, kind in naming.get(table, ()) if row.get(column) is not None)
+    return names
+
+
+def rows_of(images: Iterable[Kept]) -> list[tuple[str, dict[str, Any]]]:
+    """The rows among ``images``, as (table, row)."""
+    return [(image.table, json.loads(image.row)) for image in images if image.table is not None and image.row]
+
+
+@dataclass(frozen=True)
+class Root:
+    """Where the images a purge kept are: the hour and bucket of their partition, and the object whose purge it was."""
+
+    hour_ms: int
+    bucket: int
+    kind: str
+    id: str
+
+
+@dataclass
+class SubjectImages:
+    """A data subject's images: those to remove, by where they are, and the roots a hold keeps (kind, id, why)."""
+
+    removable: dict[Root, list[Kept]] = field(default_factory=dict)
+    kept: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def subject_images(names: Iterable[str], located: Callable[[str], Iterable[Root]],
+                   kept_under: Callable[[Root], list[Kept]], naming: Naming,
+                   held: Callable[[str, str], str | None]) -> SubjectImages:
+    """Every image of a data subject, from the names it starts at (the subject's, and its objects' there now):
+    the roots each name is found at (``located``), their images (``kept_under``), then the names a root's own and
+    its rows give (``naming``: the subjects' columns, and what an erasure takes with an object, a message's
+    payload) until no name is new. A root under a hold (``held``: why, else None) is kept with its images, and
+    what its rows name is not followed: what it refers to is kept with it, as a held message keeps its payload;
+    what names it is (its rule events), as the erasure of a held message's rule events."""
+    found, queue = SubjectImages(), list(names)
+    seen_names: set[str] = set()
+    holds: dict[tuple[str, str], str | None] = {}
+    while queue:
+        name = queue.pop()
+        if name in seen_names:
+            continue
+        seen_names.add(name)
+        for root in located(name):
+            key = (root.kind, root.id)
+            if key not in holds:
+                holds[key] = held(*key)
+                if holds[key] is not None:
+                    found.kept.append((*key, holds[key]))
+            if holds[key] is not None or root in found.removable:
+                queue.append(f"{root.kind}:{root.id}")  # what leads from it (a held message's rule events)
+                continue
+            images = found.removable[root] = kept_under(root)
+            queue.extend(names_of(root.kind, root.id, rows_of(images), naming) - seen_names)
+    return found

@@ -173,6 +173,8 @@ class CassandraConfig(_Section):
     failures_table: str = "purger_failures"
     # What `purger restore` puts back (undo.window): each deleted row's image, each blob's copy, kept for the window.
     restorations_table: str = "purger_restorations"
+    # Where an erasure finds a data subject's images in it: each image's partition by the names it is found by.
+    restoration_names_table: str = "purger_restoration_names"
     # PasswordAuthenticator's login.
     username: str | None = None
     password: SecretStr | None = None

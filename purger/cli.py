@@ -608,8 +608,8 @@ def erase(
     """Erase a data subject's objects now in every enabled policy, whatever their retention (a hold still wins),
     through the running purger; print the certificate: what was deleted, where, when, its ledger records, and
     what was kept and why."""
-    from purger.erase import EraseRefused, find_objects, new_request, request_day, send_erasure, subject_rows, \
-        wait_for_certificate
+    from purger.erase import EraseRefused, find_objects, new_request, remove_images, request_day, send_erasure, \
+        subject_rows, wait_for_certificate
     from purger.output import output
     from purger.sinks.ledger import Ledger
     from purger.spark import spark_session
@@ -634,6 +634,7 @@ def erase(
         send_erasure(config, asked, request)
         done = wait_for_certificate(spark, config, found, request, asked, wait,
                                     say=lambda line: typer.echo(line, err=True))
+        done = remove_images(config, found, asked, done)
     except (EraseRefused, LookupError) as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None

@@ -203,6 +203,28 @@ def wait_for_certificate(spark: SparkSession, config: PurgerConfig, subject: Sco
         time.sleep(1)
 
 
+def remove_images(config: PurgerConfig, subject: Scope, asked: list[tuple[str, str]], found: Certificate
+                  ) -> Certificate:
+    """The undo window's images of the subject and of its objects (those asked for, and those the certificate
+    names) removed, but what a hold keeps: the certificate with how many went and what was kept."""
+    from dataclasses import replace
+
+    from purger.connectors import cassandra_session
+    from purger.core.erasure import CertificateEntry
+    from purger.sinks.restorations import ImagesNotRemoved, erase_images
+
+    named = {(e.kind, e.id) for e in found.deleted + found.kept + found.gone} | set(asked)
+    session = cassandra_session(config.cassandra)
+    try:
+        images = erase_images(session, config, str(subject), sorted(named))
+    except ImagesNotRemoved as error:
+        raise EraseRefused(f"{error}: run `purger erase {subject} --request {found.request}` again") from None
+    finally:
+        session.cluster.shutdown()
+    return replace(found, images_removed=sum(len(kept) for kept in images.removable.values()),
+                   images_kept=[CertificateEntry(kind, object_id, reason=why) for kind, object_id, why in images.kept])
+
+
 def _last_commit(spark: SparkSession, location: str) -> tuple[int, int]:
     """The stream's last committed batch and the watermark it set for the next (-1, 0: none yet)."""
     import json

@@ -326,6 +326,11 @@ class TextOutput(Output):
                        f"(record {e.record_id})")
         for kind, object_id in found.pending:
             typer.echo(f"  pending  {kind} {object_id}")
+        if found.images_removed or found.images_kept:
+            typer.echo(f"undo window: {found.images_removed} images of the subject removed (rows and blob copies), "
+                       f"{len(found.images_kept)} objects' kept under a hold")
+        for e in found.images_kept:
+            typer.echo(f"  kept     images of {e.kind} {e.id}  {e.reason}")
 
     def restored(self, done: Restored) -> None:
         typer.echo(f"restore {done.run}: {len(done.restored)} restored, {len(done.not_restored)} not, "

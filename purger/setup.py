@@ -52,7 +52,7 @@ from purger.output import human_duration
 from purger.sinks.failures import FAILURES_COLUMNS, failures_schema
 from purger.sinks.holds import HOLDS_COLUMNS, holds_schema
 from purger.sinks.journal import JOURNAL_COLUMNS, journal_schema
-from purger.sinks.restorations import RESTORATIONS_COLUMNS, restorations_schema
+from purger.sinks.restorations import NAMES_COLUMNS, RESTORATIONS_COLUMNS, restoration_names_schema, restorations_schema
 from purger.sinks.objects import bucket_versioning
 
 if TYPE_CHECKING:
@@ -488,6 +488,9 @@ OWN_TABLES = (
              "drop the table and run `purger setup` again (a failing purge is then tried again at once)"),
     OwnTable("restorations_table", "the undo window's images", RESTORATIONS_COLUMNS, restorations_schema,
              "drop the table and run `purger setup` again (the deletions it kept can then no longer be restored)"),
+    OwnTable("restoration_names_table", "where an erasure finds a subject's images", NAMES_COLUMNS,
+             restoration_names_schema, "drop the table and run `purger setup` again (an erasure then finds the images "
+                                       "kept since)"),
 )
 
 

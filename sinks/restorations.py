@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import zlib
-from datetime import date, timedelta, timezone
+from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any, Iterator
 
 from cassandra.query import BatchStatement, BatchType
 
-from purger.core.restorations import Aside, BlobImage, Image, Kept, RowImage
-from purger.core.times import duration_ms, from_epoch_ms, now_ms
+from purger.core.restorations import Aside, BlobImage, Image, Kept, Root, RowImage, SubjectImages, names_of, rows_of, \
+    subject_images
+from purger.core.times import duration_ms, epoch_ms, from_epoch_ms, now_ms
 
 if TYPE_CHECKING:
     from purger.core.handles import Tables
@@ -56,6 +57,21 @@ CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
 ) WITH compaction = {{'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'HOURS',
                      'compaction_window_size': 24}}
 """
+# Where a data subject's images are (``purger erase``): each root's partition under every name its images are
+# found by (``core.restorations.names_of``): its own (``message:m1``) and the subject its rows name
+# (``mailbox:alice``). A name's partition holds what the window keeps of it, and no more.
+_NAMES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
+  name        text,             -- KIND:ID
+  hour        timestamp,        -- where the root's images are in the restorations table
+  bucket      int,
+  root_kind   text,
+  root_id     text,
+  PRIMARY KEY (name, hour, bucket, root_kind, root_id)
+) WITH compaction = {{'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'HOURS',
+                     'compaction_window_size': 24}}
+"""
+NAMES_COLUMNS = frozenset({"name", "hour", "bucket", "root_kind", "root_id"})
 RESTORATIONS_COLUMNS = frozenset({"hour", "bucket", "root_kind", "root_id", "kind", "id", "dc", "kept_at", "rule",
                                   "rank", "table_name", "row_json", "write_times", "blob_key", "copy_key"})
 _FIELDS = ("root_kind", "root_id", "kind", "id", "dc", "kept_at", "rule", "rank", "table_name", "row_json",
@@ -65,6 +81,11 @@ _FIELDS = ("root_kind", "root_id", "kind", "id", "dc", "kept_at", "rule", "rank"
 def restorations_schema(keyspace: str, table: str) -> str:
     """The CQL that creates the restorations table ``keyspace.table`` if it does not exist."""
     return _SCHEMA.format(keyspace=keyspace, table=table).strip()
+
+
+def restoration_names_schema(keyspace: str, table: str) -> str:
+    """The CQL that creates the table of names the undo window's images are found by, if it does not exist."""
+    return _NAMES_SCHEMA.format(keyspace=keyspace, table=table).strip()
 
 
 def copy_key_of(prefix: str, kept_at_ms: int, key: str) -> str:
@@ -117,21 +138,24 @@ class CassandraRestorations(Aside):
         window = config.undo.window
         if window is None:
             return None
-        return cls(session, f"{config.cassandra.keyspace}.{config.cassandra.restorations_table}", stores,
-                   config.undo.prefix, duration_ms(window) // 1000)
+        return cls(session, config, stores, duration_ms(window) // 1000)
 
-    def __init__(self, session: Any, name: str, stores: ObjectStores, prefix: str, ttl_s: int) -> None:
-        self.session, self.name, self.stores, self.prefix, self.ttl_s = session, name, stores, prefix, ttl_s
+    def __init__(self, session: Any, config: PurgerConfig, stores: ObjectStores, ttl_s: int) -> None:
+        self.session, self.stores, self.prefix, self.ttl_s = session, stores, config.undo.prefix, ttl_s
+        self.naming = subject_naming(config)
+        name, names = _tables(config)
         self.insert = session.prepare(
             f"INSERT INTO {name} (hour, bucket, {', '.join(_FIELDS)}) VALUES (?, ?, {', '.join('?' * len(_FIELDS))}) "
             "USING TTL ?")
-        self._reads: dict[tuple[int, str], tuple[Any, str]] = {}
+        self.insert_name = session.prepare(
+            f"INSERT INTO {names} (name, hour, bucket, root_kind, root_id) VALUES (?, ?, ?, ?, ?) USING TTL ?")
+        self._reads: dict[tuple[int, str], tuple[Any, str, list[str]]] = {}
 
     def keep(self, tables: Tables, root_kind: str, root_id: str, rule: str,
              images: list[tuple[str, str, str | None, Image, int]]) -> str | None:
         kept_at = now_ms()
         hour, bucket = from_epoch_ms(kept_at - kept_at % HOUR_MS), bucket_of(root_id)
-        rows = []
+        rows, named = [], []
         for kind, object_id, dc, image, rank in images:
             if isinstance(image, BlobImage):
                 copy_key = copy_key_of(self.prefix, kept_at, image.key)
@@ -145,15 +169,20 @@ class CassandraRestorations(Aside):
                 found = tables.one(statement, *(value for _, value in image.key))
                 if found is not None:
                     row, write_times = _split(json.loads(found[0]), timed)
+                    named.append((table_name, row))
                     rows.append((kind, object_id, dc, rank, table_name, json.dumps(row), json.dumps(write_times),
                                  None, None))
-        # One partition (the hour and the root's bucket): one unlogged batch, one request, however many images.
+        if not rows:
+            return None
+        # The images' partition (the hour and the root's bucket) and each of the root's names: one unlogged
+        # batch, one request.
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         for kind, object_id, dc, rank, table_name, row_json, write_times, blob_key, copy_key in rows:
             batch.add(self.insert, (hour, bucket, root_kind, root_id, kind, object_id, dc or "", from_epoch_ms(kept_at),
                                     rule, rank, table_name, row_json, write_times, blob_key, copy_key, self.ttl_s))
-        if rows:
-            self.session.execute(batch)
+        for name in sorted(names_of(root_kind, root_id, named, self.naming)):
+            batch.add(self.insert_name, (name, hour, bucket, root_kind, root_id, self.ttl_s))
+        self.session.execute(batch)
         return None
 
     def _read(self, tables: Tables, image: RowImage) -> tuple[Any, str, list[str]]:
@@ -191,19 +220,104 @@ def _split(selected: dict[str, Any], timed: list[str]) -> tuple[dict[str, Any], 
     return row, {times[alias]: value for alias, value in selected.items() if alias in times and value is not None}
 
 
+def _tables(config: PurgerConfig) -> tuple[str, str]:
+    """The restorations table and its names' table, keyspace-qualified."""
+    keyspace = config.cassandra.keyspace
+    return (f"{keyspace}.{config.cassandra.restorations_table}",
+            f"{keyspace}.{config.cassandra.restoration_names_table}")
+
+
+def subject_naming(config: PurgerConfig) -> dict[str, list[tuple[str, str]]]:
+    """The columns whose value names a data subject or an object one is found through, per table (keyspace.table):
+    each enabled policy's ``subjects`` (a message's mailbox, a rule event's message, a user's id)."""
+    naming: dict[str, list[tuple[str, str]]] = {}
+    for policy in config.policy_set.policies:
+        names = policy.table_names()
+        for rows in policy.subjects:
+            naming.setdefault(f"{config.cassandra.keyspace}.{names[rows.table]}", []).append(
+                (rows.subject_column, rows.through or rows.subject))
+    return naming
+
+
+def erasure_naming(config: PurgerConfig) -> dict[str, list[tuple[str, str]]]:
+    """``subject_naming``, and what an erasure takes with an object (each policy's ``follows``: a message's
+    payload)."""
+    naming = subject_naming(config)
+    for policy in config.policy_set.policies:
+        names = policy.table_names()
+        for follows in policy.follows:
+            naming.setdefault(f"{config.cassandra.keyspace}.{names[follows.table]}", []).append(
+                (follows.column, follows.kind))
+    return naming
+
+
+class ImagesNotRemoved(Exception):
+    """A copy a store failed to delete: one line naming it."""
+
+
+def erase_images(session: Any, config: PurgerConfig, subject: str, objects: list[tuple[str, str]]) -> SubjectImages:
+    """A data subject's images removed from the undo window (``purger erase``): those found from its name and its
+    objects' (``core.restorations.subject_images``), but those a hold keeps (on the root, or on the subject);
+    copies first, then rows, then their names, so that a run cut short leaves each image it did not remove
+    findable by the next."""
+    from purger.sinks.holds import CassandraHolds
+    from purger.sinks.objects import ObjectStores
+
+    name, names = _tables(config)
+    keyspace, names_table = names.split(".", 1)
+    if names_table not in session.cluster.metadata.keyspaces[keyspace].tables:
+        return SubjectImages()  # no undo window was ever set up here
+    located = session.prepare(f"SELECT hour, bucket, root_kind, root_id FROM {names} WHERE name = ?")
+    where = "hour = ? AND bucket = ? AND root_kind = ? AND root_id = ?"
+    under = session.prepare(f"SELECT {', '.join(_FIELDS)} FROM {name} WHERE {where}")
+    holds = CassandraHolds.of(session, config.cassandra)
+
+    def held(kind: str, object_id: str) -> str | None:
+        hold = holds.held([f"{kind}:{object_id}", subject])
+        return None if hold is None else hold.why()
+
+    found = subject_images(
+        [subject, *(f"{kind}:{object_id}" for kind, object_id in objects)],
+        lambda at: [Root(epoch_ms(row.hour), row.bucket, row.root_kind, row.root_id)
+                    for row in session.execute(located, (at,))],
+        lambda root: [_kept(row) for row in session.execute(under, _where(root))],
+        erasure_naming(config), held)
+    stores, naming = ObjectStores(config.stores), subject_naming(config)
+    remove = session.prepare(f"DELETE FROM {name} WHERE {where}")
+    unname = session.prepare(f"DELETE FROM {names} WHERE name = ? AND {where}")
+    for root, images in found.removable.items():
+        for image in images:
+            if image.copy_key is not None and image.dc is not None:
+                error = stores.delete(image.copy_key, [image.dc])[image.dc]
+                if isinstance(error, str):
+                    raise ImagesNotRemoved(f"the undo copy {image.copy_key} in {image.dc}'s bucket "
+                                           f"{config.stores[image.dc].bucket}: {error}")
+        session.execute(remove, _where(root))
+        for found_by in sorted(names_of(root.kind, root.id, rows_of(images), naming)):
+            session.execute(unname, (found_by, *_where(root)))
+    return found
+
+
+def _where(root: Root) -> tuple[Any, ...]:
+    return from_epoch_ms(root.hour_ms), root.bucket, root.kind, root.id
+
+
+def _kept(row: Any) -> Kept:
+    return Kept(row.root_kind, row.root_id, row.rule, row.kind, row.id, row.dc or None, epoch_ms(row.kept_at),
+                row.rank, row.table_name, row.row_json, row.write_times, row.blob_key, row.copy_key)
+
+
 def read_images(session: Any, config: PurgerConfig, since_ms: int, until_ms: int) -> Iterator[Kept]:
     """Every image kept from ``since_ms`` to ``until_ms``: each hour's partitions, every bucket."""
     from cassandra.concurrent import execute_concurrent_with_args
 
-    name = f"{config.cassandra.keyspace}.{config.cassandra.restorations_table}"
-    select = session.prepare(f"SELECT {', '.join(_FIELDS)} FROM {name} WHERE hour = ? AND bucket = ?")
+    select = session.prepare(f"SELECT {', '.join(_FIELDS)} FROM {_tables(config)[0]} WHERE hour = ? AND bucket = ?")
     partitions = [(from_epoch_ms(hour_ms), bucket) for hour_ms in range(since_ms - since_ms % HOUR_MS, until_ms + 1,
                                                                         HOUR_MS) for bucket in range(BUCKETS)]
     # A partition a request, many in flight: a week is 10,752 of them.
     for read in execute_concurrent_with_args(session, select, partitions, concurrency=64, raise_on_first_error=True,
                                              results_generator=True):
         for row in read.result_or_exc:
-            kept_at_ms = int(row.kept_at.replace(tzinfo=timezone.utc).timestamp() * 1000)
-            if since_ms <= kept_at_ms <= until_ms:
-                yield Kept(row.root_kind, row.root_id, row.rule, row.kind, row.id, row.dc or None, kept_at_ms,
-                           row.rank, row.table_name, row.row_json, row.write_times, row.blob_key, row.copy_key)
+            image = _kept(row)
+            if since_ms <= image.kept_at_ms <= until_ms:
+                yield image

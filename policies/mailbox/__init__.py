@@ -28,7 +28,7 @@ from pydantic import field_validator
 from purger.core.settings import Duration
 from purger.core.events import Eligibility, EventField, EventType, Link, ObjectKind
 from purger.core.handles import Resources
-from purger.core.erasure import SubjectRows
+from purger.core.erasure import Follows, SubjectRows
 from purger.core.policy import Policy, Settings
 from purger.core.purge_protocol import Purge
 from purger.core.reconcile_descriptors import REFERENCED_FIELD, Blobs, OrphanRows, PageVerdicts, row_event
@@ -195,6 +195,8 @@ class MailboxPolicy(Policy):
     # A mailbox's messages, found by a scan of the messages (the table is keyed by message); their payloads follow
     # each message's erasure once no other message refers to them (``MessagePurge.released``).
     subjects = (SubjectRows(MAILBOX, "messages", MESSAGE, "message_id", "mailbox"),)
+    # A message's erasure takes its payload (unless another message refers to it): its images too.
+    follows = (Follows("messages", "payload_id", PAYLOAD),)
     schema = """
 CREATE TABLE IF NOT EXISTS {keyspace}.messages (
   message_id text PRIMARY KEY, mailbox text, payload_id text, payload_size bigint, inline_payload blob,

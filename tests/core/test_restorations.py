@@ -1,5 +1,5 @@
-"""The undo window's pure part (``purger.core.restorations``): which image a deletion is restored from, and in
-which order images go back; the window's settings."""
+"""The undo window's pure part (``purger.core.restorations``): which image a deletion is restored from, in
+which order images go back, which images an erasure removes; the window's settings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from purger.core.restorations import BLOB, DEPENDENT, FOLLOWER, ROW, Kept, latest_images, restore_order
+import json
+
+from purger.core.restorations import (BLOB, DEPENDENT, FOLLOWER, ROW, Kept, Root, latest_images, names_of,
+                                      restore_order, subject_images)
 from purger.core.settings import UndoConfig
 
 
@@ -63,3 +66,76 @@ def test_a_bad_undo_setting_says_what_to_write(raw, message):
 
 def test_the_undo_window_is_off_unless_set():
     assert UndoConfig().window is None
+
+
+# How the mailbox and rule events policies name subjects in their images, and what a message's erasure takes.
+KEEP_NAMING = {"ks.messages": [("mailbox", "mailbox")], "ks.rule_events": [("message_id", "message")]}
+ERASE_NAMING = {**KEEP_NAMING, "ks.messages": [("mailbox", "mailbox"), ("payload_id", "payload")]}
+TABLE_OF = {"message": "ks.messages", "rule_event": "ks.rule_events", "payload": "ks.payloads"}
+
+
+class Window:
+    """The restorations table and its names, as dicts: what ``CassandraRestorations.keep`` writes."""
+
+    def __init__(self) -> None:
+        self.images: dict[Root, list[Kept]] = {}
+        self.names: dict[str, list[Root]] = {}
+
+    def keep(self, kind: str, object_id: str, row: dict, hour: int = 0) -> None:
+        root = Root(hour, 0, kind, object_id)
+        self.images.setdefault(root, []).append(Kept(kind, object_id, "r", kind, object_id, None, hour, ROW,
+                                                     table=TABLE_OF[kind], row=json.dumps(row)))
+        for name in names_of(kind, object_id, [(TABLE_OF[kind], row)], KEEP_NAMING):
+            self.names.setdefault(name, []).append(root)
+
+    def erase(self, subject: str, held: set = frozenset(), objects=()):
+        return subject_images([subject, *objects], lambda name: self.names.get(name, []),
+                              lambda root: self.images[root], ERASE_NAMING,
+                              lambda kind, object_id: "held: case 9" if f"{kind}:{object_id}" in held else None)
+
+
+def test_an_erasure_finds_a_mailboxs_messages_their_payloads_and_rule_events_but_not_what_a_hold_keeps():
+    w = Window()
+    for m, mailbox, payload in (("m1", "alice", "p1"), ("m2", "alice", "p2"), ("m3", "alice", "p3"),
+                                ("b1", "bob", "pb")):
+        w.keep("message", m, {"message_id": m, "mailbox": mailbox, "payload_id": payload})
+        w.keep("payload", payload, {"payload_id": payload})
+        w.keep("rule_event", f"e-{m}", {"rule_event_id": f"e-{m}", "message_id": m})
+    w.keep("message", "m1", {"message_id": "m1", "mailbox": "alice", "payload_id": "p1"}, hour=1)  # purged twice
+    found = w.erase("mailbox:alice", held={"message:m3"})
+    assert {(root.kind, root.id, root.hour_ms) for root in found.removable} == {
+        ("message", "m1", 0), ("message", "m1", 1), ("message", "m2", 0), ("payload", "p1", 0), ("payload", "p2", 0),
+        ("rule_event", "e-m1", 0), ("rule_event", "e-m2", 0), ("rule_event", "e-m3", 0)}
+    assert found.kept == [("message", "m3", "held: case 9")]
+    assert all(images == w.images[root] for root, images in found.removable.items())
+
+
+def test_an_erasure_starts_from_its_objects_there_now_too_and_a_subjects_hold_keeps_all():
+    w = Window()
+    w.keep("message", "m1", {"message_id": "m1", "mailbox": "alice", "payload_id": None})
+    w.keep("rule_event", "e1", {"rule_event_id": "e1", "message_id": "m9"})  # of a message there now
+    assert {root.id for root in w.erase("mailbox:alice", objects=["message:m9"]).removable} == {"m1", "e1"}
+    found = w.erase("mailbox:alice", held={"mailbox:alice", "message:m1"})
+    assert found.removable == {} and found.kept == [("message", "m1", "held: case 9")]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["alice", "bob"]), st.sampled_from(["p1", "p2", "p3", None]),
+                          st.booleans(), st.booleans()), min_size=1, max_size=8))
+def test_an_erasure_removes_exactly_the_subjects_images_against_a_reference(messages):
+    """Messages of two mailboxes, each with a payload or none, held or not, with a rule event or not: removed are
+    the subject's messages not held, the rule events of all its messages, and the payloads of those removed;
+    nothing of the other mailbox but a payload it shares."""
+    w = Window()
+    for n, (mailbox, payload, _, with_event) in enumerate(messages):
+        w.keep("message", f"m{n}", {"message_id": f"m{n}", "mailbox": mailbox, "payload_id": payload})
+        if payload is not None:
+            w.keep("payload", payload, {"payload_id": payload})
+        if with_event:
+            w.keep("rule_event", f"e{n}", {"rule_event_id": f"e{n}", "message_id": f"m{n}"})
+    held = {f"message:m{n}" for n, (_, _, is_held, _) in enumerate(messages) if is_held}
+    removed = {(root.kind, root.id) for root in w.erase("mailbox:alice", held=held).removable}
+    alices = [(n, payload, is_held, with_event) for n, (mailbox, payload, is_held, with_event) in enumerate(messages)
+              if mailbox == "alice"]
+    assert removed == ({("message", f"m{n}") for n, _, is_held, _ in alices if not is_held}
+                       | {("rule_event", f"e{n}") for n, _, _, with_event in alices if with_event}
+                       | {("payload", p) for _, p, is_held, _ in alices if p is not None and not is_held})

@@ -192,17 +192,18 @@ def as_stored(platform, config, m: str) -> tuple:
             json_of("payload_refs", "payload_id = %s AND message_id = %s", f"p-{m}", m), blobs)
 
 
-def purged_due(spark, platform, config, run: str, n: int) -> tuple[list[str], dict[str, tuple]]:
-    """``n`` messages due at once, with stored payloads, as stored before, once purged with their payloads and
-    recorded."""
+def purged_due(spark, platform, config, run: str, n: int, mailboxes: list[str] | None = None
+               ) -> tuple[list[str], dict[str, tuple]]:
+    """``n`` messages due at once (of ``mailboxes``, one each), with stored payloads, as stored before, once purged
+    with their payloads and recorded."""
     from pyspark.sql import functions as F
 
     from purger.sinks.ledger import Ledger
 
     r = mailbox(config)
     messages = [f"{run}-undo-{i}" for i in range(n)]
-    for m in messages:
-        platform.enqueue(m, f"p-{m}", at=ago(r.expired_ttl))
+    for m, mailbox_id in zip(messages, mailboxes or ["mbox"] * n):
+        platform.enqueue(m, f"p-{m}", mailbox=mailbox_id, at=ago(r.expired_ttl))
         platform.dequeue(m, 0, at=ago(r.expired_ttl))
     platform.flush()
     before = {m: as_stored(platform, config, m) for m in messages}
@@ -258,6 +259,50 @@ def test_an_undo_after_a_wrong_period_puts_every_row_and_blob_back_held_until_re
     wait_for(lambda: platform.row(again) is None and platform.payload_gone(f"p-{again}"), timeout_s=60,
              what="the restored message, released, purged again with its payload")
     assert all(snapshot(m) == before[m] for m in messages[1:])
+
+
+def test_an_erasure_removes_the_subjects_images_from_the_undo_window_but_what_a_hold_keeps(purger, platform, config,
+                                                                                          spark):
+    """SPEC 11.3 with 11.2: messages of a mailbox purged by retention, their images and payloads' copies kept; the
+    mailbox's erasure removes them (its rows' images in Cassandra, its blobs' copies in both stores, the names
+    they were found by), but a message held after its purge keeps its images and its payload's; another
+    mailbox's purged message keeps all of its. Checked in the tables and the buckets against what the test wrote."""
+    from purger.erase import find_objects, new_request, remove_images, wait_for_certificate
+    from purger.policies.mailbox.deletes import payload_key
+    from purger.sinks.restorations import read_images
+
+    began = now_ms() - 1_000
+    run = uuid.uuid4().hex[:8]
+    subject, other = Scope("mailbox", f"erased-{run}"), f"other-{run}"
+    messages, _ = purged_due(spark, platform, config, run, 4, [subject.id] * 3 + [other])
+    erased, held = messages[:2], messages[2]
+    assert place_hold(spark, config, Scope("message", held), "case 11", "test", wait_s=60).already is None
+
+    def kept() -> tuple[set, set]:
+        """The roots with images in the window, and the payloads with a copy in each store, of this test's."""
+        images = {(i.root_kind, i.root_id) for i in read_images(platform.session, config, began, now_ms())
+                  if run in i.root_id}
+        copies = {(dc, m) for m in messages for dc, store in config.stores.items() for listed in
+                  platform.stores[dc].list_objects_v2(Bucket=store.bucket, Prefix=config.undo.prefix).get(
+                      "Contents", []) if listed["Key"].endswith(payload_key(f"p-{m}"))}
+        return images, copies
+
+    everything = {("message", m) for m in messages} | {("payload", f"p-{m}") for m in messages}
+    both = {(dc, m) for m in messages for dc in config.stores}
+    assert kept() == (everything, both)
+
+    request = new_request()
+    asked = find_objects(spark, config, subject)
+    assert asked == []  # purged already: only their images are left
+    done = remove_images(config, subject, asked, wait_for_certificate(spark, config, subject, request, asked, 30))
+    assert done.images_removed >= 2 * (2 + 1 + 2)  # a message's row and reference, its payload's row and two copies
+    assert [(e.kind, e.id, e.reason.split(":")[0]) for e in done.images_kept] == [("message", held, "held")]
+    assert kept() == (everything - {("message", m) for m in erased} - {("payload", f"p-{m}") for m in erased},
+                      {(dc, m) for dc, m in both if m not in erased})
+    names = f"{config.cassandra.keyspace}.{config.cassandra.restoration_names_table}"
+    assert {row.root_id for row in platform.session.execute(
+        f"SELECT root_id FROM {names} WHERE name = %s", (str(subject),))} == {held}
+    release_hold(config, Scope("message", held))
 
 
 def test_a_hold_placed_while_its_scope_is_being_purged_is_in_force_when_the_command_returns(

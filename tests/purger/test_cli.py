@@ -33,19 +33,19 @@ def test_schema_prints_each_enabled_policys_reference_cql_under_the_configured_n
     config_file = tmp_path / "purger.toml"
     config_file.write_text('[cassandra]\nkeyspace = "platform"\njournal_table = "own_journal"\n'
                            'holds_table = "own_holds"\nfailures_table = "own_failures"\n'
-                           'restorations_table = "own_restorations"\n\n'
+                           'restorations_table = "own_restorations"\nrestoration_names_table = "own_names"\n\n'
                            '[policies.mailbox]\npayloads_table = "blobs"\n\n'
                            '[policies.rule_events]\nenabled = true\n')
     result = CliRunner().invoke(app, ["schema", "--config", str(config_file)])
     assert result.exit_code == 0, result.output
     cql = result.stdout
     for table in ("messages", "payload_refs", "blobs", "rule_events", "own_journal", "own_holds",
-                  "own_failures", "own_restorations"):
+                  "own_failures", "own_restorations", "own_names"):
         assert f"CREATE TABLE IF NOT EXISTS platform.{table} (" in cql
     # Renamed, and no placeholder left unrendered (the journal's compaction map is CQL's own braces).
     assert "platform.payloads " not in cql and not re.search(r"\{\w*\}", cql)
     assert "platform.users" not in cql  # a policy not enabled
-    assert cql.count("CREATE TABLE") == cql.count(";") == 8  # one statement each, ready for cqlsh
+    assert cql.count("CREATE TABLE") == cql.count(";") == 9  # one statement each, ready for cqlsh
 
 
 def test_schema_with_a_bad_configuration_exits_2_naming_the_key(tmp_path):

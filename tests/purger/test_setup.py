@@ -62,7 +62,7 @@ def remove_what_setup_made(own: PurgerConfig, admin: KafkaAdminClient) -> None:
     admin.close()
     session = cassandra_session(own.cassandra)
     for table in (own.cassandra.journal_table, own.cassandra.holds_table, own.cassandra.failures_table,
-                  own.cassandra.restorations_table):
+                  own.cassandra.restorations_table, own.cassandra.restoration_names_table):
         session.execute(f"DROP TABLE IF EXISTS {own.cassandra.keyspace}.{table}")
     session.cluster.shutdown()
 
@@ -73,7 +73,8 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
                                  "dead_letter_topic": f"test.{run}.setup.dead-letter",
                                  "reconcile_topic": f"test.{run}.setup.reconcile"},
                   cassandra={"journal_table": f"journal_{run}", "holds_table": f"holds_{run}",
-                             "failures_table": f"failures_{run}", "restorations_table": f"restorations_{run}"})
+                             "failures_table": f"failures_{run}", "restorations_table": f"restorations_{run}",
+                             "restoration_names_table": f"restoration_names_{run}"})
     keyspace = config.cassandra.keyspace
     bootstrap = config.kafka.bootstrap_servers
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
@@ -100,6 +101,8 @@ def test_setup_creates_the_purgers_topics_once_then_has_nothing_to_do(config, tm
             f"on Cassandra {cassandra_address(config)}",
             f"created table {keyspace}.restorations_{run} (cassandra.restorations_table, the undo window's images) "
             f"on Cassandra {cassandra_address(config)}",
+            f"created table {keyspace}.restoration_names_{run} (cassandra.restoration_names_table, where an erasure "
+            f"finds a subject's images) on Cassandra {cassandra_address(config)}",
         ]
         described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(
             [own.kafka.control_topic, own.kafka.dead_letter_topic, own.kafka.reconcile_topic])}
@@ -130,7 +133,8 @@ def test_setup_at_a_rate_prints_what_it_needs_and_gives_the_purgers_topics_its_p
                                  "dead_letter_topic": f"test.{run}.rate.dead-letter",
                                  "reconcile_topic": f"test.{run}.rate.reconcile"},
                   cassandra={"journal_table": f"journal_{run}", "holds_table": f"holds_{run}",
-                             "failures_table": f"failures_{run}", "restorations_table": f"restorations_{run}"})
+                             "failures_table": f"failures_{run}", "restorations_table": f"restorations_{run}",
+                             "restoration_names_table": f"restoration_names_{run}"})
     config_file = write_config(own, tmp_path / "purger.toml")
     admin = KafkaAdminClient(bootstrap_servers=config.kafka.bootstrap_servers)
     try:
