@@ -327,8 +327,8 @@ class TextOutput(Output):
         for kind, object_id in found.pending:
             typer.echo(f"  pending  {kind} {object_id}")
         if found.images_removed or found.images_kept:
-            typer.echo(f"undo window: {found.images_removed} images of the subject removed (rows and blob copies), "
-                       f"{len(found.images_kept)} objects' kept under a hold")
+            typer.echo(f"undo window: {found.images_removed} images of the subject removed (rows and blob copies); "
+                       f"those of {len(found.images_kept)} held objects kept")
         for e in found.images_kept:
             typer.echo(f"  kept     images of {e.kind} {e.id}  {e.reason}")
 

@@ -536,6 +536,7 @@ def test_an_erasure_killed_midway_then_run_again_with_its_request_ends_as_if_nev
     assert platform.row(f"{run}-kept") is not None and platform.payload_intact(f"p-{run}-kept")
     done = json.loads(finished.stdout)
     assert done["complete"] and done["request"] == request and done["kept"] == done["gone"] == []
+    assert done["images_removed"] == 0 and done["images_kept"] == []  # live for years: no purge kept an image
     deleted = Counter((e["kind"], e["id"], e["dc"]) for e in done["deleted"])
     assert deleted == Counter({("message", m, None) for m in messages}
                               | {("payload_refs", json.dumps([f"p-{m}", m], separators=(",", ":")), None)
