@@ -278,6 +278,25 @@ def main() -> None:
         run.record("undo window: images per deletion", len(images) / deletions["n"], "rows", messages=deletions["n"])
         run.record("undo window: image bytes per deletion (JSON, before Cassandra's own overhead)",
                    size / deletions["n"], "bytes", messages=deletions["n"])
+        timed_restore(run, spark, int(started * 1000), deletions["n"])
+
+
+def timed_restore(run: BenchRun, spark: Any, since_ms: int, messages: int) -> None:
+    """`purger restore` of every deletion since ``since_ms``: its plan (the images and the ledger's records read)
+    and its putting back (a hold per message, then each row ``IF NOT EXISTS``), timed apart."""
+    from purger.restore import new_run, plan_restore, restore
+
+    began = time.monotonic()
+    plan = plan_restore(spark, run.config, "mailbox", since_ms, int(time.time() * 1000))
+    planned = time.monotonic()
+    done = restore(spark, run.config, "mailbox", plan, new_run(), "bench", "bench.deletes")
+    ended = time.monotonic()
+    if len(done.restored) != len(plan) or len(plan) != 2 * messages:
+        raise RuntimeError(f"restored {len(done.restored)} of {len(plan)} deletions ({messages} messages)")
+    run.record("restore: plan (images and ledger read)", len(plan) / (planned - began), "deletions/s",
+               deletions=len(plan))
+    run.record("restore: put back (holds, rows IF NOT EXISTS, ledger)", len(plan) / (ended - planned),
+               "deletions/s", deletions=len(plan))
 
 
 if __name__ == "__main__":

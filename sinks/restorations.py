@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections import OrderedDict
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -59,19 +60,24 @@ CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
 """
 # Where a data subject's images are (``purger erase``): each root's partition under every name its images are
 # found by (``core.restorations.names_of``): its own (``message:m1``) and the subject its rows name
-# (``mailbox:alice``). A name's partition holds what the window keeps of it, and no more.
+# (``mailbox:alice``). A partition is a name's day: a mailbox that loses a million messages a day has a
+# partition of about 60 MB a day, not one of the whole window; an erasure reads the window's days of each name.
 _NAMES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
   name        text,             -- KIND:ID
+  day         date,             -- the day the images were kept in
   hour        timestamp,        -- where the root's images are in the restorations table
   bucket      int,
   root_kind   text,
   root_id     text,
-  PRIMARY KEY (name, hour, bucket, root_kind, root_id)
+  PRIMARY KEY ((name, day), hour, bucket, root_kind, root_id)
 ) WITH compaction = {{'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'HOURS',
                      'compaction_window_size': 24}}
 """
-NAMES_COLUMNS = frozenset({"name", "hour", "bucket", "root_kind", "root_id"})
+NAMES_COLUMNS = frozenset({"name", "day", "hour", "bucket", "root_kind", "root_id"})
+# A purge keeps its images in several calls (its row, then its followers; a blob before each delete): the names
+# an executor wrote last are not written again (a bounded memory: a name written twice is only a cost).
+NAMES_WRITTEN = 4096
 RESTORATIONS_COLUMNS = frozenset({"hour", "bucket", "root_kind", "root_id", "kind", "id", "dc", "kept_at", "rule",
                                   "rank", "table_name", "row_json", "write_times", "blob_key", "copy_key"})
 _FIELDS = ("root_kind", "root_id", "kind", "id", "dc", "kept_at", "rule", "rank", "table_name", "row_json",
@@ -148,7 +154,8 @@ class CassandraRestorations(Aside):
             f"INSERT INTO {name} (hour, bucket, {', '.join(_FIELDS)}) VALUES (?, ?, {', '.join('?' * len(_FIELDS))}) "
             "USING TTL ?")
         self.insert_name = session.prepare(
-            f"INSERT INTO {names} (name, hour, bucket, root_kind, root_id) VALUES (?, ?, ?, ?, ?) USING TTL ?")
+            f"INSERT INTO {names} (name, day, hour, bucket, root_kind, root_id) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?")
+        self._named: OrderedDict[tuple[str, int, int, str, str], None] = OrderedDict()
         self._reads: dict[tuple[int, str], tuple[Any, str, list[str]]] = {}
 
     def keep(self, tables: Tables, root_kind: str, root_id: str, rule: str,
@@ -181,7 +188,13 @@ class CassandraRestorations(Aside):
             batch.add(self.insert, (hour, bucket, root_kind, root_id, kind, object_id, dc or "", from_epoch_ms(kept_at),
                                     rule, rank, table_name, row_json, write_times, blob_key, copy_key, self.ttl_s))
         for name in sorted(names_of(root_kind, root_id, named, self.naming)):
-            batch.add(self.insert_name, (name, hour, bucket, root_kind, root_id, self.ttl_s))
+            written = (name, kept_at - kept_at % HOUR_MS, bucket, root_kind, root_id)
+            if written in self._named:
+                continue
+            self._named[written] = None
+            if len(self._named) > NAMES_WRITTEN:
+                self._named.popitem(last=False)
+            batch.add(self.insert_name, (name, hour.date(), hour, bucket, root_kind, root_id, self.ttl_s))
         self.session.execute(batch)
         return None
 
@@ -257,17 +270,30 @@ class ImagesNotRemoved(Exception):
 
 def erase_images(session: Any, config: PurgerConfig, subject: str, objects: list[tuple[str, str]]) -> SubjectImages:
     """A data subject's images removed from the undo window (``purger erase``): those found from its name and its
-    objects' (``core.restorations.subject_images``), but those a hold keeps (on the root, or on the subject);
+    objects' (``core.restorations.subject_images``; each name's days in the window, a partition each), but those
+    a hold keeps (on the root, or on the subject);
     copies first, then rows, then their names, so that a run cut short leaves each image it did not remove
     findable by the next."""
+    from cassandra.concurrent import execute_concurrent_with_args
+
     from purger.sinks.holds import CassandraHolds
     from purger.sinks.objects import ObjectStores
 
     name, names = _tables(config)
     keyspace, names_table = names.split(".", 1)
-    if names_table not in session.cluster.metadata.keyspaces[keyspace].tables:
-        return SubjectImages()  # no undo window was ever set up here
-    located = session.prepare(f"SELECT hour, bucket, root_kind, root_id FROM {names} WHERE name = ?")
+    window_days = config.undo.window_days
+    if window_days is None or names_table not in session.cluster.metadata.keyspaces[keyspace].tables:
+        return SubjectImages()  # no undo window (or `purger setup` not run since it was set): no image kept
+    located = session.prepare(f"SELECT hour, bucket, root_kind, root_id FROM {names} WHERE name = ? AND day = ?")
+    today = from_epoch_ms(now_ms()).date()
+    days = [today - timedelta(days=back) for back in range(window_days + 1)]
+
+    def found_at(found_by: str) -> list[Root]:
+        reads = execute_concurrent_with_args(session, located, [(found_by, day) for day in days],
+                                             raise_on_first_error=True)
+        return [Root(epoch_ms(row.hour), row.bucket, row.root_kind, row.root_id)
+                for read in reads for row in read.result_or_exc]
+
     where = "hour = ? AND bucket = ? AND root_kind = ? AND root_id = ?"
     under = session.prepare(f"SELECT {', '.join(_FIELDS)} FROM {name} WHERE {where}")
     holds = CassandraHolds.of(session, config.cassandra)
@@ -277,14 +303,12 @@ def erase_images(session: Any, config: PurgerConfig, subject: str, objects: list
         return None if hold is None else hold.why()
 
     found = subject_images(
-        [subject, *(f"{kind}:{object_id}" for kind, object_id in objects)],
-        lambda at: [Root(epoch_ms(row.hour), row.bucket, row.root_kind, row.root_id)
-                    for row in session.execute(located, (at,))],
+        [subject, *(f"{kind}:{object_id}" for kind, object_id in objects)], found_at,
         lambda root: [_kept(row) for row in session.execute(under, _where(root))],
         erasure_naming(config), held)
     stores, naming = ObjectStores(config.stores), subject_naming(config)
     remove = session.prepare(f"DELETE FROM {name} WHERE {where}")
-    unname = session.prepare(f"DELETE FROM {names} WHERE name = ? AND {where}")
+    unname = session.prepare(f"DELETE FROM {names} WHERE name = ? AND day = ? AND {where}")
     for root, images in found.removable.items():
         for image in images:
             if image.copy_key is not None and image.dc is not None:
@@ -294,7 +318,7 @@ def erase_images(session: Any, config: PurgerConfig, subject: str, objects: list
                                            f"{config.stores[image.dc].bucket}: {error}")
         session.execute(remove, _where(root))
         for found_by in sorted(names_of(root.kind, root.id, rows_of(images), naming)):
-            session.execute(unname, (found_by, *_where(root)))
+            session.execute(unname, (found_by, from_epoch_ms(root.hour_ms).date(), *_where(root)))
     return found
 
 

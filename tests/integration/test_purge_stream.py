@@ -35,11 +35,14 @@ FORGET_AFTER = timedelta(seconds=15)
 UNDO_WINDOW = timedelta(hours=1)
 
 
+def with_undo(config):
+    return config.model_copy(update={"undo": config.undo.model_copy(update={"window": UNDO_WINDOW})})
+
+
 @pytest.fixture(scope="module")
 def purger(spark, config):
-    running = start_purger(spark, config.model_copy(update={
-        "stream": config.stream.model_copy(update={"forget_after": FORGET_AFTER}),
-        "undo": config.undo.model_copy(update={"window": UNDO_WINDOW})}))
+    running = start_purger(spark, with_undo(config).model_copy(update={
+        "stream": config.stream.model_copy(update={"forget_after": FORGET_AFTER})}))
     yield running
     running.stop()
     assert running.failure is None
@@ -294,14 +297,16 @@ def test_an_erasure_removes_the_subjects_images_from_the_undo_window_but_what_a_
     request = new_request()
     asked = find_objects(spark, config, subject)
     assert asked == []  # purged already: only their images are left
-    done = remove_images(config, subject, asked, wait_for_certificate(spark, config, subject, request, asked, 30))
+    done = remove_images(with_undo(config), subject, asked,
+                         wait_for_certificate(spark, config, subject, request, asked, 30))
     assert done.images_removed >= 2 * (2 + 1 + 2)  # a message's row and reference, its payload's row and two copies
     assert [(e.kind, e.id, e.reason.split(":")[0]) for e in done.images_kept] == [("message", held, "held")]
     assert kept() == (everything - {("message", m) for m in erased} - {("payload", f"p-{m}") for m in erased},
                       {(dc, m) for dc, m in both if m not in erased})
     names = f"{config.cassandra.keyspace}.{config.cassandra.restoration_names_table}"
-    assert {row.root_id for row in platform.session.execute(
-        f"SELECT root_id FROM {names} WHERE name = %s", (str(subject),))} == {held}
+    days = {datetime.fromtimestamp(at / 1000, timezone.utc).date() for at in (began, now_ms())}
+    assert {row.root_id for day in days for row in platform.session.execute(
+        f"SELECT root_id FROM {names} WHERE name = %s AND day = %s", (str(subject), day))} == {held}
     release_hold(config, Scope("message", held))
 
 
