@@ -282,21 +282,36 @@ def main() -> None:
 
 
 def timed_restore(run: BenchRun, spark: Any, since_ms: int, messages: int) -> None:
-    """`purger restore` of every deletion since ``since_ms``: its plan (the images and the ledger's records read)
-    and its putting back (a hold per message, then each row ``IF NOT EXISTS``), timed apart."""
+    """`purger restore` of every deletion since ``since_ms``: its plan (the images and the ledger's records read),
+    then its putting back (a hold per message, then each row ``IF NOT EXISTS``), half the messages one request at
+    a time (the baseline), the other half as the command does (``PUT_BACK_CONCURRENCY``)."""
+    import purger.restore
     from purger.restore import new_run, plan_restore, restore
 
     began = time.monotonic()
     plan = plan_restore(spark, run.config, "mailbox", since_ms, int(time.time() * 1000))
     planned = time.monotonic()
-    done = restore(spark, run.config, "mailbox", plan, new_run(), "bench", "bench.deletes")
-    ended = time.monotonic()
-    if len(done.restored) != len(plan) or len(plan) != 2 * messages:
-        raise RuntimeError(f"restored {len(done.restored)} of {len(plan)} deletions ({messages} messages)")
+    if len(plan) != 2 * messages:
+        raise RuntimeError(f"{len(plan)} deletions to restore of {messages} messages")
     run.record("restore: plan (images and ledger read)", len(plan) / (planned - began), "deletions/s",
                deletions=len(plan))
-    run.record("restore: put back (holds, rows IF NOT EXISTS, ledger)", len(plan) / (ended - planned),
-               "deletions/s", deletions=len(plan))
+    roots = sorted({d.image.root_id for d in plan if d.image is not None})
+    first = set(roots[: len(roots) // 2])
+    rates = {}
+    for concurrency, half in ((1, [d for d in plan if d.image.root_id in first]),
+                              (purger.restore.PUT_BACK_CONCURRENCY, [d for d in plan if d.image.root_id not in first])):
+        purger.restore.PUT_BACK_CONCURRENCY = concurrency
+        began = time.monotonic()
+        done = restore(spark, run.config, "mailbox", half, new_run(), "bench", "bench.deletes")
+        rates[concurrency] = len(half) / (time.monotonic() - began)
+        if len(done.restored) != len(half):
+            raise RuntimeError(f"restored {len(done.restored)} of {len(half)} deletions")
+    (one, _), (many, rate) = sorted(rates.items())
+    run.record("restore: put back, one at a time (holds, rows IF NOT EXISTS, ledger)", rates[one], "deletions/s",
+               deletions=len(plan) // 2)
+    run.record(f"restore: put back, {many} at a time (holds, rows IF NOT EXISTS, ledger)", rate, "deletions/s",
+               baseline=("restore: put back, one at a time (holds, rows IF NOT EXISTS, ledger)", rates[one]),
+               deletions=len(plan) // 2)
 
 
 if __name__ == "__main__":

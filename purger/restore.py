@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from purger.core.failpoints import failpoint
 from purger.core.restorations import ROW, Kept, latest_images, restore_order
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 # Images are kept just before their deletion: read from this long before a restore's range begins.
 KEPT_BEFORE_MS = 3_600_000
+# Holds placed, and images of a rank put back, at once: each a request or two (a lightweight transaction for a
+# hold or a row, a HEAD and a copy for a blob); the driver's session and the S3 clients are safe across threads.
+PUT_BACK_CONCURRENCY = 32
 # Why a deletion is not put back: the reason of its not_restored record.
 PAST_WINDOW = "past the undo window"
 WRITTEN_AGAIN = "written again"
@@ -128,6 +132,8 @@ def plan_restore(spark: SparkSession, config: PurgerConfig, policy: str, since_m
 def restore(spark: SparkSession, config: PurgerConfig, policy: str, plan: list[Deletion], run: str, who: str,
             why: str, say: Callable[[str], None] = lambda line: None) -> Restored:
     """Put ``plan`` back: holds first, then the images in order, then the ledger's records of each."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from purger.connectors import cassandra_session
     from purger.sinks.holds import CassandraHolds
     from purger.sinks.objects import ObjectStores
@@ -139,25 +145,42 @@ def restore(spark: SparkSession, config: PurgerConfig, policy: str, plan: list[D
     session = cassandra_session(config.cassandra)
     try:
         holds = CassandraHolds.of(session, config.cassandra)
-        for scope in scopes:
-            holds.place(scope, f"restored by `purger restore` {run}: {why}", who)
+        with ThreadPoolExecutor(PUT_BACK_CONCURRENCY, thread_name_prefix="restore-hold") as pool:
+            # Every hold placed (a lightweight transaction each) before anything is put back.
+            list(pool.map(lambda scope: holds.place(scope, f"restored by `purger restore` {run}: {why}", who), scopes))
         done.held = scopes
         say(f"{len(scopes)} objects held, so that the policy does not delete them again before a release")
         stores = ObjectStores(config.stores)
         by_image = {id(d.image): d for d in restorable}
-        for number, image in enumerate(restore_order(d.image for d in restorable)):
-            deletion = by_image[id(image)]
-            if number == len(restorable) // 2:
-                failpoint("restore_half_done")
-            why_not = _put_back(session, stores, image)
+        for image, why_not in _put_all_back(session, stores, restore_order(d.image for d in restorable)):
             if why_not is None:
-                done.restored.append(deletion)
+                done.restored.append(by_image[id(image)])
             else:
-                done.not_restored.append((deletion, why_not))
+                done.not_restored.append((by_image[id(image)], why_not))
     finally:
         session.cluster.shutdown()
     _record(spark, config, policy, done, who)
     return done
+
+
+def _put_all_back(session: Any, stores: Any, ordered: list[Kept]) -> Iterator[tuple[Kept, str | None]]:
+    """Each image put back, in order of rank (``restore_order``: blobs before what names them), those of a rank
+    ``PUT_BACK_CONCURRENCY`` at a time; each with why it was not (None: it was)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import groupby
+
+    put, half = 0, len(ordered) // 2
+    for dc in {image.dc for image in ordered if image.copy_key is not None and image.dc is not None}:
+        stores._client(dc)  # made here: boto3 makes no two clients at once safely
+    with ThreadPoolExecutor(PUT_BACK_CONCURRENCY, thread_name_prefix="restore") as pool:
+        for _, ranked in groupby(ordered, key=lambda image: image.rank):
+            of_rank = list(ranked)
+            for start in range(0, len(of_rank), PUT_BACK_CONCURRENCY):
+                chunk = of_rank[start:start + PUT_BACK_CONCURRENCY]
+                yield from zip(chunk, pool.map(partial(_put_back, session, stores), chunk))
+                put += len(chunk)
+                if put >= half > put - len(chunk):
+                    failpoint("restore_half_done")
 
 
 def _hold_scopes(config: PurgerConfig, policy: str, deletions: list[Deletion]) -> list[str]:
