@@ -596,7 +596,10 @@ def release(
 
 @app.command("erase")
 def erase(
-    subject: str = typer.Argument(..., help="Whose objects: KIND:ID, a user (user:u1) or a mailbox (mailbox:alice)."),
+    subject: Optional[str] = typer.Argument(None, help="Whose objects: KIND:ID, a user (user:u1) or a mailbox "
+                                                       "(mailbox:alice)."),
+    subject_option: Optional[str] = typer.Option(None, "--subject", metavar="KIND:ID",
+                                                 help="The same, as an option: `purger erase --subject user:u1`."),
     config_file: Optional[Path] = ConfigOption,
     actor: Optional[str] = ActorOption,
     reason: Optional[str] = ReasonOption,
@@ -615,7 +618,10 @@ def erase(
     from purger.spark import spark_session
 
     who, why = _who_and_why("erase", actor, reason, False)
-    found, config = _scope(subject), load_or_exit(config_file)
+    if (subject is None) == (subject_option is None):
+        typer.echo("give the subject once: `purger erase KIND:ID` or `purger erase --subject KIND:ID`", err=True)
+        raise typer.Exit(2)
+    found, config = _scope(subject or subject_option), load_or_exit(config_file)
     try:
         policies = sorted({policy.name for policy, _ in subject_rows(config, found)})
         request = request or new_request()

@@ -206,6 +206,9 @@ def test_a_hold_on_a_scope_no_enabled_policy_names_exits_2_in_one_line_before_an
 
 @pytest.mark.parametrize("arguments, line", [
     (["user:u1"], "subject user:u1: no enabled policy finds objects of a 'user'; the kinds are mailbox"),
+    (["--subject", "user:u1"], "subject user:u1: no enabled policy finds objects of a 'user'; the kinds are mailbox"),
+    ([], "give the subject once: `purger erase KIND:ID` or `purger erase --subject KIND:ID`"),
+    (["mailbox:a", "--subject", "mailbox:b"], "give the subject once"),
     (["mailbox:alice", "--request", "yesterday"],
      "request 'yesterday': give the id an earlier `purger erase` printed (e.g. 20261206-7f3a9c21)"),
 ])

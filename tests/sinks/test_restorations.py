@@ -76,3 +76,58 @@ def test_a_deletion_past_the_window_is_recorded_not_restored_and_nothing_is_held
     records = Ledger(spark, config.ledger).records().where(F.col("id") == gone).collect()
     assert [(r.status, r.reason, r.query_id) for r in records] == [
         ("not_restored", PAST_WINDOW, f"restore/{run}")]
+
+
+def test_a_restore_from_a_pseudonymised_ledger_finds_each_deletion_by_its_hash(spark, config, platform, tmp_path):
+    """SPEC 11.2 with 11.3: a message purged with an undo window into a pseudonymised ledger (ids as keyed hashes,
+    nothing in clear); a restore of it by its id matches its records by hashing the images' ids, puts its row and
+    its reference back as Cassandra returned them before, and records each `restored` under the hash."""
+    from pydantic import SecretStr
+    from pyspark.sql import functions as F
+
+    from purger.core.holds import Scope
+    from purger.core.pseudonyms import Pseudonyms
+    from purger.core.times import now_ms
+    from purger.holds import release_hold
+    from purger.policies.mailbox.rules import EXPIRED_BY_COUNTER
+    from purger.restore import new_run, plan_restore, restore
+    from purger.sinks.ledger import Ledger
+    from purger.sinks.purge import OUTCOME_SCHEMA, purge_partition, to_ledger
+    from tests.support.configs import mailbox
+    from tests.support.mailbox import candidate, new_id
+    from tests.support.waits import ago
+
+    undo = with_window(config).model_copy(update={"ledger": config.ledger.model_copy(update={
+        "path": str(tmp_path / "records"), "report_path": str(tmp_path / "report"), "pseudonymise": True,
+        "pseudonym_key": SecretStr(f"key-{uuid.uuid4().hex}")})})
+    r, m, p = mailbox(config), new_id("msg"), new_id("pay")
+    platform.enqueue(m, p, at=ago(r.expired_ttl))
+    platform.dequeue(m, 0, at=ago(r.expired_ttl))
+
+    def stored() -> tuple:
+        return tuple(platform.session.execute(f"SELECT JSON * FROM {table} WHERE {where}", key).one()
+                     for table, where, key in (("messages", "message_id = %s", (m,)),
+                                               (r.payload_refs_table, "payload_id = %s AND message_id = %s", (p, m))))
+
+    before, began = stored(), now_ms() - 1_000
+    assert None not in before
+    ledger = Ledger(spark, undo.ledger)
+    ledger.create()
+    outcomes = to_ledger(purge_partition([candidate("message", m, EXPIRED_BY_COUNTER, payload_id=p)], undo,
+                                         batch_id=0, query_id=f"query-{m}"))
+    ledger.append(spark.createDataFrame(outcomes, OUTCOME_SCHEMA), f"query-{m}", 0)
+    assert stored() == (None, None)
+    hashed = Pseudonyms.of(undo.ledger).id(m)
+    assert {row.id for row in ledger.records().where(F.col("status") == "purged").collect()} >= {hashed}
+    assert m.encode() not in b"".join(path.read_bytes() for path in tmp_path.rglob("*.parquet"))
+
+    plan = plan_restore(spark, undo, "mailbox", began, now_ms(), ids=[m])
+    assert sorted(d.kind for d in plan) == ["message", "payload_refs"] and all(d.image for d in plan)
+    run = new_run()
+    done = restore(spark, undo, "mailbox", plan, run, "test", "a pseudonymised restore")
+    assert done.not_restored == [] and done.held == [f"message:{m}"]
+    assert stored() == before
+    records = ledger.records().where(F.col("query_id") == f"restore/{run}").collect()
+    assert sorted((rec.kind, rec.status) for rec in records) == [("message", "restored"), ("payload_refs", "restored")]
+    assert hashed in {rec.id for rec in records}
+    release_hold(undo, Scope("message", m))

@@ -138,3 +138,33 @@ def test_the_shards_list_every_version_under_the_prefix_exactly_once_and_the_rec
     assert noncurrent_versions(spark, versioned_config, prefix, "dc1") == (
         len(noncurrent), sum(item["Size"] for item in noncurrent))
     assert len(noncurrent) == len(inside) + len(inside) // 2
+
+
+def test_setup_adds_the_undo_windows_rule_beside_the_buckets_own_once(versioned_config):
+    """SPEC 11.2 on a store with lifecycle rules: `purger setup` with a 7-day undo window adds
+    `purger-undo-window` (the copies' prefix, expired a day after the window) to dc2's bucket, keeping the
+    bucket's own rule as it was; run again, it finds the rule in place and creates nothing. Read back from the
+    bucket."""
+    from datetime import timedelta
+
+    from purger.setup import UNDO_RULE, Findings, _undo_copies
+
+    undo = versioned_config.model_copy(update={"undo": versioned_config.undo.model_copy(
+        update={"window": timedelta(days=7)})})
+    dc2 = undo.stores["dc2"]
+    client = s3_client(dc2)
+    own = client.get_bucket_lifecycle_configuration(Bucket=dc2.bucket)["Rules"]
+    try:
+        first, again = Findings(), Findings()
+        assert _undo_copies(client, undo, "dc2", first) == f"; undo copies expired by lifecycle rule {UNDO_RULE}"
+        assert first.created == [f"lifecycle rule {UNDO_RULE} on bucket {dc2.bucket} (stores.dc2): expires "
+                                 f"{undo.undo.prefix} after 8 days (undo.window)"]
+        rules = {rule["ID"]: rule for rule in client.get_bucket_lifecycle_configuration(Bucket=dc2.bucket)["Rules"]}
+        assert set(rules) == {LIFECYCLE_RULE, UNDO_RULE}
+        assert rules[UNDO_RULE]["Expiration"]["Days"] == 8
+        assert rules[UNDO_RULE]["Filter"] == {"Prefix": undo.undo.prefix}
+        assert [rules[LIFECYCLE_RULE]] == [rule for rule in own if rule["ID"] == LIFECYCLE_RULE]
+        assert _undo_copies(client, undo, "dc2", again) == f"; undo copies expired by lifecycle rule {UNDO_RULE}"
+        assert again.created == []
+    finally:
+        client.put_bucket_lifecycle_configuration(Bucket=dc2.bucket, LifecycleConfiguration={"Rules": own})
