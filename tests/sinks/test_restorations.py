@@ -113,9 +113,10 @@ def test_a_restore_from_a_pseudonymised_ledger_finds_each_deletion_by_its_hash(s
     assert None not in before
     ledger = Ledger(spark, undo.ledger)
     ledger.create()
+    query = new_id("query")  # a stream's query id: names no object
     outcomes = to_ledger(purge_partition([candidate("message", m, EXPIRED_BY_COUNTER, payload_id=p)], undo,
-                                         batch_id=0, query_id=f"query-{m}"))
-    ledger.append(spark.createDataFrame(outcomes, OUTCOME_SCHEMA), f"query-{m}", 0)
+                                         batch_id=0, query_id=query))
+    ledger.append(spark.createDataFrame(outcomes, OUTCOME_SCHEMA), query, 0)
     assert stored() == (None, None)
     hashed = Pseudonyms.of(undo.ledger).id(m)
     assert {row.id for row in ledger.records().where(F.col("status") == "purged").collect()} >= {hashed}
