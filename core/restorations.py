@@ -148,32 +148,36 @@ class SubjectImages:
     kept: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-def subject_images(names: Iterable[str], located: Callable[[str], Iterable[Root]],
-                   kept_under: Callable[[Root], list[Kept]], naming: Naming,
-                   held: Callable[[str, str], str | None]) -> SubjectImages:
+def subject_images(names: Iterable[str], located: Callable[[list[str]], dict[str, list[Root]]],
+                   kept_under: Callable[[list[Root]], dict[Root, list[Kept]]], naming: Naming,
+                   held: Callable[[list[tuple[str, str]]], dict[tuple[str, str], str | None]]) -> SubjectImages:
     """Every image of a data subject, from the names it starts at (the subject's, and its objects' there now):
     the roots each name is found at (``located``), their images (``kept_under``), then the names a root's own and
     its rows give (``naming``: the subjects' columns, and what an erasure takes with an object, a message's
     payload) until no name is new. A root under a hold (``held``: why, else None) is kept with its images, and
     what its rows name is not followed: what it refers to is kept with it, as a held message keeps its payload;
-    what names it is (its rule events), as the erasure of a held message's rule events."""
-    found, queue = SubjectImages(), list(names)
-    seen_names: set[str] = set()
+    what names it is (its rule events), as the erasure of a held message's rule events. Each callable is asked
+    for a whole wave of names or roots at once, so that the reads behind it go concurrently."""
+    found = SubjectImages()
+    seen: set[str] = set()
     holds: dict[tuple[str, str], str | None] = {}
-    while queue:
-        name = queue.pop()
-        if name in seen_names:
-            continue
-        seen_names.add(name)
-        for root in located(name):
-            key = (root.kind, root.id)
-            if key not in holds:
-                holds[key] = held(*key)
-                if holds[key] is not None:
-                    found.kept.append((*key, holds[key]))
-            if holds[key] is not None or root in found.removable:
-                queue.append(f"{root.kind}:{root.id}")  # what leads from it (a held message's rule events)
-                continue
-            images = found.removable[root] = kept_under(root)
-            queue.extend(names_of(root.kind, root.id, rows_of(images), naming) - seen_names)
+    wave = set(names)
+    while wave:
+        seen |= wave
+        roots = sorted({root for found_at in located(sorted(wave)).values() for root in found_at}, key=_root_order)
+        asked = sorted({(root.kind, root.id) for root in roots} - holds.keys())
+        for key, why in held(asked).items():
+            holds[key] = why
+            if why is not None:
+                found.kept.append((*key, why))
+        following: set[str] = {f"{root.kind}:{root.id}" for root in roots if holds[(root.kind, root.id)] is not None}
+        fresh = [root for root in roots if holds[(root.kind, root.id)] is None and root not in found.removable]
+        for root, images in kept_under(fresh).items():
+            found.removable[root] = images
+            following |= names_of(root.kind, root.id, rows_of(images), naming)
+        wave = following - seen
     return found
+
+
+def _root_order(root: Root) -> tuple[int, int, str, str]:
+    return root.hour_ms, root.bucket, root.kind, root.id

@@ -213,7 +213,10 @@ def remove_images(config: PurgerConfig, subject: Scope, asked: list[tuple[str, s
     from purger.core.erasure import CertificateEntry
     from purger.sinks.restorations import ImagesNotRemoved, erase_images
 
-    named = {(e.kind, e.id) for e in found.deleted + found.kept + found.gone} | set(asked)
+    # Of the certificate's entries, those a name can be: a purge's root (a message, a payload), not what goes
+    # with it (a message's reference, a user's permissions).
+    roots = {kind.name for policy in config.policy_set.policies for kind in policy.kinds}
+    named = {(e.kind, e.id) for e in found.deleted + found.kept + found.gone if e.kind in roots} | set(asked)
     session = cassandra_session(config.cassandra)
     try:
         images = erase_images(session, config, str(subject), sorted(named))

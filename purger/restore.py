@@ -29,6 +29,8 @@ from purger.core.times import now_ms
 from purger.core.vocabulary import NOT_RESTORED, PURGED, RESTORED
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from pyspark.sql import SparkSession
 
     from purger.core.policy import Policy
@@ -145,42 +147,39 @@ def restore(spark: SparkSession, config: PurgerConfig, policy: str, plan: list[D
     session = cassandra_session(config.cassandra)
     try:
         holds = CassandraHolds.of(session, config.cassandra)
-        with ThreadPoolExecutor(PUT_BACK_CONCURRENCY, thread_name_prefix="restore-hold") as pool:
+        with ThreadPoolExecutor(PUT_BACK_CONCURRENCY, thread_name_prefix="restore") as pool:
             # Every hold placed (a lightweight transaction each) before anything is put back.
             list(pool.map(lambda scope: holds.place(scope, f"restored by `purger restore` {run}: {why}", who), scopes))
-        done.held = scopes
-        say(f"{len(scopes)} objects held, so that the policy does not delete them again before a release")
-        stores = ObjectStores(config.stores)
-        by_image = {id(d.image): d for d in restorable}
-        for image, why_not in _put_all_back(session, stores, restore_order(d.image for d in restorable)):
-            if why_not is None:
-                done.restored.append(by_image[id(image)])
-            else:
-                done.not_restored.append((by_image[id(image)], why_not))
+            done.held = scopes
+            say(f"{len(scopes)} objects held, so that the policy does not delete them again before a release")
+            stores = ObjectStores(config.stores).for_threads()
+            by_image = {id(d.image): d for d in restorable}
+            ordered = restore_order(d.image for d in restorable)
+            for image, why_not in _put_all_back(pool, session, stores, ordered):
+                if why_not is None:
+                    done.restored.append(by_image[id(image)])
+                else:
+                    done.not_restored.append((by_image[id(image)], why_not))
     finally:
         session.cluster.shutdown()
     _record(spark, config, policy, done, who)
     return done
 
 
-def _put_all_back(session: Any, stores: Any, ordered: list[Kept]) -> Iterator[tuple[Kept, str | None]]:
+def _put_all_back(pool: Executor, session: Any, stores: Any, ordered: list[Kept]
+                  ) -> Iterator[tuple[Kept, str | None]]:
     """Each image put back, in order of rank (``restore_order``: blobs before what names them), those of a rank
-    ``PUT_BACK_CONCURRENCY`` at a time; each with why it was not (None: it was)."""
-    from concurrent.futures import ThreadPoolExecutor
+    ``PUT_BACK_CONCURRENCY`` at a time (``pool``'s threads); each with why it was not (None: it was)."""
     from itertools import groupby
 
-    put, half = 0, len(ordered) // 2
-    for dc in {image.dc for image in ordered if image.copy_key is not None and image.dc is not None}:
-        stores._client(dc)  # made here: boto3 makes no two clients at once safely
-    with ThreadPoolExecutor(PUT_BACK_CONCURRENCY, thread_name_prefix="restore") as pool:
-        for _, ranked in groupby(ordered, key=lambda image: image.rank):
-            of_rank = list(ranked)
-            for start in range(0, len(of_rank), PUT_BACK_CONCURRENCY):
-                chunk = of_rank[start:start + PUT_BACK_CONCURRENCY]
-                yield from zip(chunk, pool.map(partial(_put_back, session, stores), chunk))
-                put += len(chunk)
-                if put >= half > put - len(chunk):
-                    failpoint("restore_half_done")
+    answered, half = 0, len(ordered) // 2
+    for _, ranked in groupby(ordered, key=lambda image: image.rank):
+        of_rank = list(ranked)
+        for image, why_not in zip(of_rank, pool.map(partial(_put_back, session, stores), of_rank)):
+            answered += 1
+            if answered == half:
+                failpoint("restore_half_done")  # the rest of the rank in flight
+            yield image, why_not
 
 
 def _hold_scopes(config: PurgerConfig, policy: str, deletions: list[Deletion]) -> list[str]:

@@ -37,6 +37,13 @@ class ObjectStores:
             self._clients[dc] = s3_client(self.stores[dc])
         return self._clients[dc]
 
+    def for_threads(self) -> ObjectStores:
+        """These stores with each data centre's client made now, to be shared by threads: boto3 makes no two
+        clients at once safely."""
+        for dc in self.stores:
+            self._client(dc)
+        return self
+
     def delete(self, key: str, dcs: list[str]) -> dict[str, str | Deleted | None]:
         """Delete ``key`` from each data centre's bucket; per data centre None on success (``Deleted`` in a
         bucket that keeps versions: how), else the error.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
 BUCKETS = 64
 HOUR_MS = 3_600_000
+# Reads, deletes and hold checks of an erasure's images in flight at once.
+ERASE_CONCURRENCY = 32
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
@@ -288,37 +291,51 @@ def erase_images(session: Any, config: PurgerConfig, subject: str, objects: list
     today = from_epoch_ms(now_ms()).date()
     days = [today - timedelta(days=back) for back in range(window_days + 1)]
 
-    def found_at(found_by: str) -> list[Root]:
-        reads = execute_concurrent_with_args(session, located, [(found_by, day) for day in days],
+    def found_at(found_by: list[str]) -> dict[str, list[Root]]:
+        asked = [(each, day) for each in found_by for day in days]
+        reads = execute_concurrent_with_args(session, located, asked, concurrency=ERASE_CONCURRENCY,
                                              raise_on_first_error=True)
-        return [Root(epoch_ms(row.hour), row.bucket, row.root_kind, row.root_id)
-                for read in reads for row in read.result_or_exc]
+        roots: dict[str, list[Root]] = {each: [] for each in found_by}
+        for (each, _), read in zip(asked, reads):
+            roots[each] += [Root(epoch_ms(row.hour), row.bucket, row.root_kind, row.root_id)
+                            for row in read.result_or_exc]
+        return roots
 
     where = "hour = ? AND bucket = ? AND root_kind = ? AND root_id = ?"
     under = session.prepare(f"SELECT {', '.join(_FIELDS)} FROM {name} WHERE {where}")
+
+    def kept_under(roots: list[Root]) -> dict[Root, list[Kept]]:
+        reads = execute_concurrent_with_args(session, under, [_where(root) for root in roots],
+                                             concurrency=ERASE_CONCURRENCY, raise_on_first_error=True)
+        return {root: [_kept(row) for row in read.result_or_exc] for root, read in zip(roots, reads)}
+
     holds = CassandraHolds.of(session, config.cassandra)
+    with ThreadPoolExecutor(ERASE_CONCURRENCY) as pool:
 
-    def held(kind: str, object_id: str) -> str | None:
-        hold = holds.held([f"{kind}:{object_id}", subject])
-        return None if hold is None else hold.why()
+        def held(keys: list[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
+            found = pool.map(lambda key: holds.held([f"{key[0]}:{key[1]}", subject]), keys)
+            return {key: None if hold is None else hold.why() for key, hold in zip(keys, found)}
 
-    found = subject_images(
-        [subject, *(f"{kind}:{object_id}" for kind, object_id in objects)], found_at,
-        lambda root: [_kept(row) for row in session.execute(under, _where(root))],
-        erasure_naming(config), held)
-    stores, naming = ObjectStores(config.stores), subject_naming(config)
+        found = subject_images([subject, *(f"{kind}:{object_id}" for kind, object_id in objects)], found_at,
+                               kept_under, erasure_naming(config), held)
+        stores = ObjectStores(config.stores).for_threads()
+        copies = [image for images in found.removable.values() for image in images
+                  if image.copy_key is not None and image.dc is not None]
+        for image, error in zip(copies, pool.map(lambda image: stores.delete(image.copy_key, [image.dc])[image.dc],
+                                                 copies)):
+            if isinstance(error, str):
+                raise ImagesNotRemoved(f"the undo copy {image.copy_key} in {image.dc}'s bucket "
+                                       f"{config.stores[image.dc].bucket}: {error}")
+    naming = subject_naming(config)
     remove = session.prepare(f"DELETE FROM {name} WHERE {where}")
+    execute_concurrent_with_args(session, remove, [_where(root) for root in found.removable],
+                                 concurrency=ERASE_CONCURRENCY, raise_on_first_error=True)
     unname = session.prepare(f"DELETE FROM {names} WHERE name = ? AND day = ? AND {where}")
-    for root, images in found.removable.items():
-        for image in images:
-            if image.copy_key is not None and image.dc is not None:
-                error = stores.delete(image.copy_key, [image.dc])[image.dc]
-                if isinstance(error, str):
-                    raise ImagesNotRemoved(f"the undo copy {image.copy_key} in {image.dc}'s bucket "
-                                           f"{config.stores[image.dc].bucket}: {error}")
-        session.execute(remove, _where(root))
-        for found_by in sorted(names_of(root.kind, root.id, rows_of(images), naming)):
-            session.execute(unname, (found_by, from_epoch_ms(root.hour_ms).date(), *_where(root)))
+    execute_concurrent_with_args(
+        session, unname, [(found_by, from_epoch_ms(root.hour_ms).date(), *_where(root))
+                          for root, images in found.removable.items()
+                          for found_by in sorted(names_of(root.kind, root.id, rows_of(images), naming))],
+        concurrency=ERASE_CONCURRENCY, raise_on_first_error=True)
     return found
 
 

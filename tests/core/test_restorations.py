@@ -89,9 +89,10 @@ class Window:
             self.names.setdefault(name, []).append(root)
 
     def erase(self, subject: str, held: set = frozenset(), objects=()):
-        return subject_images([subject, *objects], lambda name: self.names.get(name, []),
-                              lambda root: self.images[root], ERASE_NAMING,
-                              lambda kind, object_id: "held: case 9" if f"{kind}:{object_id}" in held else None)
+        return subject_images([subject, *objects], lambda names: {name: self.names.get(name, []) for name in names},
+                              lambda roots: {root: self.images[root] for root in roots}, ERASE_NAMING,
+                              lambda keys: {(kind, object_id): "held: case 9" if f"{kind}:{object_id}" in held else None
+                                            for kind, object_id in keys})
 
 
 def test_an_erasure_finds_a_mailboxs_messages_their_payloads_and_rule_events_but_not_what_a_hold_keeps():
