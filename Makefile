@@ -32,6 +32,8 @@ FAULT_TESTS = tests/integration/test_faults.py tests/integration/two_nodes/test_
 	tests/integration/test_purge_stream.py::test_a_restore_killed_midway_then_run_again_with_its_run_ends_as_if_never_killed \
 	tests/sinks/test_purge.py::test_one_data_centre_failing_does_not_hold_the_others_back \
 	tests/reconcile/test_run.py::test_a_reconcile_killed_in_its_scan_or_its_feed_loses_nothing \
+	tests/reconcile/test_orphans.py::test_a_sweep_stopped_before_its_ledger_write_is_recorded_by_the_next \
+	tests/reconcile/test_orphan_rows.py::test_a_sweep_of_orphan_rows_stopped_before_its_ledger_write_is_recorded_by_the_next \
 	tests/reconcile/test_reconcile_replay.py \
 	tests/integration/test_cluster.py tests/integration/paxos_ring
 faults: install

@@ -94,6 +94,11 @@ def job_config(servers, base: Path, name: str, own: str | None = None, **stream:
     return path
 
 
+# How long the driver takes at most to count a killed executor's tasks as failed (its heartbeat timeout is
+# longer, but a killed JVM's connections close at once).
+KILL_SEEN_S = 30
+
+
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)
@@ -171,7 +176,7 @@ def test_a_purge_through_spark_submit_runs_in_the_executors_and_loses_nothing_wh
         assert printed.exit_code == 0, printed.output
         submission = submit(log_file=log_file, command=shlex.split(printed.stdout.strip().splitlines()[-1]))
         kills, started = 0, time.monotonic()
-        deadline = started + 900
+        deadline, killed_at = started + 900, 0.0
         try:
             app_id = _application_id(ui_port, submission)
             ui = f"http://127.0.0.1:{ui_port}/api/v1/applications/{app_id}"
@@ -183,11 +188,14 @@ def test_a_purge_through_spark_submit_runs_in_the_executors_and_loses_nothing_wh
             while (now_left := left()) > 0:
                 assert submission.running(), f"spark-submit exited:\n{submission.log_tail()}"
                 assert time.monotonic() < deadline, f"{now_left} due objects left; log:\n{submission.log_tail()}"
-                # In the middle of deleting: some went since the last kill, and some are left.
-                wanted = kills < FAULTS.executor_kills or (kills < FAULTS.executor_kills + 2 and failed_tasks() == 0)
+                # In the middle of deleting: some went since the last kill, and some are left. Another kill only
+                # when the last failed no task, once the driver had the time to see the executor lost.
+                wanted = kills < FAULTS.executor_kills or (
+                    kills < FAULTS.executor_kills + 2 and time.monotonic() - killed_at > KILL_SEEN_S
+                    and failed_tasks() == 0)
                 if wanted and now_left <= last_left - 10 and (pids := executor_pids(app_id)):
                     os.kill(pids[kills % len(pids)], signal.SIGKILL)
-                    kills, last_left = kills + 1, now_left
+                    kills, last_left, killed_at = kills + 1, now_left, time.monotonic()
                 time.sleep(0.5)
             print(f"eligible rows and blobs gone {time.monotonic() - started:.0f}s after spark-submit started")
             failed = failed_tasks()

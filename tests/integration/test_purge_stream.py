@@ -371,6 +371,8 @@ def test_late_events_are_applied_not_dropped(purger, platform, config):
     assert purger.query.isActive
 
 
+@pytest.mark.skipif(not FAULTS.full, reason="in CI, tests/sinks/test_purge.py's data centre failing, and the stream's "
+                                          "retries through the Cassandra outage: `make faults-full` runs it")
 def test_a_failing_data_centre_is_retried_until_done(purger, platform, config, dc2_proxy):
     m = f"dcfail-{uuid.uuid4().hex[:8]}"
     p = f"p-{m}"

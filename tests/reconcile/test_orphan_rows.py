@@ -36,7 +36,7 @@ from purger.core.times import duration_ms, now_ms, parse_timestamp
 from purger.policies.mailbox.state import RELEASED
 from simulation.policy_objects import SETTINGS
 from tests.support.configs import own_config
-from tests.support.faults import Stopped, stop_at
+from tests.support.faults import FAULTS, Stopped, stop_at
 
 pytestmark = pytest.mark.integration
 
@@ -299,7 +299,8 @@ STOPPED = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(STOPPED))
+# A root kind a run in CI, in turn by the fault matrix's seed; each under `make faults-full`.
+@pytest.mark.parametrize("kind", FAULTS.cases(sorted(STOPPED), sorted(STOPPED), 1))
 def test_a_sweep_of_orphan_rows_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, orphaned, kind):
     """Its rows are deleted and its records lost with it; the next sweep of the table records each deletion once,
     under the stopped sweep (compared with the rows the test wrote and finds gone), and releases its claims: a

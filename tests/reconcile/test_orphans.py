@@ -34,7 +34,7 @@ from purger.reconcile.sweeps import SWEEP_LEASES
 from devstack.stack import create_schema
 from purger.running import RECONCILE_JOB_GROUP, start_purger
 from tests.support.configs import own_config
-from tests.support.faults import Stopped, stop_at
+from tests.support.faults import FAULTS, Stopped, stop_at
 from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
@@ -244,6 +244,8 @@ def outcome(values: tuple) -> dict:
 
 
 
+@pytest.mark.skipif(not FAULTS.full, reason="the stopped purger's sweep (above) is this recovery in CI: "
+                                          "`make faults-full` runs it for a sweep stopped alone")
 def test_a_sweep_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, orphans_config, stores):
     """Its blobs are deleted and its records lost with it; the next sweep of the bucket finds the sweep's notes
     and records each of those deletions, once, under the stopped sweep (compared with the blobs the test put
