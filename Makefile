@@ -27,6 +27,7 @@ FAULT_TESTS = tests/integration/test_faults.py tests/integration/two_nodes/test_
 	tests/policies/test_users.py::test_a_user_added_back_while_being_purged_never_loses_a_row \
 	tests/integration/test_operations.py::test_the_ledger_holds_one_record_per_deletion_across_forced_retries \
 	tests/integration/test_purge_stream.py::test_a_failing_data_centre_is_retried_until_done \
+	tests/integration/test_purge_stream.py::test_a_corpus_of_bad_input_is_dead_lettered_and_deletes_nothing \
 	tests/integration/test_purge_stream.py::test_hold_and_release_killed_midway_then_run_again_end_as_if_never_killed \
 	tests/integration/test_purge_stream.py::test_an_erasure_killed_midway_then_run_again_with_its_request_ends_as_if_never_killed \
 	tests/integration/test_purge_stream.py::test_a_restore_killed_midway_then_run_again_with_its_run_ends_as_if_never_killed \

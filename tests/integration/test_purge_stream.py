@@ -15,14 +15,17 @@ from datetime import datetime, timedelta, timezone
 from functools import partial
 
 import pytest
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, TopicPartition
+from pyspark.sql import functions as F
 
 from purger.core.holds import Scope
+from purger.core.policy import key_id
 from purger.core.times import now_ms
 from purger.holds import holds_in_force, place_hold, release_hold
 from purger.running import start_purger
+from purger.sinks.ledger import Ledger
 from tests.support.configs import mailbox
-from tests.support.faults import FAULTS
+from tests.support.faults import FAULTS, bad_records, reliability
 from tests.support.waits import ago, now, observed, rows_dropped_as_late, wait_for, wait_for_watermark
 
 pytestmark = pytest.mark.integration
@@ -199,10 +202,6 @@ def purged_due(spark, platform, config, run: str, n: int, mailboxes: list[str] |
                ) -> tuple[list[str], dict[str, tuple]]:
     """``n`` messages due at once (of ``mailboxes``, one each), with stored payloads, as stored before, once purged
     with their payloads and recorded."""
-    from pyspark.sql import functions as F
-
-    from purger.sinks.ledger import Ledger
-
     r = mailbox(config)
     messages = [f"{run}-undo-{i}" for i in range(n)]
     for m, mailbox_id in zip(messages, mailboxes or ["mbox"] * n):
@@ -230,7 +229,6 @@ def test_an_undo_after_a_wrong_period_puts_every_row_and_blob_back_held_until_re
     ledger, and holds each message: an event that makes one due again finds it held, not deleted; released, it goes
     again with no new event. Checked against what the test read in Cassandra and both stores before the purge."""
     from purger.restore import new_run, plan_restore, restore
-    from purger.sinks.ledger import Ledger
 
     began = now_ms() - 1_000
     messages, before = purged_due(spark, platform, config, uuid.uuid4().hex[:8], 3)
@@ -393,46 +391,73 @@ def test_a_failing_data_centre_is_retried_until_done(purger, platform, config, d
     wait_for(lambda: platform.payload_gone(p), timeout_s=60, what="dc2's blob and the payload row, once dc2 is back")
 
 
-def test_bad_input_goes_to_the_dead_letter_topic_and_causes_no_deletion(purger, platform, config):
-    live = f"dlq-{uuid.uuid4().hex[:8]}"
-    platform.enqueue(live, f"p-{live}")
-    # Bad records that name the live message: they must not delete it.
+def test_a_corpus_of_bad_input_is_dead_lettered_and_deletes_nothing(purger, platform, config, spark):
+    """Over 1,000 malformed records of 16 kinds naming live messages, and records a careless reader would take
+    for a deletion of one (a delete with a bad time, a dequeue to 0 of the wrong type, a recheck from outside):
+    every one lands in the dead-letter topic with its reason, the stream goes on, and nothing is deleted
+    because of them (the messages read back from Cassandra and the stores, and the ledger)."""
+    run = uuid.uuid4().hex[:6]
+    live = [f"bad-input-live-{run}-{i}" for i in range(20)]
+    for i, m in enumerate(live):
+        # Live, some one step from eligible: a corrupted dequeue to 0 or delete must not tip them over.
+        platform.enqueue(m, f"p-{m}", extract_count=1 + i % 2)
     delete_with_bad_time = json.dumps({"event_id": "x", "type": "delete", "event_time": "yesterday",
-                                       "message_id": live}).encode()
+                                       "message_id": live[0]}).encode()
     zero_with_wrong_type = json.dumps({"event_id": "y", "type": "dequeue", "event_time": "2026-01-01T00:00:00.000Z",
-                                       "message_id": live, "extract_count": "0"}).encode()
-    bad = [
-        (None, b""), (b"tombstone", None), (b"k", b'{"event_id": "x", "type": "deq'), (b"k", b"\xff\xfe\x00"),
-        (live.encode(), delete_with_bad_time), (live.encode(), zero_with_wrong_type),
-        (b"k", json.dumps({"event_id": "z", "type": "recheck", "event_time": "2026-01-01T00:00:00.000Z",
-                           "message_id": live, "kind": "message", "rule": "deleted"}).encode()),
-    ]
-    platform.send(bad)
-    after = f"dlq-after-{uuid.uuid4().hex[:8]}"
-    platform.enqueue(after, f"p-{after}", at=ago(mailbox(config).expired_ttl))
-    platform.dequeue(after, 0, at=ago(mailbox(config).expired_ttl))
+                                       "message_id": live[1], "extract_count": "0"}).encode()
+    recheck_from_outside = json.dumps({"event_id": "z", "type": "recheck", "event_time": "2026-01-01T00:00:00.000Z",
+                                       "message_id": live[0], "kind": "message", "rule": "deleted"}).encode()
+    records = bad_records(live, 1000)
+    corpus = [(key, value) for _, key, value in records]
+    corpus += [(live[0].encode(), delete_with_bad_time), (live[1].encode(), zero_with_wrong_type),
+               (b"k", recheck_from_outside)]
+    # The dead-letter topic from where it ends now: the module's other tests' letters are not these.
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap_servers, consumer_timeout_ms=2000,
+                             max_partition_fetch_bytes=2 * 1024 * 1024)
+    partitions = [TopicPartition(config.kafka.dead_letter_topic, p)
+                  for p in consumer.partitions_for_topic(config.kafka.dead_letter_topic)]
+    consumer.assign(partitions)
+    consumer.seek_to_end(*partitions)
+    for partition in partitions:
+        consumer.position(partition)
+    dead_lettered_before = purger.sink.totals[("dead_letter", "dead_lettered")]
+    platform.send(corpus)
+    good = f"bad-input-good-{run}"
+    platform.enqueue(good, f"p-{good}", at=ago(mailbox(config).deleted_ttl))
+    platform.delete(good, at=ago(mailbox(config).deleted_ttl))
     platform.flush()
 
-    consumer = KafkaConsumer(config.kafka.dead_letter_topic, bootstrap_servers=config.kafka.bootstrap_servers,
-                             auto_offset_reset="earliest", consumer_timeout_ms=2000)
     letters = []
-    deadline = time.monotonic() + 60
     try:
-        while time.monotonic() < deadline and len([x for x in letters if x.value in {v for _, v in bad}]) < len(bad):
+        deadline = time.monotonic() + 180
+        while len(letters) < len(corpus) and time.monotonic() < deadline:
             letters += list(consumer)
     finally:
         consumer.close()
-    ours = {(x.key, x.value): dict(x.headers) for x in letters}
-    for key, value in bad:
-        assert (key, value) in ours, f"{value!r} not dead-lettered"
-        headers = ours[(key, value)]
+    wait_for(lambda: platform.row(good) is None, what="a good message after the bad ones")
+    assert purger.query.isActive
+
+    received = Counter((x.key if x.key is not None else b"", x.value) for x in letters)
+    missing = Counter((key if key is not None else b"", value) for key, value in corpus) - received
+    assert not missing, f"{sum(missing.values())} bad records not dead-lettered"
+    reasons, why = Counter(), {}
+    for x in letters:
+        headers = dict(x.headers)
         assert headers["reason"] and headers["topic"].decode() == config.kafka.topics[0]
-    assert ours[(live.encode(), delete_with_bad_time)]["reason"] == b"event_time is not an ISO-8601 UTC timestamp"
-    assert ours[(live.encode(), zero_with_wrong_type)]["reason"] == b"field extract_count has the wrong type"
-    # The stream went on: the message after the bad records is purged; the one they named is not.
-    wait_for(lambda: platform.row(after) is None, what="a good message sent after the bad records")
-    assert platform.row(live) is not None and platform.payload_intact(f"p-{live}")
-    assert purger.sink.totals[("dead_letter", "dead_lettered")] >= len(bad)
+        reasons[headers["reason"].decode().split(" ")[0]] += 1
+        why[x.value] = headers["reason"]
+    assert why[delete_with_bad_time] == b"event_time is not an ISO-8601 UTC timestamp"
+    assert why[zero_with_wrong_type] == b"field extract_count has the wrong type"
+    wrongly_deleted = [m for m in live if platform.row(m) is None or not platform.payload_intact(f"p-{m}")]
+    named = set(live) | {f"p-{m}" for m in live} | {key_id([f"p-{m}", m]) for m in live}
+    caused = Ledger(spark, config.ledger).records().where(
+        (F.col("status") == "purged") & F.col("id").isin(*named)).count()
+    kinds = {kind for kind, _, _ in records}
+    reliability("bad input", injected=len(corpus), kinds=len(kinds),
+                dead_lettered=len(letters), crashes=0, wrongly_deleted=len(wrongly_deleted) + caused)
+    assert wrongly_deleted == [] and caused == 0
+    assert len(kinds) >= 15 and len(reasons) >= 8, reasons
+    assert purger.sink.totals[("dead_letter", "dead_lettered")] - dead_lettered_before >= len(corpus)
     wait_for(lambda: observed(purger.query, "dead_lettered") >= 1, what="dead letters in the observed metrics")
 
 
@@ -556,7 +581,6 @@ def test_a_restore_killed_midway_then_run_again_with_its_run_ends_as_if_never_ki
     """SPEC 11.2: `purger restore` SIGKILLed once half of what it puts back is back (its holds placed, no ledger
     record yet), then run again with the run id it printed first: every row and blob as the test read them before
     the purge, and the ledger's records of the run each once, `restored`."""
-    from purger.sinks.ledger import Ledger
 
     skip_unless_killed("restore_half_done")
     began = datetime.now(timezone.utc) - timedelta(seconds=2)
