@@ -34,12 +34,14 @@ T = TypeVar("T")
 
 
 def _or_exit(action: Callable[[], T]) -> T:
-    """Run ``action``; a server that would not start or answer exits 1 with the reason (it names the address)."""
+    """Run ``action``; a server that would not start or answer exits 1 with the reason (it names the address):
+    also one that stops answering while the stack is prepared (another process stopping it)."""
     from devstack.stack import StackError
+    from purger.connectors.errors import ServerUnavailable
 
     try:
         return action()
-    except StackError as error:
+    except (StackError, ServerUnavailable) as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(1) from None
 

@@ -59,3 +59,20 @@ def test_a_server_that_does_not_come_up_names_its_address_and_log(tmp_path):
     assert "127.0.0.1:9" in message and "exited with code" in message
     assert "no.such.MainClass" in message  # the JVM's own words, from the log's tail
     assert broken.pid() is None
+
+
+def test_a_server_that_stops_answering_while_the_stack_is_prepared_is_one_line_and_exit_1(capsys):
+    """Two starters at once: one prepares the stack while the other stops a server it found half started."""
+    import typer
+
+    from devstack.__main__ import _or_exit
+    from purger.connectors.errors import ServerUnavailable
+
+    line = "Cassandra at 127.0.0.1:9042 does not answer (connection refused): check cassandra.hosts"
+
+    def prepare() -> None:
+        raise ServerUnavailable(line)
+
+    with pytest.raises(typer.Exit) as stopped:
+        _or_exit(prepare)
+    assert stopped.value.exit_code == 1 and capsys.readouterr().err == line + "\n"
