@@ -32,7 +32,7 @@ from purger.core.policy import key_id
 from tests.support.configs import mailbox, own_config
 from tests.support.mailbox import deletable
 from tests.support.report import ranked_within
-from tests.support.waits import ago, now, observed, wait_for, wait_for_watermark
+from tests.support.waits import ago, now, observed, ui_jobs, wait_for, wait_for_watermark
 
 pytestmark = pytest.mark.integration
 
@@ -324,9 +324,9 @@ def test_a_batch_that_reaches_a_closed_sink_deletes_nothing_and_runs_again(spark
 def test_a_stop_is_prompt_and_a_batch_refused_at_it_is_no_failure(spark, config, tmp_path_factory):
     """A stop of a running purger, with the daily report rewritten every 2 s beside it, takes seconds, not the
     minute and a half a stop waited for an idle trigger; it deletes and records what it has begun. A batch that
-    reaches the closed sink waits there for the stop, which ends the query as stopped, not failed."""
-    import time
-
+    reaches the closed sink waits there for the stop, which ends the query as stopped, not failed. The jobs of
+    each batch that purged are named in the Spark UI after the batch and the step (the purge, the ledger), the
+    daily report's beside them."""
     own = own_config(config, tmp_path_factory.mktemp("stop"), "stop", report_interval=timedelta(seconds=2))
     platform = Platform(own)
     try:
@@ -334,7 +334,9 @@ def test_a_stop_is_prompt_and_a_batch_refused_at_it_is_no_failure(spark, config,
         try:
             messages = deletable(platform, own, 2, "stop")
             wait_for(lambda: all(platform.row(m) is None for m in messages), what="the deletions")
-            time.sleep(3)  # report rounds and clock ticks under way
+            # Report rounds and clock ticks under way. Delta's jobs prefix the description with "Delta: ".
+            wait_for(lambda: any("daily report" in job.get("description", "") for job in ui_jobs(spark)),
+                     what="the daily report's jobs")
         finally:
             started = time.monotonic()
             clean = running.stop()
@@ -342,6 +344,11 @@ def test_a_stop_is_prompt_and_a_batch_refused_at_it_is_no_failure(spark, config,
         assert clean and running.stopped_cleanly and running.failure is None
         assert running.sink.last_batch is not None
         assert took < 15, f"the stop took {took:.1f} s"
+        batches = {r["batch_id"] for r in Ledger(spark, own.ledger).records().select("batch_id").collect()}
+        descriptions = {job.get("description", "") for job in ui_jobs(spark)}
+        for batch in batches:
+            for step in ("purge candidates", "ledger"):
+                assert any(d.startswith(f"batch {batch}: {step}") for d in descriptions), (batch, step, descriptions)
 
         again = start_purger(spark, own)
         wait_for(lambda: again.sink.last_batch is not None, what="a batch of the second start")

@@ -3,15 +3,12 @@ switched off, ``--log-level``, and each batch's jobs named in the Spark UI."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import urllib.request
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -191,37 +188,3 @@ def test_a_run_logs_one_line_per_batch_and_no_per_key_warnings(spark, config, tm
     # The stop's last word.
     assert re.fullmatch(r"stopped cleanly after batch \d+", lines[-1].strip()), text
 
-
-# --- the Spark UI -------------------------------------------------------------------------------------
-
-
-def ui_jobs(spark) -> list[dict]:
-    """The jobs of this session, from the Spark UI's REST API."""
-    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/jobs"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.load(response)
-
-
-@pytest.mark.integration
-def test_each_batch_names_its_jobs_in_the_spark_ui(spark, config, tmp_path_factory):
-    """The jobs of a batch that purged are named after the batch and the step: the purge, the counts and the
-    ledger; the daily report's jobs beside them after the report."""
-    from purger.running import start_purger
-
-    own = own_config(config, tmp_path_factory.mktemp("jobs"), "jobs", report_interval=timedelta(seconds=2))
-    platform = Platform(own)
-    running = start_purger(spark, own)
-    try:
-        messages = deletable(platform, own, 2, "jobs")
-        wait_for(lambda: running.sink.totals[("message", PURGED)] >= len(messages), what="the deletions")
-        # Delta's jobs prefix the description with "Delta: ".
-        wait_for(lambda: any("daily report" in job.get("description", "") for job in ui_jobs(spark)),
-                 what="the daily report's jobs")
-    finally:
-        running.stop()
-        platform.close()
-    batches = {r["batch_id"] for r in Ledger(spark, own.ledger).records().select("batch_id").collect()}
-    descriptions = {job.get("description", "") for job in ui_jobs(spark)}
-    for batch in batches:
-        for step in ("purge candidates", "ledger"):
-            assert any(d.startswith(f"batch {batch}: {step}") for d in descriptions), (batch, step, descriptions)

@@ -1,8 +1,10 @@
-"""Waiting on the running query and on time: the watermark, observed metrics, a condition."""
+"""Waiting on the running query and on time: the watermark, observed metrics, the Spark UI's jobs, a condition."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from datetime import datetime, timedelta, timezone
 
 
@@ -42,3 +44,10 @@ def now():
 
 def ago(period: timedelta) -> datetime:
     return now() - period - timedelta(seconds=2)
+
+
+def ui_jobs(spark) -> list[dict]:
+    """The jobs of this session, from the Spark UI's REST API."""
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/jobs"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
