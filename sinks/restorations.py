@@ -313,8 +313,8 @@ def erase_images(session: Any, config: PurgerConfig, subject: str, objects: list
     with ThreadPoolExecutor(ERASE_CONCURRENCY) as pool:
 
         def held(keys: list[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
-            found = pool.map(lambda key: holds.held([f"{key[0]}:{key[1]}", subject]), keys)
-            return {key: None if hold is None else hold.why() for key, hold in zip(keys, found)}
+            holding = pool.map(lambda key: holds.held([f"{key[0]}:{key[1]}", subject]), keys)
+            return {key: None if hold is None else hold.why() for key, hold in zip(keys, holding)}
 
         found = subject_images([subject, *(f"{kind}:{object_id}" for kind, object_id in objects)], found_at,
                                kept_under, erasure_naming(config), held)
