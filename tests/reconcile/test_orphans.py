@@ -244,7 +244,7 @@ def outcome(values: tuple) -> dict:
 
 
 
-@pytest.mark.skipif(not FAULTS.full, reason="the stopped purger's sweep (above) is this recovery in CI: "
+@pytest.mark.skipif(not FAULTS.full, reason="the stopped purger's sweep (below) is this recovery in CI: "
                                           "`make faults-full` runs it for a sweep stopped alone")
 def test_a_sweep_stopped_before_its_ledger_write_is_recorded_by_the_next(spark, orphans_config, stores):
     """Its blobs are deleted and its records lost with it; the next sweep of the bucket finds the sweep's notes
