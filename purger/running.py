@@ -21,6 +21,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from purger.connectors.errors import ServerUnavailable
 from purger.core.settings import PurgerConfig
 from purger.reconcile.known_objects import stop_copies
 from purger.metrics import ProgressFollower, PurgerMetrics
@@ -266,6 +267,9 @@ class Every:
             while not self.stopped.wait(wait_s):
                 try:
                     action()
+                except ServerUnavailable as unavailable:  # its message names the address and what to check
+                    if not self.stopped.is_set():
+                        log.warning("%s: %s; the next round tries again", name, unavailable)
                 except Exception:  # the next round tries again; the ledger itself is unaffected
                     if not self.stopped.is_set():
                         log.exception("%s failed", name)

@@ -188,3 +188,27 @@ def test_a_run_logs_one_line_per_batch_and_no_per_key_warnings(spark, config, tm
     # The stop's last word.
     assert re.fullmatch(r"stopped cleanly after batch \d+", lines[-1].strip()), text
 
+
+
+def test_a_round_beside_the_query_whose_server_does_not_answer_logs_one_line(caplog):
+    """The rounds beside the query (the stuck objects' count, the report, the upkeep) meet Cassandra not answering
+    as one line naming the address, not a stack trace; other failures keep theirs."""
+    import threading
+
+    from purger.connectors.errors import ServerUnavailable
+    from purger.running import Every
+
+    line = "Cassandra at 127.0.0.1:9042 does not answer (timed out): check cassandra.hosts"
+    rounds = threading.Event()
+
+    def unanswered() -> None:
+        rounds.set()
+        raise ServerUnavailable(line)
+
+    with caplog.at_level("WARNING", logger="purger.running"):
+        every = Every(0.01, unanswered, "purger-stuck")
+        assert rounds.wait(10)
+        every.join()
+    said = [r for r in caplog.records if r.name == "purger.running"]
+    assert said and all(r.getMessage() == f"purger-stuck: {line}; the next round tries again" and r.exc_info is None
+                        for r in said)
