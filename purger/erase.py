@@ -168,7 +168,10 @@ def wait_for_certificate(spark: SparkSession, config: PurgerConfig, subject: Sco
 
     ledger = Ledger(spark, config.ledger)
     pseudonyms = ledger.pseudonyms
-    kinds = {rows.kind for _, rows in subject_rows(config, subject)}
+    found_rows = subject_rows(config, subject)
+    kinds = {rows.kind for _, rows in found_rows}
+    # The kinds whose erasure something follows (a message's payload): only their records start a wait for it.
+    leading = {rows.kind for policy, rows in found_rows if any(f.table == rows.table for f in policy.follows)}
     clear = {pseudonyms.id(object_id): object_id for _, object_id in asked}
     hashed = [(kind, pseudonyms.id(object_id)) for kind, object_id in asked]
     location = config.stream.checkpoint_location
@@ -187,8 +190,10 @@ def wait_for_certificate(spark: SparkSession, config: PurgerConfig, subject: Sco
         earlier = {(r["kind"], r["id"]) for r in records if r["kind"] in kinds}
         found = certificate(str(subject), request, set(hashed) | earlier, records)
         # What follows the records (a payload) is rechecked at its release, just after them: decided in the batch
-        # after the first one committed with a watermark past that.
-        last_ms = max((int(r["decided_at"].timestamp() * 1000) for r in records), default=None)
+        # after the first one committed with a watermark past that. Nothing follows the followers themselves, nor a
+        # user: their records wait for no batch (on a quiet stream each would be a quiet tick).
+        last_ms = max((int(r["decided_at"].timestamp() * 1000) for r in records if r["kind"] in leading),
+                      default=None)
         if marked[0] != last_ms:
             marked = (last_ms, None)
         if marked[1] is None and last_ms is not None and watermark_ms >= last_ms + FOLLOWS_WITHIN_MS:
