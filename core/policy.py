@@ -129,7 +129,8 @@ class Policy(ABC):
     orphan_rows: ClassVar[tuple[OrphanRows, ...]] = ()
     # Where its objects of a data subject are (``purger erase KIND:ID``): none, the default, takes no part.
     subjects: ClassVar[tuple[SubjectRows, ...]] = ()
-    # What an erasure of those objects takes with them in the undo window's images (a message's payload).
+    # What an erasure of those objects takes with them (a message's payload): in the undo window's images, and what
+    # `purger erase` waits a batch for after their records before it prints the certificate.
     follows: ClassVar[tuple[Follows, ...]] = ()
 
     def __init__(self, settings: Settings) -> None:
