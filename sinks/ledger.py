@@ -420,6 +420,9 @@ class Report:
         self.ledger = Ledger(spark, ledger)
         self.path = ledger.report_path
         self.policy_set = policy_set
+        # The ledger version this instance last found counted: a refresh at the same version reads nothing more
+        # (an idle purger's round is then one look at the ledger's log, not a read of the report too).
+        self._counted_to: int | None = None
 
     def _policy_fields(self, days: list[date]) -> Column:
         """Each policy's own report fields for the row's day (``Policy.report_fields``), as a map."""
@@ -553,24 +556,25 @@ class Report:
         if not self.ledger.exists():
             return
         version = self.ledger.version()
+        if version == self._counted_to:  # another refresh can have counted up to it too, never past it
+            return
         after = self._progress()
         if after is None:
             self._rebuild(version)
-            return
-        if version <= after:
-            return
-        try:
-            self._add(after, version)
-        except PySparkException as error:
-            if ReportProgressMoved.__name__ in str(error):  # the progress row's raise_error
-                raise ReportProgressMoved() from None
-            if not isinstance(error, AnalysisException):
-                raise
-            # The change feed off for those versions, or its files gone: every day counted again, once.
-            log.warning("daily report %s: the ledger's change feed does not have its versions after %d (%s); "
-                        "rebuilding every day from the ledger", self.path, after,
-                        (str(error).strip().splitlines() or [type(error).__name__])[0])
-            self._rebuild(version)
+        elif version > after:
+            try:
+                self._add(after, version)
+            except PySparkException as error:
+                if ReportProgressMoved.__name__ in str(error):  # the progress row's raise_error
+                    raise ReportProgressMoved() from None
+                if not isinstance(error, AnalysisException):
+                    raise
+                # The change feed off for those versions, or its files gone: every day counted again, once.
+                log.warning("daily report %s: the ledger's change feed does not have its versions after %d (%s); "
+                            "rebuilding every day from the ledger", self.path, after,
+                            (str(error).strip().splitlines() or [type(error).__name__])[0])
+                self._rebuild(version)
+        self._counted_to = version
 
     def rows(self, day: date) -> list[Row]:
         if not DeltaTable.isDeltaTable(self.spark, self.path):
