@@ -124,7 +124,9 @@ for name in {names!r}:
     os.close(write)
     with os.fdopen(read) as answer:
         error = answer.read()
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
+    if status and not error:  # a child that died in the import (a signal, a crash) wrote nothing
+        error = f"the import ended the process (wait status {{status}})"
     if error:
         failed[name] = error
 print(json.dumps(failed))
