@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import ssl
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from purger.connectors.errors import ServerUnavailable
@@ -54,6 +55,7 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
                 consistency_level=ConsistencyLevel.name_to_value[config.consistency],
                 serial_consistency_level=ConsistencyLevel.name_to_value[config.serial_consistency],
                 request_timeout=30,
+                row_factory=named_rows,
             )
         },
         protocol_version=5,
@@ -70,6 +72,23 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
         cluster.shutdown()
         raise ServerUnavailable(f"Cassandra at {address}: keyspace {keyspace} does not exist; create it, or "
                                 "correct cassandra.keyspace") from None
+
+
+@lru_cache(maxsize=1024)
+def _row_class(column_names: tuple[str, ...]) -> type:
+    """The driver's own row class for these columns (its names cleaned as it cleans them), made once."""
+    from cassandra.query import named_tuple_factory
+
+    [row] = named_tuple_factory(list(column_names), [column_names])
+    return type(row)
+
+
+def named_rows(column_names: list[str], rows: list[tuple]) -> list[tuple]:
+    """The driver's default rows (named tuples), but for the class: the driver's ``named_tuple_factory`` makes a
+    new one for every response, on the one thread that reads them all (BENCHMARKS.md, "Bootstrap of 1,000,000
+    at `72ceded`"); a statement's columns are the same in each of its responses."""
+    row_class = _row_class(tuple(column_names))
+    return [row_class(*row) for row in rows]
 
 
 def read_serially(session: "Session", statement: "AnyStatement") -> "AnyStatement":
