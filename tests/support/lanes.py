@@ -39,8 +39,7 @@ BESIDE = frozenset({
     "tests/integration/test_cluster.py", "tests/integration/test_operations.py", "tests/integration/test_upgrades.py",
     "tests/integration/test_prometheus_live.py", "tests/reconcile/test_orphans.py",
     "tests/reconcile/test_orphan_rows.py", "tests/reconcile/test_reconcile_replay.py", "tests/sinks/test_ledger_upkeep.py",
-    "tests/sinks/test_ledger_paths.py", "tests/streams/test_clock.py", "tests/purger/test_logs.py",
-    "tests/sinks/test_restorations.py",
+    "tests/sinks/test_ledger_paths.py", "tests/streams/test_clock.py", "tests/sinks/test_restorations.py",
 }) | RING_BOUND
 # Tests (node ids or their prefixes) that stop a shared server: first in lane beside, alone.
 FIRST = ("tests/integration/test_faults.py::test_cassandra_down_and_a_kafka_restart_lose_nothing",)
