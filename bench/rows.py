@@ -1,11 +1,12 @@
-"""The client's CPU per response: the purger's row factory (a statement's row class made once) against the
-driver's own ``named_tuple_factory`` (a new class in every response), on the same session.
+"""The client's CPU per response: the purger's reads' rows (``ROWS``: a statement's row class made once) against
+the driver's own ``named_tuple_factory`` (a new class in every response, the session's default), on one session.
 
     python -m bench.rows --responses 20000
 
 Single-row reads of a table shaped like the purger's rows (text, bigint, int, timestamp and set columns),
 ``--in-flight`` at once through ``execute_async``, as the purge's deletes run them. The rounds alternate the
-two factories on one session, so the machine's pace moves both alike; each figure is the median of its rounds.
+two execution profiles on one session, so the machine's pace moves both alike; each figure is the median of its
+rounds.
 The driver decodes every response on its one reactor thread: what the factory costs there, every request of
 every purge waits behind.
 """
@@ -16,20 +17,20 @@ import argparse
 import statistics
 import threading
 import time
-from typing import Callable
 
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Session
-from cassandra.query import named_tuple_factory
 
 from bench.common import BenchRun
 from purger.connectors import cassandra_session
-from purger.connectors.cassandra_client import named_rows
+from purger.connectors.cassandra_client import ROWS
 
-ROWS = 200
+KEYS = 200
 
 
-def reads(session: Session, keyspace: str, responses: int, in_flight: int) -> tuple[float, float]:
-    """Responses a second and the process's CPU microseconds a response, ``responses`` reads at ``in_flight``."""
+def reads(session: Session, keyspace: str, responses: int, in_flight: int, profile: str = EXEC_PROFILE_DEFAULT,
+          ) -> tuple[float, float]:
+    """Responses a second and the process's CPU microseconds a response, ``responses`` reads at ``in_flight``
+    through the execution profile ``profile``."""
     select = session.prepare(f"SELECT k, a, b, c, d, e FROM {keyspace}.rows WHERE k = ?")
     slots, done, lock, left = threading.Semaphore(in_flight), threading.Event(), threading.Lock(), [responses]
 
@@ -43,7 +44,7 @@ def reads(session: Session, keyspace: str, responses: int, in_flight: int) -> tu
     started, cpu = time.perf_counter(), time.process_time()
     for i in range(responses):
         slots.acquire()
-        session.execute_async(select, (i % ROWS,)).add_callbacks(answered, answered)
+        session.execute_async(select, (i % KEYS,), execution_profile=profile).add_callbacks(answered, answered)
     done.wait()
     return responses / (time.perf_counter() - started), (time.process_time() - cpu) / responses * 1e6
 
@@ -64,16 +65,14 @@ def main() -> None:
                         "e set<text>)", timeout=60)
         insert = session.prepare(f"INSERT INTO {keyspace}.rows (k, a, b, c, d, e) "
                                  "VALUES (?, ?, ?, ?, toTimestamp(now()), {'dc1', 'dc2'})")
-        for k in range(ROWS):
+        for k in range(KEYS):
             session.execute(insert, (k, f"message-{k:032d}", k, k))
-        profile = session.get_execution_profile(EXEC_PROFILE_DEFAULT)
-        factories: dict[str, Callable] = {"driver": named_tuple_factory, "purger": named_rows}
-        measured: dict[str, list[tuple[float, float]]] = {name: [] for name in factories}
+        profiles = {"driver": EXEC_PROFILE_DEFAULT, "purger": ROWS}
+        measured: dict[str, list[tuple[float, float]]] = {name: [] for name in profiles}
         reads(session, keyspace, args.responses // 4, args.in_flight)  # warm: connections, prepared ids
         for _ in range(args.rounds):
-            for name, factory in factories.items():
-                profile.row_factory = factory
-                measured[name].append(reads(session, keyspace, args.responses, args.in_flight))
+            for name, profile in profiles.items():
+                measured[name].append(reads(session, keyspace, args.responses, args.in_flight, profile))
         session.execute(f"DROP KEYSPACE {keyspace}", timeout=60)
     finally:
         session.cluster.shutdown()

@@ -34,30 +34,32 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
     from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
+    from cassandra.query import tuple_factory
 
     auth = None
     if config.username:
         auth = PlainTextAuthProvider(config.username, config.password.get_secret_value() if config.password else "")
     address = ", ".join(f"{h}:{config.port}" for h in config.hosts)
+    default = ExecutionProfile(
+        # Each request to a replica of its partition in the local data centre (a bound prepared
+        # statement carries its partition key), sparing a lightweight transaction or a read the
+        # coordinator's extra hop; the replicas shuffled, so that a hot partition's requests spread
+        # over all of them rather than loading the first.
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=config.local_data_centre),
+                                               shuffle_replicas=True),
+        consistency_level=ConsistencyLevel.name_to_value[config.consistency],
+        serial_consistency_level=ConsistencyLevel.name_to_value[config.serial_consistency],
+        request_timeout=30,
+    )
     cluster = Cluster(
         config.hosts,
         port=config.port,
         auth_provider=auth,
         ssl_context=_tls_context(config.tls, address) if config.tls else None,
-        execution_profiles={
-            EXEC_PROFILE_DEFAULT: ExecutionProfile(
-                # Each request to a replica of its partition in the local data centre (a bound prepared
-                # statement carries its partition key), sparing a lightweight transaction or a read the
-                # coordinator's extra hop; the replicas shuffled, so that a hot partition's requests spread
-                # over all of them rather than loading the first.
-                load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=config.local_data_centre),
-                                                       shuffle_replicas=True),
-                consistency_level=ConsistencyLevel.name_to_value[config.consistency],
-                serial_consistency_level=ConsistencyLevel.name_to_value[config.serial_consistency],
-                request_timeout=30,
-                row_factory=named_rows,
-            )
-        },
+        # The default profile keeps the driver's rows, on which ``ResultSet.was_applied`` works (code given a
+        # session writes with it); the purger's own statements (``CassandraTables``) take cheaper rows.
+        execution_profiles={EXEC_PROFILE_DEFAULT: default, ROWS: _with_rows(default, named_rows),
+                            APPLIED: _with_rows(default, tuple_factory)},
         protocol_version=5,
         # After an outage, look for the nodes every few seconds rather than backing off to minutes:
         # the purger's retries (stream.retry_interval) should find them back.
@@ -72,6 +74,21 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
         cluster.shutdown()
         raise ServerUnavailable(f"Cassandra at {address}: keyspace {keyspace} does not exist; create it, or "
                                 "correct cassandra.keyspace") from None
+
+
+# The execution profiles of the purger's own statements, besides the driver's default: reads whose rows are the
+# driver's named tuples with each statement's class made once (``named_rows``), and lightweight transactions
+# answered as plain tuples, which ``was_applied`` reads as it reads the driver's.
+ROWS, APPLIED = "purger-rows", "purger-applied"
+
+
+def _with_rows(profile: Any, row_factory: Any) -> Any:
+    """``profile`` with another row factory (its load balancing policy the same object)."""
+    from copy import copy
+
+    other = copy(profile)
+    other.row_factory = row_factory
+    return other
 
 
 @lru_cache(maxsize=1024)
@@ -131,14 +148,14 @@ class CassandraTables(Tables):
     def one(self, statement: Any, *values: Any, serial: bool = False) -> Any | None:
         if serial:
             statement = read_serially(self.session, statement.bind(values))
-            return self.session.execute(statement).one()
-        return self.session.execute(statement, values).one()
+            return self.session.execute(statement, execution_profile=ROWS).one()
+        return self.session.execute(statement, values, execution_profile=ROWS).one()
 
     def all(self, statement: Any, *values: Any) -> list[Any]:
-        return list(self.session.execute(statement, values))
+        return list(self.session.execute(statement, values, execution_profile=ROWS))
 
     def applied(self, statement: Any, *values: Any) -> bool:
-        return self.session.execute(statement, values).was_applied
+        return self.session.execute(statement, values, execution_profile=APPLIED).was_applied
 
     def execute(self, statement: Any, *values: Any) -> None:
         self.session.execute(statement, values)

@@ -23,6 +23,7 @@ import json
 from functools import cached_property
 from typing import Any
 
+from purger.connectors.cassandra_client import ROWS
 from purger.core.handles import Journal
 
 JOURNAL_TTL_S = 30 * 24 * 3600
@@ -75,7 +76,7 @@ class CassandraJournal(Journal):
         self.session.execute(self.take, (names, kind, object_id))
 
     def noted(self, kind: str, object_id: str) -> set[str]:
-        found = self.session.execute(self.select, (kind, object_id)).one()
+        found = self.session.execute(self.select, (kind, object_id), execution_profile=ROWS).one()
         return set(found.rows or ()) if found else set()
 
     # A lease, held by one holder at a time until it expires or is given up: the orphan sweeps' (one sweep of a
@@ -113,7 +114,7 @@ class CassandraJournal(Journal):
         return self.session.prepare(f"DELETE FROM {self.name} WHERE kind = ? AND object_id = ? IF purge_batch = ?")
 
     def intended(self, kind: str, object_id: str) -> dict[str, str]:
-        found = self.session.execute(self.select, (kind, object_id)).one()
+        found = self.session.execute(self.select, (kind, object_id), execution_profile=ROWS).one()
         if found is None:
             return {}
         intent = {}
