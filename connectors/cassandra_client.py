@@ -82,6 +82,14 @@ def cassandra_session(config: CassandraConfig, keyspace: str | None = None) -> "
 ROWS, APPLIED = "purger-rows", "purger-applied"
 
 
+def own_profile(session: "Session", name: str) -> str:
+    """``name`` (``ROWS``, ``APPLIED``) where ``session`` has it; its default profile on a session made elsewhere
+    (by hand, with the driver's defaults)."""
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT
+
+    return name if name in session.cluster.profile_manager.profiles else EXEC_PROFILE_DEFAULT
+
+
 def _with_rows(profile: Any, row_factory: Any) -> Any:
     """``profile`` with another row factory (its load balancing policy the same object)."""
     from copy import copy
@@ -130,6 +138,7 @@ class CassandraTables(Tables):
     def __init__(self, session: "Session", keyspace: str, names: dict[str, str]) -> None:
         self.session = session
         self.qualified = {table: f"{keyspace}.{name}" for table, name in names.items()}
+        self.rows, self.applied_rows = own_profile(session, ROWS), own_profile(session, APPLIED)
 
     def prepare(self, cql: str, consistency: Consistency = "configured") -> Any:
         from cassandra import ConsistencyLevel
@@ -148,14 +157,14 @@ class CassandraTables(Tables):
     def one(self, statement: Any, *values: Any, serial: bool = False) -> Any | None:
         if serial:
             statement = read_serially(self.session, statement.bind(values))
-            return self.session.execute(statement, execution_profile=ROWS).one()
-        return self.session.execute(statement, values, execution_profile=ROWS).one()
+            return self.session.execute(statement, execution_profile=self.rows).one()
+        return self.session.execute(statement, values, execution_profile=self.rows).one()
 
     def all(self, statement: Any, *values: Any) -> list[Any]:
-        return list(self.session.execute(statement, values, execution_profile=ROWS))
+        return list(self.session.execute(statement, values, execution_profile=self.rows))
 
     def applied(self, statement: Any, *values: Any) -> bool:
-        return self.session.execute(statement, values, execution_profile=APPLIED).was_applied
+        return self.session.execute(statement, values, execution_profile=self.applied_rows).was_applied
 
     def execute(self, statement: Any, *values: Any) -> None:
         self.session.execute(statement, values)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from cassandra import ConsistencyLevel
 from cassandra.concurrent import execute_concurrent_with_args
 
-from purger.connectors.cassandra_client import ROWS
+from purger.connectors.cassandra_client import ROWS, own_profile
 from purger.core.holds import Hold, Holds
 from purger.core.times import epoch_ms, from_epoch_ms, now_ms
 
@@ -59,6 +59,7 @@ class CassandraHolds(Holds):
     def __init__(self, session: Any, keyspace: str, table: str, serial_consistency: str) -> None:
         self.session = session
         self.name = name = f"{keyspace}.{table}"
+        self.rows_profile = own_profile(session, ROWS)
         serial = ConsistencyLevel.name_to_value[serial_consistency]
 
         # QUORUM, across data centres, for every statement: a hold committed by ``place`` (or written by the
@@ -90,7 +91,8 @@ class CassandraHolds(Holds):
     def held(self, scopes: list[str]) -> Hold | None:
         # Every scope read at once, each from a replica of its own partition: a message's two scopes cost one
         # read's wait, not two (BENCHMARKS.md, "Cassandra requests per decision").
-        reads = [self.session.execute_async(self.read, (scope,), execution_profile=ROWS) for scope in scopes]
+        reads = [self.session.execute_async(self.read, (scope,), execution_profile=self.rows_profile)
+                 for scope in scopes]
         for scope, read in zip(scopes, reads):
             found = read.result().one()
             if found is not None and found.reason is not None:

@@ -23,7 +23,7 @@ import json
 from functools import cached_property
 from typing import Any
 
-from purger.connectors.cassandra_client import ROWS
+from purger.connectors.cassandra_client import ROWS, own_profile
 from purger.core.handles import Journal
 
 JOURNAL_TTL_S = 30 * 24 * 3600
@@ -51,6 +51,7 @@ def journal_schema(keyspace: str, table: str) -> str:
 class CassandraJournal(Journal):
     def __init__(self, session: Any, keyspace: str, table: str) -> None:
         self.session = session
+        self.rows_profile = own_profile(session, ROWS)
         self.name = name = f"{keyspace}.{table}"
         self.insert = session.prepare(f"INSERT INTO {name} (kind, object_id, purge_batch, rows) VALUES (?, ?, ?, ?)")
         self.select = session.prepare(f"SELECT purge_batch, rows FROM {name} WHERE kind = ? AND object_id = ?")
@@ -76,7 +77,7 @@ class CassandraJournal(Journal):
         self.session.execute(self.take, (names, kind, object_id))
 
     def noted(self, kind: str, object_id: str) -> set[str]:
-        found = self.session.execute(self.select, (kind, object_id), execution_profile=ROWS).one()
+        found = self.session.execute(self.select, (kind, object_id), execution_profile=self.rows_profile).one()
         return set(found.rows or ()) if found else set()
 
     # A lease, held by one holder at a time until it expires or is given up: the orphan sweeps' (one sweep of a
@@ -114,7 +115,7 @@ class CassandraJournal(Journal):
         return self.session.prepare(f"DELETE FROM {self.name} WHERE kind = ? AND object_id = ? IF purge_batch = ?")
 
     def intended(self, kind: str, object_id: str) -> dict[str, str]:
-        found = self.session.execute(self.select, (kind, object_id), execution_profile=ROWS).one()
+        found = self.session.execute(self.select, (kind, object_id), execution_profile=self.rows_profile).one()
         if found is None:
             return {}
         intent = {}

@@ -31,7 +31,10 @@ def test_each_row_is_the_drivers_named_tuple_and_its_class_is_made_once(columns)
 def test_the_purgers_statements_take_its_rows_and_the_default_profile_keeps_the_drivers(config):
     """On the real server: ``CassandraTables`` reads named tuples of one class per statement and tells a
     lightweight transaction applied or not; the session's default profile keeps the driver's own rows, on which
-    ``ResultSet.was_applied`` works, as code given a purger's session (a platform's, a policy's) uses it."""
+    ``ResultSet.was_applied`` works, as code given a purger's session (a platform's, a policy's) uses it; and
+    ``CassandraTables`` on a session made elsewhere answers alike, through that session's default profile."""
+    from cassandra.cluster import Cluster
+
     from purger.connectors import CassandraTables, cassandra_session
 
     table = f"row_factory_{uuid.uuid4().hex[:8]}"
@@ -48,6 +51,14 @@ def test_the_purgers_statements_take_its_rows_and_the_default_profile_keeps_the_
         assert session.execute(insert, ("a", 3)).was_applied is False
         assert session.execute(insert, ("b", 3)).was_applied is True
         assert session.execute(read, ("b",)).one()._asdict() == {"k": "b", "v": 3}
+        # A session made by hand, with the driver's defaults (as a test or a platform makes one): the same answers.
+        by_hand = Cluster(config.cassandra.hosts, port=config.cassandra.port, protocol_version=5).connect()
+        try:
+            theirs = CassandraTables(by_hand, config.cassandra.keyspace, {"t": table})
+            assert not theirs.applied(theirs.prepare("INSERT INTO {t} (k, v) VALUES (?, ?) IF NOT EXISTS"), "a", 4)
+            assert tuple(theirs.one(theirs.prepare("SELECT k, v FROM {t} WHERE k = ?"), "b")) == ("b", 3)
+        finally:
+            by_hand.cluster.shutdown()
     finally:
         session.execute(f"DROP TABLE IF EXISTS {table}", timeout=60)
         session.cluster.shutdown()
